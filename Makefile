@@ -1,0 +1,53 @@
+# hypersolid_scale — the two commands of the README:
+#   make demo   set up everything, prepare Fashion-MNIST, train 2 processes on the CPU, evaluate
+#   make test   set up everything, run the whole test suite (slow end-to-end tests included)
+# Both work on a fresh Debian machine as root: they install the apt packages, create .venv and install
+# the package with all extras. Setup is skipped when already done (stamp files in .venv/).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev dataset-fashion-mnist \
+                slurmctld slurmd slurm-client munge
+PYTEST_ARGS ?=
+
+.PHONY: setup apt venv test test-fast demo bench clean
+
+setup: apt venv
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "error: missing apt packages:$$missing (run as root or install them)"; exit 1; fi; \
+	  echo ">> apt-get install$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.stamp-install
+
+$(VENV)/.stamp-install: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel setuptools
+	# torch first, pinned, so that no dependency pulls another build
+	$(PIP) install -q torch==2.14.1 torchvision==0.29.1
+	# FFCV's build needs numpy and the build tools present (no build isolation).
+	$(PIP) install -q numpy cython pkgconfig
+	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation -e ".[all]"
+	@touch $@
+
+test: setup
+	$(PY) -m pytest -v --timeout=1800 $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+demo: setup
+	bash launch/demo.sh
+
+bench: setup
+	$(PY) benchmarks/repulsion.py
+
+clean:
+	rm -rf $(VENV) runs outputs .pytest_cache

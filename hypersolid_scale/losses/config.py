@@ -1,0 +1,50 @@
+"""Typed configuration of the Hypersolid objective (the ``loss`` section of the run config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BACKENDS = ("dense", "tiled", "neighbors")
+POOLINGS = ("max", "mean")
+REPEL_MODES = ("all", "negatives", "positives")
+INDEXES = ("flat", "ivf", "hnsw")
+
+
+@dataclass
+class LossConfig:
+    """Hyperparameters of :class:`~hypersolid_scale.losses.HypersolidLoss`.
+
+    Defaults are the paper's (alpha 0.9, lambda 1e-6, max-pooled targets, repulsion over all pairs).
+    """
+
+    alpha: float = 0.9  # exclusion threshold on cosine similarity
+    norm_weight: float = 1e-6  # lambda of the L2 normalization term; 0 disables it
+    pooling: str = "max"  # target per image: "max" (paper) | "mean" (ablation)
+    repel: str = "all"  # which pairs are repelled: "all" (paper) | "negatives" | "positives"
+    backend: str = "dense"  # "dense" (reference) | "tiled" (exact, bounded memory) | "neighbors" (FAISS)
+    tile_size: int = 4096  # tiled: rows/columns per block
+    index: str = "flat"  # neighbors: "flat" (exact) | "ivf" | "hnsw" (approximate)
+    k: int = 64  # neighbors: candidates searched per row
+    nprobe: int = 16  # neighbors/ivf: inverted lists visited per query
+    ef_search: int = 64  # neighbors/hnsw: search breadth
+    recall_every: int = 100  # neighbors: measure recall against exact search every N calls (0: never)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first invalid field and what it accepts."""
+        if not -1.0 < float(self.alpha) < 1.0:
+            raise ValueError(f"loss.alpha must be in the open interval (-1, 1), got {self.alpha}")
+        if self.norm_weight < 0:
+            raise ValueError(f"loss.norm_weight must be >= 0, got {self.norm_weight}")
+        for name, value, allowed in (
+            ("pooling", self.pooling, POOLINGS),
+            ("repel", self.repel, REPEL_MODES),
+            ("backend", self.backend, BACKENDS),
+            ("index", self.index, INDEXES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"loss.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
+        for name in ("tile_size", "k", "nprobe", "ef_search"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"loss.{name} must be a positive integer, got {getattr(self, name)}")
+        if self.recall_every < 0:
+            raise ValueError(f"loss.recall_every must be >= 0 (0 disables), got {self.recall_every}")
