@@ -1,0 +1,70 @@
+"""Model configuration: backbone choice and projector shape.
+
+The paper fixes the backbones (ResNet-18 for CIFAR/STL-10/Food-101, ResNet-50 for ImageNet, ViT-Tiny/16 for the
+STL-10 transformer run) and the projector OUTPUT dimension (1024, Sec. "Training Protocol"), but not the
+projector's depth or hidden width. We default to a 3-layer MLP with hidden width 2048
+(Linear-BN-ReLU, Linear-BN-ReLU, Linear), the expander used by other non-contrastive objectives without a
+predictor (Barlow Twins, VICReg); the paper's projector-size sweep (64..4096, <2% spread) suggests the
+objective is not sensitive to this choice. Both are configurable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ARCHS: tuple[str, ...] = ("small_cnn", "resnet18", "resnet50", "vit_tiny")
+RESNET_ARCHS: tuple[str, ...] = ("resnet18", "resnet50")
+
+
+@dataclass
+class ModelConfig:
+    """Backbone + projector hyperparameters.
+
+    Attributes:
+        arch: one of ``small_cnn`` (CPU runs on 28-32 px data), ``resnet18``, ``resnet50``, ``vit_tiny``.
+        in_channels: image channels (1 for Fashion-MNIST, 3 for RGB).
+        small_stem: ResNets only. CIFAR-style stem (3x3 conv, stride 1, no max-pool) so 32 px inputs are not
+            downsampled 4x before the first residual stage.
+        small_cnn_width: channels of the small CNN's first block; later blocks use 2x, 4x, 4x this width.
+        img_size: ViT only. Nominal input size that sizes the position-embedding grid; other sizes (local
+            crops) are served by interpolating that grid.
+        patch_size: ViT only. Input sizes must be multiples of it.
+        proj_layers: number of Linear layers in the projector (1 = a single linear map).
+        proj_hidden_dim: width of the projector's hidden layers (unused when proj_layers == 1).
+        proj_dim: projector output dimension D fed to the loss (paper default 1024).
+    """
+
+    arch: str = "small_cnn"
+    in_channels: int = 3
+    small_stem: bool = False
+    small_cnn_width: int = 32
+    img_size: int = 224
+    patch_size: int = 16
+    proj_layers: int = 3
+    proj_hidden_dim: int = 2048
+    proj_dim: int = 1024
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field and the fix. Called on construction and by build_model
+        (fields may be changed after construction, e.g. by config overrides)."""
+        if self.arch not in ARCHS:
+            raise ValueError(f"model.arch={self.arch!r} is unknown; choose one of {list(ARCHS)}")
+        for name in ("in_channels", "small_cnn_width", "img_size", "patch_size", "proj_layers",
+                     "proj_hidden_dim", "proj_dim"):
+            value = getattr(self, name)
+            # bool is an int subclass; reject it so `in_channels: true` in YAML does not become 1.
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.{name}={value!r} must be a positive integer")
+        if self.small_stem and self.arch not in RESNET_ARCHS:
+            raise ValueError(
+                f"model.small_stem=true only applies to {list(RESNET_ARCHS)}, not arch={self.arch!r}; "
+                "set model.small_stem=false (small_cnn already keeps resolution, vit_tiny uses patches)"
+            )
+        if self.arch == "vit_tiny" and self.img_size % self.patch_size != 0:
+            raise ValueError(
+                f"model.img_size={self.img_size} must be a multiple of model.patch_size={self.patch_size} "
+                "(the ViT splits the image into whole patches)"
+            )
