@@ -1,0 +1,270 @@
+"""A throw-away single-node Slurm cluster (munged + slurmctld + slurmd) for the launch-script tests.
+
+Everything lives in one temporary directory: its own munge key and socket, its own slurm.conf
+with free TCP ports, state and spool directories and logs, so it never touches a system-wide
+Slurm or munge that may already run on the machine. Daemons run in the foreground as children of
+this process and are stopped by pid.
+
+Usable on its own for poking at the scripts by hand:
+
+    python tests/slurm_cluster.py          # starts a cluster, prints `export SLURM_CONF=...`, waits for Ctrl-C
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "sacct")
+# The Debian packages that provide the binaries above (`apt-get install -y ...`).
+DEBIAN_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+
+
+class SlurmUnavailable(RuntimeError):
+    """Raised when this machine cannot run a local Slurm (not root, packages missing, daemon fails)."""
+
+
+def unavailable_reason() -> str | None:
+    """Why a local cluster cannot be started here, or None when it can be tried."""
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (munged runs as the munge user, slurmd as root)"
+    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    if missing:
+        return (f"Slurm/munge binaries missing: {', '.join(missing)}; install them with "
+                f"`apt-get install -y {' '.join(DEBIAN_PACKAGES)}`")
+    try:
+        pwd.getpwnam("munge")
+    except KeyError:
+        return "no `munge` user (the Debian munge package creates it)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+class LocalSlurm:
+    """One node (this host, all its CPUs), one partition `debug`, no accounting, no cgroups."""
+
+    def __init__(self, root: Path | None = None, partition: str = "debug") -> None:
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="hs-slurm-"))
+        self.partition = partition
+        self.node = socket.gethostname().split(".")[0]
+        self.conf = self.root / "slurm.conf"
+        self.munge_dir = self.root / "munge"
+        self.munge_socket = self.munge_dir / "munge.socket"
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    # ------------------------------------------------------------------ environment for clients
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for sbatch/squeue/...: points the client commands at this cluster."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.conf)
+        for key in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_ARRAY_JOB_ID"):
+            env.pop(key, None)  # the tests may themselves run inside a Slurm job
+        return env
+
+    def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, check=check, timeout=timeout)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 60) -> "LocalSlurm":
+        reason = unavailable_reason()
+        if reason:
+            raise SlurmUnavailable(reason)
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)  # munged (user munge) must traverse it
+        try:
+            self._start_munge()
+            self._write_conf()
+            self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-c", "-i", "-f", str(self.conf)])
+            self._spawn("slurmd", [_binary("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
+            self._wait_node_idle(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the daemons this object started (by pid), slurmd first, munged last."""
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self._procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+    def __enter__(self) -> "LocalSlurm":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ daemons
+    def _spawn(self, name: str, cmd: list[str], user: str | None = None) -> None:
+        log = open(self.root / f"{name}.stdout", "ab")
+        self._procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             user=user, env=self.env, start_new_session=True)
+        log.close()
+        time.sleep(0.3)
+        if self._procs[name].poll() is not None:
+            raise SlurmUnavailable(f"{name} exited at start with code {self._procs[name].returncode}:\n"
+                                   + self.logs(name))
+
+    def _start_munge(self) -> None:
+        # A private key and socket: the cluster never depends on (or disturbs) a system munged.
+        munge = pwd.getpwnam("munge")
+        self.munge_dir.mkdir(mode=0o700, exist_ok=True)
+        key = self.munge_dir / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        for path in (self.munge_dir, key):
+            os.chown(path, munge.pw_uid, munge.pw_gid)
+        # Debian's default socket directory, for anyone who points clients at the standard path.
+        run_munge = Path("/run/munge")
+        if not run_munge.exists():
+            run_munge.mkdir(mode=0o755, parents=True)
+            os.chown(run_munge, munge.pw_uid, munge.pw_gid)
+        d = self.munge_dir
+        self._spawn("munged", [_binary("munged"), "-F", "--force", f"--socket={self.munge_socket}",
+                               f"--key-file={key}", f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
+                               f"--seed-file={d / 'munged.seed'}"], user="munge")
+        deadline = time.monotonic() + 20
+        while not self.munge_socket.exists():
+            if time.monotonic() > deadline or self._procs["munged"].poll() is not None:
+                raise SlurmUnavailable("munged did not create its socket:\n" + self.logs("munged"))
+            time.sleep(0.1)
+
+    def _write_conf(self) -> None:
+        cpus = os.cpu_count() or 1
+        r = self.root
+        for sub in ("state", "spool"):
+            (r / sub).mkdir(exist_ok=True)
+        self.conf.write_text(f"""\
+# Generated for a throw-away test cluster: one node, no accounting, no cgroups.
+ClusterName=hstest
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+StateSaveLocation={r / 'state'}
+SlurmdSpoolDir={r / 'spool'}
+SlurmctldPidFile={r / 'slurmctld.pid'}
+SlurmdPidFile={r / 'slurmd.pid'}
+SlurmctldLogFile={r / 'slurmctld.log'}
+SlurmdLogFile={r / 'slurmd.log'}
+SlurmctldDebug=info
+SlurmdDebug=info
+# No cgroups: they are not available in every container; process tracking by process tree.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+ReturnToService=2
+JobRequeue=1
+# Keep finished jobs visible to scontrol for the tests' checks.
+MinJobAge=600
+KillWait=30
+InactiveLimit=0
+SlurmdTimeout=300
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
+PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
+""")
+
+    def _wait_node_idle(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise SlurmUnavailable(f"{name} died during start-up:\n" + self.logs(name))
+            out = self.run("sinfo", "-h", "-N", "-o", "%t", check=False, timeout=20)
+            state = out.stdout.strip()
+            if out.returncode == 0 and state.startswith("idle"):
+                return
+            time.sleep(0.5)
+        raise SlurmUnavailable(f"node not idle after {timeout:.0f}s (state {state!r}):\n"
+                               + self.logs("slurmctld") + self.logs("slurmd"))
+
+    # ------------------------------------------------------------------ helpers for tests
+    def logs(self, name: str, tail: int = 40) -> str:
+        parts = []
+        for path in (self.root / f"{name}.log", self.root / f"{name}.stdout", self.munge_dir / f"{name}.log"):
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-tail:]
+                parts.append(f"--- {path}\n" + "\n".join(lines))
+        return "\n".join(parts) + "\n"
+
+    def sbatch(self, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None) -> str:
+        """Submit; returns the job id (`--parsable`)."""
+        out = subprocess.run(["sbatch", "--parsable", *args], env={**self.env, **(env or {})}, cwd=cwd,
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch failed ({out.returncode}): {out.stderr}")
+        return out.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """`scontrol show job` as a dict (JobState, RestartCnt, ExitCode, ...); {} once forgotten."""
+        out = self.run("scontrol", "-o", "show", "job", job_id, check=False)
+        fields: dict[str, str] = {}
+        for token in out.stdout.split():
+            if "=" in token:
+                k, v = token.split("=", 1)
+                fields.setdefault(k, v)
+        return fields
+
+    def wait(self, job_id: str, timeout: float, states: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED",
+                                                                          "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+             ) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job_id} not in {states} after {timeout:.0f}s: {info}")
+
+
+def main() -> None:
+    cluster = LocalSlurm().start()
+    print(f"export SLURM_CONF={cluster.conf}\n# cluster up in {cluster.root}; Ctrl-C stops it", flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
