@@ -154,6 +154,18 @@ def test_projector_called_once_and_gradients_reach_all_views() -> None:
         assert v.grad is not None and v.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize(
+    "arch,extra,sizes",
+    [("small_cnn", {}, [28, 12]), ("resnet18", {}, [32, 16]), ("vit_tiny", {"img_size": 32}, [32, 16])],
+)
+def test_every_parameter_gets_a_gradient(arch: str, extra: dict, sizes: list[int]) -> None:
+    """DDP (find_unused_parameters=False) and DeepSpeed fail on parameters that never receive a gradient."""
+    model = build_model(ModelConfig(arch=arch, **extra, **SMALL_PROJ))
+    model(_views(2, 3, sizes)).pow(2).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing
+
+
 def test_bad_views_are_rejected() -> None:
     model = build_model(ModelConfig(arch="small_cnn", **SMALL_PROJ))
     with pytest.raises(ValueError, match="non-empty list"):
@@ -226,6 +238,17 @@ def test_defaults() -> None:
 def test_bad_config(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ModelConfig(**kwargs)
+
+
+def test_config_through_omegaconf_overrides() -> None:
+    """The trainer builds configs as OmegaConf structured configs; instantiating one must validate."""
+    from omegaconf import OmegaConf
+
+    base = OmegaConf.structured(ModelConfig)
+    good = OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(["arch=resnet18", "small_stem=true"])))
+    assert isinstance(good, ModelConfig) and good.arch == "resnet18" and good.small_stem
+    with pytest.raises(ValueError, match="choose one of"):
+        OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(["arch=vgg16"])))
 
 
 def test_build_model_revalidates_mutated_config() -> None:
