@@ -1,0 +1,89 @@
+"""`DataConfig`: which data, which multi-crop preset, how it is loaded.
+
+The trainer nests this dataclass under ``cfg.data`` (OmegaConf structured config), so every field is a
+plain type and ``None`` means "take the preset's / dataset's default".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+DATASETS = ("fashion_mnist", "digits", "webdataset", "ffcv", "imagefolder")
+AUGMENT_BACKENDS = ("auto", "pil", "tensor")
+EVAL_SPLITS = ("test", "holdout")
+FFCV_ORDERS = ("random", "quasi_random", "sequential")
+
+
+@dataclass
+class DataConfig:
+    # --- what ---------------------------------------------------------------------------------------
+    # builtin: "fashion_mnist" | "digits"; files: "webdataset" | "ffcv" | "imagefolder".
+    dataset: str = "fashion_mnist"
+    # Training data. webdataset: a shard directory, a brace pattern ("d/shard-{000000..000009}.tar") or
+    # a conversion output root holding train/; ffcv: a .beton file or a root holding train.beton;
+    # imagefolder: a folder with one subfolder per class (or a root holding train/);
+    # fashion_mnist: a directory with the four idx files (default: Debian's dataset-fashion-mnist).
+    path: Optional[str] = None
+    # Held-out data of the same kind as `path` (default: the `test` split next to `path`).
+    test_path: Optional[str] = None
+    # "test": evaluate on the test split; "holdout": carve `holdout_fraction` out of the training split
+    # (deterministic, by index) when a dataset has no test split.
+    eval_split: str = "test"
+    holdout_fraction: float = 0.1
+    # None: read from the manifest written by `python -m hypersolid_scale.data.convert` (or count classes).
+    num_classes: Optional[int] = None
+    # Cap on training samples (quick runs and tests); None = all.
+    max_train_samples: Optional[int] = None
+
+    # --- multi-crop ---------------------------------------------------------------------------------
+    # "auto" picks the dataset's preset (fashion_mnist -> fashion_mnist, digits -> digits, else default).
+    preset: str = "auto"
+    num_local_views: Optional[int] = None
+    global_crop_size: Optional[int] = None
+    local_crop_size: Optional[int] = None
+    global_crop_scale: Optional[list[float]] = None
+    local_crop_scale: Optional[list[float]] = None
+    # "pil": lightly's DINOTransform per sample (the reference semantics); "tensor": the batched torch
+    # implementation of the same augmentations (fast path for in-memory builtin datasets);
+    # "auto": tensor for builtin datasets, pil for webdataset/imagefolder. FFCV always decodes + crops in
+    # FFCV and applies the photometric augmentations batched on the training device.
+    augment: str = "auto"
+
+    # --- loading ------------------------------------------------------------------------------------
+    batch_size_per_gpu: int = 256
+    num_workers: int = 2
+    # Added to the trainer's seed: changes the augmentation/order stream without touching model init.
+    seed_offset: int = 0
+    shuffle_buffer: int = 2000  # webdataset: samples held for shuffling inside each worker
+    ffcv_order: str = "quasi_random"  # random | quasi_random (memory-friendly) | sequential
+    ffcv_os_cache: bool = False  # True: memory-map the whole file (dataset fits in RAM)
+    ffcv_batches_ahead: int = 3
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad field and the allowed values."""
+        if self.dataset not in DATASETS:
+            raise ValueError(f"data.dataset={self.dataset!r} is not one of {DATASETS}")
+        if self.augment not in AUGMENT_BACKENDS:
+            raise ValueError(f"data.augment={self.augment!r} is not one of {AUGMENT_BACKENDS}")
+        if self.eval_split not in EVAL_SPLITS:
+            raise ValueError(f"data.eval_split={self.eval_split!r} is not one of {EVAL_SPLITS}")
+        if self.ffcv_order not in FFCV_ORDERS:
+            raise ValueError(f"data.ffcv_order={self.ffcv_order!r} is not one of {FFCV_ORDERS}")
+        if self.batch_size_per_gpu < 1:
+            raise ValueError(f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}")
+        if self.num_workers < 0:
+            raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if not 0.0 < self.holdout_fraction < 1.0:
+            raise ValueError(f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
+        if self.num_local_views is not None and self.num_local_views < 0:
+            raise ValueError(f"data.num_local_views must be >= 0, got {self.num_local_views}")
+        for name in ("global_crop_scale", "local_crop_scale"):
+            scale = getattr(self, name)
+            if scale is not None and (len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0):
+                raise ValueError(f"data.{name} must be [min, max] with 0 < min <= max <= 1, got {scale}")
+        if self.dataset in ("webdataset", "ffcv", "imagefolder") and not self.path:
+            raise ValueError(
+                f"data.dataset={self.dataset!r} needs data.path (convert images first: "
+                "python -m hypersolid_scale.data.convert --help)"
+            )

@@ -1,0 +1,113 @@
+"""Training loaders over random-access data: in-memory arrays (batched tensor multi-crop) and map-style
+datasets of PIL images (lightly's DINOTransform per sample, in DataLoader workers)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from hypersolid_scale.data.builtin import ArraySplit
+from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed, rank_indices
+from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+
+Batch = tuple[list[torch.Tensor], torch.Tensor]
+
+
+def array_to_tensor(images: np.ndarray) -> torch.Tensor:
+    """(N, H, W) or (N, H, W, C) uint8 -> (N, C, H, W) uint8 tensor."""
+    t = torch.from_numpy(np.ascontiguousarray(images))
+    return t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2).contiguous()
+
+
+class ArrayPILDataset(Dataset):
+    """An ArraySplit as (PIL image, label) pairs, optionally through a transform."""
+
+    def __init__(self, split: ArraySplit, mode: str, transform: Optional[Callable] = None) -> None:
+        self.split, self.mode, self.transform = split, mode, transform
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        img = Image.fromarray(self.split.images[i]).convert(self.mode)
+        return (self.transform(img) if self.transform else img), int(self.split.labels[i])
+
+
+class InMemoryMultiCropLoader(ResumableEpochs):
+    """Batches of multi-crop views from uint8 images in memory, augmented a whole batch at a time.
+
+    Every batch reseeds the augmentation from (seed, epoch, rank, batch), so a resumed run produces the
+    very same views as an uninterrupted one.
+    """
+
+    def __init__(self, split: ArraySplit, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
+                 batch_size: int, max_samples: Optional[int] = None) -> None:
+        super().__init__()
+        n = len(split) if max_samples is None else min(len(split), max_samples)
+        self.images = array_to_tensor(split.images[:n])
+        self.labels = torch.from_numpy(split.labels[:n]).long()
+        if self.images.shape[1] != preset.channels:
+            raise ValueError(f"images have {self.images.shape[1]} channels but preset {preset.name!r} expects "
+                             f"{preset.channels}; pick a matching data.preset")
+        self.preset, self.rank, self.world_size, self.seed, self.batch_size = preset, rank, world_size, seed, batch_size
+        self.multicrop = TensorMultiCrop(preset, "cpu", seed)
+        self._len = batches_per_epoch(n, world_size, batch_size)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Batch]:
+        start = self._begin()
+        idx = torch.from_numpy(rank_indices(len(self.labels), rank=self.rank, world_size=self.world_size,
+                                            batch_size=self.batch_size, seed=self.seed, epoch=self.epoch))
+        for b in range(start, self._len):
+            bi = idx[b * self.batch_size:(b + 1) * self.batch_size]
+            self.multicrop.reseed(mix_seed(self.seed, self.epoch, self.rank, b))
+            views = self.multicrop(self.images[bi])
+            self._count()
+            yield views, self.labels[bi]
+        self._skip = 0
+
+
+def _seed_worker(worker_id: int) -> None:
+    # lightly's transforms draw from numpy and torchvision's from torch: seed both from the per-worker
+    # torch seed, which the DataLoader derives from its seeded generator.
+    s = torch.initial_seed() % 2**32
+    np.random.seed(s)
+    random.seed(s)
+
+
+class MapStyleMultiCropLoader(ResumableEpochs):
+    """A map-style dataset of (views, label) samples (PIL multi-crop inside), split by rank, in workers."""
+
+    def __init__(self, dataset: Dataset, *, rank: int, world_size: int, seed: int, batch_size: int,
+                 num_workers: int, max_samples: Optional[int] = None) -> None:
+        super().__init__()
+        self.dataset = dataset
+        self.num_samples = len(dataset) if max_samples is None else min(len(dataset), max_samples)  # type: ignore[arg-type]
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self._len = batches_per_epoch(self.num_samples, world_size, batch_size)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Batch]:
+        start = self._begin()
+        idx = rank_indices(self.num_samples, rank=self.rank, world_size=self.world_size,
+                           batch_size=self.batch_size, seed=self.seed, epoch=self.epoch)
+        subset = torch.utils.data.Subset(self.dataset, idx[start * self.batch_size:].tolist())
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
+        loader = DataLoader(subset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                            worker_init_fn=_seed_worker, generator=gen, drop_last=True,
+                            persistent_workers=False)
+        for views, labels in loader:
+            self._count()
+            yield views, labels
+        self._skip = 0

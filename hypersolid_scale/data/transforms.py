@@ -1,0 +1,100 @@
+"""PIL-path transforms: lightly's DINOTransform for training views, a deterministic one for evaluation.
+
+The PIL path is the semantic reference: the batched tensor path (`tensor_aug.py`) and the FFCV path are
+tested against it. `instrument` wraps the stages of a built DINOTransform so that a test can read what
+each stage did to each view without changing what it does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from lightly.transforms.dino_transform import DINOTransform
+from PIL import Image
+from torchvision import transforms as T
+
+from hypersolid_scale.data.presets import MultiCropPreset, normalize_dict
+
+
+def build_pil_multicrop(preset: MultiCropPreset) -> DINOTransform:
+    """PIL image -> list of normalised tensors [global_0, global_1, local_0, ...] (lightly DINOTransform)."""
+    bri, con, sat, hue = preset.cj_factors
+    return DINOTransform(
+        global_crop_size=preset.global_crop_size,
+        global_crop_scale=preset.global_crop_scale,
+        local_crop_size=preset.local_crop_size,
+        local_crop_scale=preset.local_crop_scale,
+        n_local_views=preset.num_local_views,
+        hf_prob=preset.hflip_prob,
+        vf_prob=0.0,
+        rr_prob=0.0,
+        cj_prob=preset.cj_prob,
+        cj_strength=preset.cj_strength,
+        cj_bright=bri,
+        cj_contrast=con,
+        cj_sat=sat,
+        cj_hue=hue,
+        random_gray_scale=preset.gray_prob,
+        gaussian_blur=preset.blur_probs,
+        sigmas=preset.blur_sigmas,
+        solarization_prob=preset.solarize_prob,
+        normalize=normalize_dict(preset),
+    )
+
+
+def pil_mode(preset: MultiCropPreset) -> str:
+    return "L" if preset.channels == 1 else "RGB"
+
+
+def build_eval_transform(preset: MultiCropPreset) -> Callable[[Image.Image], torch.Tensor]:
+    """Deterministic: resize the short side to eval_resize, center-crop global_crop_size, normalise."""
+    return T.Compose([
+        T.Resize(preset.eval_resize, interpolation=T.InterpolationMode.BICUBIC),
+        T.CenterCrop(preset.global_crop_size),
+        T.ToTensor(),
+        T.Normalize(mean=list(preset.mean), std=list(preset.std)),
+    ])
+
+
+class _Stage:
+    """Runs one stage of a view transform and notes whether it changed the image (and the output)."""
+
+    def __init__(self, inner: Any, key: str, sink: list[dict], view: Optional[str], keep: bool) -> None:
+        self.inner, self.key, self.sink, self.view, self.keep = inner, key, sink, view, keep
+
+    def __call__(self, img: Any) -> Any:
+        out = self.inner(img)
+        if self.view is not None:  # first stage of a view: open a new record
+            self.sink.append({"view": self.view})
+        changed = np.asarray(out).shape != np.asarray(img).shape or not np.array_equal(
+            np.asarray(out), np.asarray(img))
+        self.sink[-1][self.key] = bool(changed)
+        if self.keep:
+            self.sink[-1][self.key + "_image"] = np.asarray(out).copy()
+        return out
+
+
+def instrument(transform: DINOTransform, sink: list[dict]) -> DINOTransform:
+    """Wrap crop/flip/jitter/grayscale/blur/solarize of every view so that each call appends a record.
+
+    Each record: {"view": "global_0"|"global_1"|"local", "crop", "flip", "jitter", "gray", "blur",
+    "solarize": bool changed, "flip_image": the view after crop+flip (uint8 array)}. The wrapped stages
+    call the original ones unchanged.
+    """
+    names = ["global_0", "global_1"] + ["local"] * (len(transform.transforms) - 2)
+    seen: set[int] = set()
+    for view_transform, name in zip(transform.transforms, names):
+        if id(view_transform) in seen:  # lightly shares one object between all local views
+            continue
+        seen.add(id(view_transform))
+        stages = view_transform.transform.transforms
+        # By class name: lightly picks torchvision's v1 or v2 transforms depending on the version.
+        keys = {"RandomResizedCrop": "crop", "RandomHorizontalFlip": "flip", "RandomApply": "jitter",
+                "RandomGrayscale": "gray", "GaussianBlur": "blur", "RandomSolarization": "solarize"}
+        for i, stage in enumerate(stages):
+            key = keys.get(type(stage).__name__)
+            if key is not None:
+                stages[i] = _Stage(stage, key, sink, name if key == "crop" else None, keep=key == "flip")
+    return transform
