@@ -1,0 +1,28 @@
+"""Evaluation of learned representations: kNN, linear probe, clustering, latent geometry, plots.
+
+Each part is a plain function over an (n, d) feature matrix and its labels; ``cli.main`` (behind
+``launch/eval.py``) loads a checkpoint, embeds the train and test splits and runs the chosen suites.
+The trainer's online monitor uses ``extract_embeddings`` and ``knn_accuracy``.
+"""
+
+from hypersolid_scale.eval.clustering import dbscan_sweep, hdbscan_cluster, kmeans
+from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
+from hypersolid_scale.eval.geometry import geometry_metrics
+from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
+from hypersolid_scale.eval.linear import linear_probe
+from hypersolid_scale.eval.neighborhood import interpolation_profile
+
+__all__ = [
+    "EvalConfig",
+    "cached_embeddings",
+    "dbscan_sweep",
+    "extract_embeddings",
+    "geometry_metrics",
+    "hdbscan_cluster",
+    "interpolation_profile",
+    "kmeans",
+    "knn_accuracy",
+    "knn_predict",
+    "linear_probe",
+]

@@ -1,0 +1,95 @@
+"""Settings of the evaluation suite (offline ``launch/eval.py`` and the trainer's online kNN monitor).
+
+The defaults follow the paper's protocol ("Evaluation Metrics"): cosine kNN with K per dataset (5 for
+CIFAR/STL-10, 20 for ImageNet-100, 200 for ImageNet-1k), a logistic-regression probe on frozen backbone
+features, K-Means with k = number of classes, DBSCAN with the cosine metric swept over eps in [0, 0.5],
+and HDBSCAN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SUITES: tuple[str, ...] = ("knn", "linear", "cluster", "geometry", "plots")
+FEATURES: tuple[str, ...] = ("backbone", "projector")
+LINEAR_OPTIMIZERS: tuple[str, ...] = ("lbfgs", "adam")
+
+
+def _default_eps() -> list[float]:
+    # 0.0 up to 0.5 in steps of 0.025: fine enough to show where each representation peaks.
+    return [round(0.025 * i, 3) for i in range(21)]
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation settings; every field can be overridden as ``eval.<field>=<value>``.
+
+    Pair-based metrics and the density-based clusterings are quadratic in the number of samples, so
+    they run on at most ``max_pairs`` pairs / ``cluster_max_samples`` samples drawn with ``seed``.
+    """
+
+    suites: list[str] = field(default_factory=lambda: list(SUITES))
+    features: str = "backbone"  # the paper's metrics are on backbone features
+    batch_size: int = 256  # images per forward pass during extraction
+    num_workers: int = 2
+    cache_dir: str | None = None  # default: <run_dir>/eval_cache
+    seed: int = 0
+    # kNN (also used by the trainer's online monitor)
+    knn_k: list[int] = field(default_factory=lambda: [5, 20])  # paper: 200 for ImageNet-1k/Food-101
+    knn_temperature: float = 0.07  # weighted vote: exp(cos / T)
+    every_n_epochs: int = 1  # online kNN monitor period; 0 disables it
+    monitor_max_train: int = 10000  # train samples the online monitor embeds
+    # linear probe
+    linear_optimizer: str = "lbfgs"
+    linear_weight_decays: list[float] = field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3, 1e-2])
+    linear_val_fraction: float = 0.1  # held out of train to pick the weight decay
+    linear_max_iter: int = 200  # L-BFGS iterations, or Adam epochs
+    # clustering
+    kmeans_k: int | None = None  # default: number of classes
+    kmeans_niter: int = 50
+    dbscan_eps: list[float] = field(default_factory=_default_eps)
+    dbscan_min_samples: int = 5
+    dbscan_max_edges: int = 100_000_000  # budget of the sparse eps-neighbourhood graph
+    hdbscan_min_cluster_size: int = 10
+    cluster_max_samples: int = 20000
+    # geometry and plots
+    max_pairs: int = 2_000_000
+    selectivity_z: float = 1.0
+    interp_pairs: int = 200
+    interp_steps: int = 21
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad field and what it accepts."""
+        bad = [s for s in self.suites if s not in SUITES]
+        if bad:
+            raise ValueError(f"eval.suites has unknown entries {bad}; allowed: {list(SUITES)}")
+        if self.features not in FEATURES:
+            raise ValueError(f"eval.features={self.features!r}; allowed: {list(FEATURES)}")
+        if self.linear_optimizer not in LINEAR_OPTIMIZERS:
+            raise ValueError(
+                f"eval.linear_optimizer={self.linear_optimizer!r}; allowed: {list(LINEAR_OPTIMIZERS)}"
+            )
+        if not self.knn_k or any(int(k) < 1 for k in self.knn_k):
+            raise ValueError(f"eval.knn_k={list(self.knn_k)} must be a non-empty list of integers >= 1")
+        if self.knn_temperature <= 0:
+            raise ValueError(f"eval.knn_temperature={self.knn_temperature} must be > 0")
+        if not self.linear_weight_decays or any(w < 0 for w in self.linear_weight_decays):
+            raise ValueError("eval.linear_weight_decays must be a non-empty list of values >= 0")
+        if not 0.0 < self.linear_val_fraction < 1.0:
+            raise ValueError(f"eval.linear_val_fraction={self.linear_val_fraction} must be in (0, 1)")
+        if any(not 0.0 <= e <= 2.0 for e in self.dbscan_eps):
+            raise ValueError("eval.dbscan_eps values are cosine distances and must lie in [0, 2]")
+        if self.kmeans_k is not None and self.kmeans_k < 2:
+            raise ValueError(f"eval.kmeans_k={self.kmeans_k} must be >= 2 (or null for #classes)")
+        for name in ("batch_size", "dbscan_min_samples", "hdbscan_min_cluster_size", "max_pairs",
+                     "cluster_max_samples", "interp_pairs", "kmeans_niter", "linear_max_iter",
+                     "monitor_max_train", "dbscan_max_edges"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 1")
+        if self.interp_steps < 3:
+            raise ValueError(f"eval.interp_steps={self.interp_steps} must be >= 3")
+        if self.every_n_epochs < 0 or self.num_workers < 0:
+            raise ValueError("eval.every_n_epochs and eval.num_workers must be >= 0")
