@@ -38,10 +38,10 @@ def _count_backbone_calls(model: HypersolidModel) -> list[tuple[int, ...]]:
     "arch,extra,feature_dim,sizes",
     [
         ("small_cnn", {}, 128, [28, 28, 12, 12]),
-        ("resnet18", {"small_stem": True}, 512, [32, 16]),
+        ("resnet18", {"small_stem": True}, 512, [16, 8]),
         ("resnet18", {}, 512, [32, 32, 16]),
         ("resnet50", {}, 2048, [32, 32]),
-        ("vit_tiny", {}, 192, [224, 224, 96]),
+        ("vit_tiny", {}, 192, [64, 64, 32]),  # 224/96 px: see the interpolation test
     ],
 )
 def test_output_shapes(arch: str, extra: dict, feature_dim: int, sizes: list[int]) -> None:
