@@ -1,0 +1,305 @@
+"""MLflow tracking: a real SQLite store, a real `mlflow server` that is killed and restarted, a real kill -9."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow import MlflowClient  # noqa: E402
+
+from hypersolid_scale.tracking import (  # noqa: E402
+    MAX_PARAM_VALUE_LENGTH, Tracker, TrackingConfig, git_commit, make_tracker, sync_spool,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+
+
+def steps_of(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One run on the default store (``<run_dir>/mlflow.db``); other tests reuse its database, since
+    creating an MLflow database takes seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = tmp_path_factory.mktemp("default_run")
+    tracker = make_tracker(TrackingConfig(run_name="unit"), run_dir, rank=0, tags={"engine": "ddp"})
+    tracker.log_params({"loss": {"alpha": 0.9, "backend": "dense"}, "model": {"arch": "small_cnn"},
+                        "note": "x" * (MAX_PARAM_VALUE_LENGTH + 100), "views": [2, 6]})
+    for step in range(5):
+        tracker.log_metrics({"loss": 1.0 / (step + 1), "lr": 1e-3}, step)
+    (run_dir / "config.yaml").write_text("loss:\n  alpha: 0.9\n")
+    tracker.log_artifact(run_dir / "config.yaml")
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    tracker.log_figure(fig, "plots/loss_curve")
+    plt.close(fig)
+    tracker.set_tags({"world_size": 2})
+    tracker.close()
+    return run_dir, tracker
+
+
+@pytest.fixture
+def restore_http_env():
+    saved = {name: os.environ.get(name) for name in HTTP_ENV}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def test_default_store_holds_everything(default_run):
+    run_dir, tracker = default_run
+    assert tracker.tracking_uri == f"sqlite:///{run_dir.resolve()}/mlflow.db"
+    client = MlflowClient(tracker.tracking_uri)
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "unit"
+    params = run.data.params
+    assert params["loss.alpha"] == "0.9" and params["model.arch"] == "small_cnn" and params["views"] == "[2, 6]"
+    assert len(params["note"]) == MAX_PARAM_VALUE_LENGTH and params["note"].endswith("[truncated]")
+    assert steps_of(client, tracker.run_id, "loss") == [0, 1, 2, 3, 4]
+    assert [m.value for m in sorted(client.get_metric_history(tracker.run_id, "loss"), key=lambda m: m.step)] \
+        == pytest.approx([1.0, 0.5, 1 / 3, 0.25, 0.2])
+    assert run.data.tags["engine"] == "ddp" and run.data.tags["world_size"] == "2"
+    assert run.data.tags.get("mlflow.source.git.commit") == git_commit()
+    assert {a.path for a in client.list_artifacts(tracker.run_id)} == {"config.yaml", "plots"}
+    assert [a.path for a in client.list_artifacts(tracker.run_id, "plots")] == ["plots/loss_curve.png"]
+    # Artifacts live inside the run directory, not in ./mlruns of the working directory.
+    assert run.info.artifact_uri.startswith((run_dir.resolve() / "mlartifacts").as_uri())
+    png = Path(run.info.artifact_uri[len("file://"):]) / "plots" / "loss_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Sent artifacts leave no staged copies behind.
+    assert not any(p.is_file() for p in (run_dir / "tracking").glob("artifacts-*/**/*"))
+
+
+def test_replaying_the_whole_spool_adds_nothing(default_run):
+    """Without a watermark everything is resent; MLflow must still hold each step once."""
+    run_dir, tracker = default_run
+    for mark in (run_dir / "tracking").glob("synced-*.json"):
+        mark.unlink()
+    assert sync_spool(run_dir) == 0
+    client = MlflowClient(tracker.tracking_uri)
+    assert steps_of(client, tracker.run_id, "loss") == [0, 1, 2, 3, 4]
+    assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_kill_minus_9_then_resume_continues_the_same_run(default_run, tmp_path):
+    uri = default_run[1].tracking_uri
+    run_dir = tmp_path / "run"
+    child = textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        from hypersolid_scale.tracking import TrackingConfig, make_tracker
+        run_dir = Path({str(run_dir)!r})
+        # sync_every_s=1h: everything below stays in the spool only, as if the server were away.
+        tracker = make_tracker(TrackingConfig(tracking_uri={uri!r}, sync_every_s=3600), run_dir, rank=0)
+        print(tracker.run_id, flush=True)
+        tracker.log_params({{"optim": {{"lr": 0.001}}}})
+        for step in range(20):
+            tracker.log_metrics({{"loss": float(step)}}, step)
+        (run_dir / "notes.txt").write_text("before the kill")
+        tracker.log_artifact(run_dir / "notes.txt")
+        # A record torn in the middle of its write by the kill.
+        with open(next((run_dir / "tracking").glob("spool-*.jsonl")), "ab") as f:
+            f.write(b'{{"kind": "metrics", "step": 99, "ti')
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    run_id = proc.stdout.split()[0]
+    client = MlflowClient(uri)
+    assert client.get_metric_history(run_id, "loss") == []  # only the spool has them
+
+    tracker = make_tracker(TrackingConfig(tracking_uri=uri), run_dir, rank=0, resume_run_id=run_id)
+    assert tracker.run_id == run_id
+    assert client.get_run(run_id).info.status == "RUNNING"
+    for step in range(20, 30):
+        tracker.log_metrics({"loss": float(step)}, step)
+    tracker.close()
+
+    history = client.get_metric_history(run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(30)]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.params == {"optim.lr": "0.001"}
+    assert [a.path for a in client.list_artifacts(run_id)] == ["notes.txt"]
+    spool = next((run_dir / "tracking").glob("spool-*.jsonl")).read_bytes()
+    assert spool.endswith(b"\n") and all(json.loads(line) for line in spool.splitlines())
+
+
+def test_bad_input_is_refused_with_clear_errors(default_run, tmp_path):
+    uri = default_run[1].tracking_uri
+    with pytest.raises(ValueError, match="experiment"):
+        make_tracker(TrackingConfig(experiment=" "), tmp_path, rank=0)
+    with pytest.raises(ValueError, match="log_every_n_steps"):
+        make_tracker(TrackingConfig(log_every_n_steps=0), tmp_path, rank=1)
+    with pytest.raises(ValueError, match="does not exist"):
+        make_tracker(TrackingConfig(tracking_uri=uri), tmp_path, rank=0, resume_run_id="f" * 32)
+    tracker = make_tracker(TrackingConfig(tracking_uri=uri), tmp_path, rank=0)
+    with pytest.raises(ValueError, match="invalid metric name"):
+        tracker.log_metrics({"loss?": 1.0}, 0)
+    with pytest.raises(ValueError, match="must be numbers"):
+        tracker.log_metrics({"loss": "low"}, 0)
+    with pytest.raises(ValueError, match="step must be an int"):
+        tracker.log_metrics({"loss": 1.0}, 0.5)
+    with pytest.raises(ValueError, match="no such file"):
+        tracker.log_artifact(tmp_path / "missing.png")
+    with pytest.raises(ValueError, match="FINISHED, FAILED or KILLED"):
+        tracker.close(status="DONE")
+    tracker.close(status="FAILED")
+    tracker.close()  # a second close is a no-op
+    assert MlflowClient(uri).get_run(tracker.run_id).info.status == "FAILED"
+    with pytest.raises(RuntimeError, match="closed"):
+        tracker.log_metrics({"loss": 1.0}, 1)
+
+
+def test_unreachable_server_at_start_fails_fast(tmp_path, restore_http_env):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="could not start an MLflow run"):
+        make_tracker(TrackingConfig(tracking_uri=f"http://127.0.0.1:{free_port()}"), tmp_path, rank=0)
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("rank, enabled", [(1, True), (0, False)])
+def test_noop_tracker(tmp_path, rank, enabled):
+    run_dir = tmp_path / "run"
+    tracker = make_tracker(TrackingConfig(enabled=enabled), run_dir, rank=rank)
+    assert type(tracker) is Tracker and tracker.run_id is None and tracker.tracking_uri is None
+    tracker.log_params({"a": {"b": 1}})
+    tracker.log_metrics({"loss": 1.0}, 0)
+    tracker.set_tags({"engine": "ddp"})
+    tracker.log_artifact(tmp_path / "whatever.txt")
+    tracker.log_figure(None, "plot.png")
+    assert tracker.flush() is True
+    tracker.close()
+    assert not run_dir.exists()
+
+
+def test_git_commit(tmp_path):
+    assert git_commit(tmp_path) is None
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=tmp_path, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout
+    assert git_commit(tmp_path) == head.strip()
+
+
+# ---------------------------------------------------------------------------------------------------
+# A real tracking server that goes away mid-run
+# ---------------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    def __init__(self, root: Path):
+        self.root, self.port = root, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 120) -> None:
+        mlflow_bin = Path(sys.executable).with_name("mlflow")
+        cmd = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+               "--backend-store-uri", f"sqlite:///{self.root}/server.db",
+               "--artifacts-destination", str(self.root / "artifacts")]
+        log = open(self.root / "server.log", "ab")
+        # The server's background job runner is not needed here and doubles its start-up time.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        # Own session: kill() takes down the server and any worker it spawned, nothing else.
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"mlflow server not up after {timeout_s}s")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+        self.proc = None
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    server = MlflowServer(tmp_path / "server")
+    server.root.mkdir()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.mark.slow
+def test_server_killed_and_restarted_mid_run_loses_nothing(mlflow_server, tmp_path, caplog, restore_http_env):
+    for name in HTTP_ENV:
+        os.environ.pop(name, None)
+    tracker = make_tracker(TrackingConfig(tracking_uri=mlflow_server.uri, sync_every_s=0), tmp_path / "run", rank=0)
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0"  # fail fast, we retry ourselves
+    tracker.log_params({"loss": {"alpha": 0.9}})
+    for step in range(10):
+        tracker.log_metrics({"loss": float(step)}, step)
+    assert tracker.flush()
+
+    mlflow_server.kill()
+    caplog.set_level(logging.INFO, logger="hypersolid_scale.tracking")
+    slowest = 0.0
+    for step in range(10, 30):
+        start = time.monotonic()
+        tracker.log_metrics({"loss": float(step)}, step)
+        if step == 15:
+            tracker.set_tags({"phase": "outage"})
+            (tmp_path / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\nnot really")
+            tracker.log_artifact(tmp_path / "plot.png", artifact_path="plots")
+        slowest = max(slowest, time.monotonic() - start)
+        time.sleep(0.1)  # let the backoff expire now and then, so calls really retry
+    assert tracker.flush() is False
+    assert slowest < 3.0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "unreachable" in warnings[0].getMessage()
+
+    mlflow_server.start()  # same port, same store
+    assert tracker.flush() is True
+    assert any("is back" in r.getMessage() for r in caplog.records)
+    for step in range(30, 35):
+        tracker.log_metrics({"loss": float(step)}, step)
+    tracker.close()
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+    client = MlflowClient(mlflow_server.uri)
+    history = client.get_metric_history(tracker.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(35)]
+    run = client.get_run(tracker.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["phase"] == "outage" and run.data.params == {"loss.alpha": "0.9"}
+    assert [a.path for a in client.list_artifacts(tracker.run_id, "plots")] == ["plots/plot.png"]
