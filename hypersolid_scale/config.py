@@ -1,0 +1,297 @@
+"""The whole run as one typed dataclass tree: YAML files + ``section.key=value`` overrides.
+
+Every section owned by another package (data, model, loss, tracking, eval) is imported from it, so one
+definition per field exists in the project. ``load_config`` fails *before any work starts* with a
+``ValueError`` that names the offending key and what is allowed: an unknown key, a value of the wrong type
+or a value outside its allowed set.
+
+Example::
+
+    cfg = load_config("configs/quickstart.yaml", ["optim.lr=3e-4", "data.batch_size_per_gpu=64"])
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from hypersolid_scale.data.config import DataConfig
+from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.losses.config import LossConfig
+from hypersolid_scale.models import ModelConfig
+from hypersolid_scale.tracking import TrackingConfig, flatten
+
+# ----------------------------------------------------------------------------------------------------------
+# Trainer-owned sections
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule (paper: AdamW, constant lr 1e-3, weight decay 1e-6)."""
+
+    name: str = "adamw"  # adamw | sgd (SGD needs high momentum to learn with this loss: paper, "Optimizer")
+    lr: float = 1e-3  # per the whole global batch; no linear scaling rule is applied
+    weight_decay: float = 1e-6
+    momentum: float = 0.9  # SGD only
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW only
+    schedule: str = "constant"  # constant | cosine (cosine decays to min_lr after the warmup)
+    warmup_epochs: float = 0.0  # linear warmup from 0, for both schedules
+    min_lr: float = 0.0  # cosine end value
+    grad_clip: float = 0.0  # max global grad norm; 0 disables clipping
+
+
+@dataclass
+class DistConfig:
+    """How processes cooperate. World size and rank come from torchrun / Slurm, never from here."""
+
+    engine: str = "ddp"  # ddp | deepspeed
+    backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    zero_stage: int = 0  # DeepSpeed ZeRO stage 0, 1 or 2 (3 would shard the weights the loss code sees)
+    sync_bn: bool = False  # SyncBatchNorm across ranks (GPU only)
+    compile: bool = False  # torch.compile the model
+    bf16: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | true | false
+    device: str = "auto"  # auto | cpu | cuda
+    timeout_minutes: int = 30  # process-group timeout
+
+
+@dataclass
+class CheckpointConfig:
+    every_n_steps: int = 1000  # 0 disables step checkpoints (epoch-end and preemption checkpoints remain)
+    every_n_epochs: int = 1  # 0 disables epoch-end checkpoints
+    keep_last: int = 3  # older step_*.pt files are deleted; 0 keeps all
+    resume: str = "auto"  # auto (newest valid checkpoint in run_dir, if any) | never | force (ignore config changes)
+    path: str | None = None  # resume from this file instead of run_dir/checkpoints
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run_dir: str = "runs/default"
+    seed: int = 0
+    deterministic: bool = False  # deterministic kernels; same seed + same world size -> same parameters
+    epochs: int = 100
+    max_steps: int = 0  # > 0 stops after this many optimizer steps (before `epochs` if smaller)
+    progress: bool = True  # tqdm bar on rank 0
+
+
+# Values with a closed set of choices, checked after merging so that the message can list them. Sections
+# owned by other packages may validate more in their own __post_init__ (run by OmegaConf.to_object).
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "optim.name": ("adamw", "sgd"),
+    "optim.schedule": ("constant", "cosine"),
+    "dist.engine": ("ddp", "deepspeed"),
+    "dist.backend": ("auto", "gloo", "nccl"),
+    "dist.zero_stage": (0, 1, 2),
+    "dist.bf16": ("auto", "true", "false"),
+    "dist.device": ("auto", "cpu", "cuda"),
+    "checkpoint.resume": ("auto", "never", "force"),
+}
+
+# (key, predicate, what is allowed) for numeric ranges.
+RANGES: list[tuple[str, Any, str]] = [
+    ("optim.lr", lambda v: v > 0, "a positive float"),
+    ("optim.weight_decay", lambda v: v >= 0, "a float >= 0"),
+    ("optim.momentum", lambda v: 0 <= v < 1, "a float in [0, 1)"),
+    ("optim.warmup_epochs", lambda v: v >= 0, "a float >= 0"),
+    ("optim.min_lr", lambda v: v >= 0, "a float >= 0"),
+    ("optim.grad_clip", lambda v: v >= 0, "a float >= 0 (0 disables clipping)"),
+    ("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two floats in [0, 1)"),
+    ("checkpoint.every_n_steps", lambda v: v >= 0, "an int >= 0"),
+    ("checkpoint.every_n_epochs", lambda v: v >= 0, "an int >= 0"),
+    ("checkpoint.keep_last", lambda v: v >= 0, "an int >= 0 (0 keeps every checkpoint)"),
+    ("epochs", lambda v: v >= 1, "an int >= 1"),
+    ("max_steps", lambda v: v >= 0, "an int >= 0 (0 = run all epochs)"),
+    ("dist.timeout_minutes", lambda v: v >= 1, "an int >= 1"),
+]
+
+# Keys that may change between a checkpoint and its resumption without changing what is being trained:
+# how long, where, how it is logged/evaluated/checkpointed and how many workers feed it.
+_RESUMABLE_PREFIXES = (
+    "run_dir", "epochs", "max_steps", "progress", "tracking.", "eval.", "checkpoint.",
+    "dist.timeout_minutes", "dist.backend", "dist.device", "data.num_workers", "data.root", "data.path",
+    "data.cache", "data.download",
+)
+
+# ----------------------------------------------------------------------------------------------------------
+# Loading
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _explain(err: OmegaConfBaseException, schema: DictConfig) -> ValueError:
+    """Turn an OmegaConf error into a ValueError naming the key and what would have been accepted."""
+    key = getattr(err, "full_key", None) or "?"
+    first_line = str(err).splitlines()[0]
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(schema, parent_key) if parent_key else schema
+    if isinstance(err, KeyError) and isinstance(parent, DictConfig):
+        allowed = ", ".join(sorted(str(k) for k in parent.keys()))
+        where = f"section '{parent_key}'" if parent_key else "the top level"
+        return ValueError(f"unknown config key '{key}': {first_line}. Keys allowed in {where}: {allowed}")
+    expected = ""
+    if isinstance(parent, DictConfig) and leaf in parent:
+        node = parent._get_node(leaf)
+        expected = f" (expected {getattr(node, '_metadata').ref_type})" if node is not None else ""
+    return ValueError(f"bad value for config key '{key}'{expected}: {first_line}")
+
+
+def validate(cfg: Config) -> None:
+    """Check closed choices and numeric ranges; raise ValueError naming the key and the allowed values.
+
+    The data, model, loss, tracking and eval sections are checked by their own packages' ``validate``.
+    """
+    for section in (cfg.data, cfg.model, cfg.loss, cfg.eval):
+        section.validate()
+    from hypersolid_scale.tracking import validate_config as validate_tracking
+
+    validate_tracking(cfg.tracking)
+    for key, choices in CHOICES.items():
+        value = _get(cfg, key)
+        if isinstance(value, str):
+            value = value.lower()
+        if value not in choices:
+            allowed = " | ".join(str(c) for c in choices)
+            raise ValueError(f"config key '{key}' = {value!r} is not allowed; choose one of: {allowed}")
+    for key, ok, what in RANGES:
+        value = _get(cfg, key)
+        if not ok(value):
+            raise ValueError(f"config key '{key}' = {value!r} is invalid; expected {what}")
+    if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
+        raise ValueError(
+            f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
+            "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
+        )
+
+
+def _read_yaml(path: str | Path) -> DictConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config file {str(path)!r} does not exist; pass an existing YAML file (see configs/)")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+    return OmegaConf.create(data)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked and validated.
+
+    Raises:
+        ValueError: unknown key, wrong type, value outside its allowed set, or a malformed override.
+    """
+    schema = OmegaConf.structured(Config)
+    for ov in overrides:
+        if "=" not in ov or ov.startswith("="):
+            raise ValueError(f"override {ov!r} is malformed; write it as section.key=value, e.g. optim.lr=1e-3")
+    try:
+        layers = [schema]
+        if path is not None:
+            layers.append(_read_yaml(path))
+        layers.append(OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(*layers)
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise _explain(err, schema) from None
+    # Normalise spellings that YAML turns into other types (``bf16: true`` is read as the string "True").
+    cfg.dist.bf16 = str(cfg.dist.bf16).lower()
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict (what checkpoints store and ``config.yaml`` holds)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors."""
+    overrides_free = OmegaConf.create(d)
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), overrides_free))
+    except OmegaConfBaseException as err:
+        raise _explain(err, OmegaConf.structured(Config)) from None
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _training_relevant(cfg_dict: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in flatten(cfg_dict).items() if not k.startswith(_RESUMABLE_PREFIXES)}
+
+
+def fingerprint(cfg: Config | dict[str, Any]) -> str:
+    """Hash of the keys that define *what* is trained; checkpoints refuse to resume across a change."""
+    d = cfg if isinstance(cfg, dict) else to_dict(cfg)
+    blob = json.dumps(_training_relevant(d), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable ``key: old -> new`` lines for the keys that enter the fingerprint."""
+    a, b = _training_relevant(old), _training_relevant(new)
+    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def save_config(cfg: Config, run_dir: str | Path) -> Path:
+    path = Path(run_dir) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(to_yaml(cfg))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sweeps: `base: configs/x.yaml` + `runs: [[override, ...], ...]`; launch/slurm/sweep.sbatch reads runs[i]
+# ----------------------------------------------------------------------------------------------------------
+
+
+def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
+    """Return ``(base_config_path, runs)``; every run is validated against the base config eagerly."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"sweep file {str(path)!r} does not exist")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict) or "base" not in data or "runs" not in data:
+        raise ValueError(f"sweep file {str(path)!r} needs two keys: 'base' (a config path) and 'runs' (a list of "
+                         "lists of section.key=value overrides)")
+    unknown = set(data) - {"base", "runs", "description"}
+    if unknown:
+        raise ValueError(f"sweep file {str(path)!r} has unknown keys {sorted(unknown)}; allowed: base, runs, description")
+    runs = data["runs"]
+    if not isinstance(runs, list) or not all(isinstance(r, list) and all(isinstance(o, str) for o in r) for r in runs):
+        raise ValueError(f"sweep file {str(path)!r}: 'runs' must be a list of lists of strings like 'optim.lr=1e-3'")
+    base = str(data["base"])
+    for i, run in enumerate(runs):
+        try:
+            load_config(base, run)
+        except ValueError as err:
+            raise ValueError(f"sweep file {str(path)!r}, runs[{i}] = {run}: {err}") from None
+    return base, [list(r) for r in runs]
+
+
+__all__ = [
+    "CheckpointConfig", "Config", "DistConfig", "OptimConfig", "config_diff", "fingerprint", "flatten",
+    "from_dict", "load_config", "load_sweep", "save_config", "to_dict", "to_yaml", "validate",
+]

@@ -1,0 +1,240 @@
+"""DDP and DeepSpeed behind one small interface, so ``train.py`` has a single training step.
+
+Both engines *average* gradients over ranks. The loss returns the global loss and makes each rank's
+local gradient P x its share of the global gradient (DESIGN §3), so after averaging every rank holds the
+gradient a single process would compute on the concatenated batch. Nothing here rescales gradients.
+
+Interface (both engines): ``forward(views) -> feats (B, V, D) float32``, ``backward(loss)``,
+``step() -> grad norm or None``, ``param_groups`` (for the step-indexed lr / wd schedules),
+``model`` (the unwrapped ``HypersolidModel``), ``optimizer_state()`` / ``load_optimizer_state(state)``.
+
+DeepSpeed checkpoints: we do not use DeepSpeed's checkpoint directories. The model weights are the full
+module state (ZeRO 0-2 keep every weight on every rank), saved in the same portable file as DDP runs.
+For ZeRO-1/2 the optimizer state is partitioned; each rank's partition (its base-optimizer state and its
+fp32 master slice, stripped of DeepSpeed's Python objects so that ``weights_only=True`` loads it) is gathered
+to rank 0 and stored as ``{"zero_stage": s, "shards": [rank0, rank1, ...]}``. Resuming the optimizer state
+needs the same world size and ZeRO stage; the weights resume under any world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hypersolid_scale.distributed.env import gather_objects
+
+
+def build_optimizer(name: str, params: Any, *, lr: float, weight_decay: float, momentum: float,
+                    betas: tuple[float, float]) -> torch.optim.Optimizer:
+    """AdamW (paper default) or SGD with momentum (paper: needs momentum ~0.99 to learn)."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=momentum)
+    raise ValueError(f"unknown optimizer {name!r}; choose adamw or sgd")
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DDP
+# ----------------------------------------------------------------------------------------------------------
+
+
+class DDPEngine:
+    """Plain PyTorch: optional SyncBatchNorm, DDP when world size > 1, optional torch.compile, bf16 autocast."""
+
+    kind = "ddp"
+
+    def __init__(self, model: nn.Module, optimizer_fn: Any, *, device: torch.device, bf16: bool,
+                 grad_clip: float, sync_bn: bool, compile: bool) -> None:
+        if sync_bn and _world_size() > 1:
+            if device.type != "cuda":
+                raise ValueError("dist.sync_bn=true needs CUDA (SyncBatchNorm has no CPU kernel); "
+                                 "set dist.sync_bn=false for CPU runs")
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.model = model.to(device)
+        self.device, self.bf16, self.grad_clip = device, bf16, grad_clip
+        self.optimizer: torch.optim.Optimizer = optimizer_fn(self.model.parameters())
+        wrapped: nn.Module = self.model
+        if _world_size() > 1:
+            wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.wrapped = torch.compile(wrapped) if compile else wrapped
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
+    def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
+        with self.autocast():
+            feats = self.wrapped(views)
+        # The loss decides its thresholds in fp32 (DESIGN §2), whatever the autocast dtype.
+        return feats.float()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> float | None:
+        norm = None
+        if self.grad_clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def train(self, mode: bool = True) -> None:
+        self.wrapped.train(mode)
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DeepSpeed
+# ----------------------------------------------------------------------------------------------------------
+
+
+def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, bf16: bool, grad_clip: float) -> dict[str, Any]:
+    """DeepSpeed's JSON config, derived from ours (one source of truth for batch, precision and clipping)."""
+    return {
+        "train_micro_batch_size_per_gpu": batch_size_per_gpu,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": grad_clip,
+        "bf16": {"enabled": bf16},
+        "zero_optimization": {"stage": zero_stage},
+        "steps_per_print": 2**31 - 1,  # we log ourselves
+        "wall_clock_breakdown": False,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _plain(obj: Any) -> Any:
+    """Drop what ``torch.load(weights_only=True)`` cannot read (DeepSpeed's loss scaler, fragment maps)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items() if _is_plain(v)}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+def _is_plain(v: Any) -> bool:
+    if isinstance(v, (torch.Tensor, int, float, bool, str, type(None))):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_is_plain(x) for x in v)
+    if isinstance(v, dict):
+        return True
+    return False
+
+
+class DeepSpeedEngine:
+    """DeepSpeed ZeRO 0-2 with a client torch optimizer; the same loss code as DDP."""
+
+    kind = "deepspeed"
+
+    def __init__(self, model: nn.Module, optimizer_fn: Any, *, device: torch.device, bf16: bool, grad_clip: float,
+                 zero_stage: int, batch_size_per_gpu: int, compile: bool) -> None:
+        import deepspeed  # optional dependency: only DeepSpeed runs need it
+
+        if not dist.is_initialized():
+            # DeepSpeed always wants a process group; give a single process a private one.
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+        self.zero_stage, self.bf16, self.device = zero_stage, bf16, device
+        self.config = deepspeed_config(batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage, bf16=bf16,
+                                       grad_clip=grad_clip)
+        model = model.to(device)
+        client_opt = optimizer_fn(model.parameters())
+        self.engine, self.ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=client_opt, config=self.config, dist_init_required=False)
+        self.model: nn.Module = self.engine.module
+        self.client_optimizer = client_opt
+        if compile:
+            self.engine.compile()
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        # ZeRO wraps the client optimizer; its param_groups are the client's, so lr / wd set here take effect.
+        return self.client_optimizer.param_groups
+
+    def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
+        if self.bf16:
+            views = [v.to(torch.bfloat16) for v in views]
+        return self.engine(views).float()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self) -> float | None:
+        self.engine.step()  # clips, steps and zeroes the gradients
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def train(self, mode: bool = True) -> None:
+        self.engine.train(mode)
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """Collective (all ranks call it). Rank 0 gets the portable dict, other ranks None."""
+        if self.zero_stage == 0 and self.ds_optimizer is self.client_optimizer:
+            return self.client_optimizer.state_dict()
+        shard = _plain(self.ds_optimizer.state_dict())
+        shards = gather_objects(shard)
+        if shards is None:
+            return None
+        return {"zero_stage": self.zero_stage, "shards": shards}
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if "shards" not in state:
+            self.client_optimizer.load_state_dict(state)
+            return
+        if state["zero_stage"] != self.zero_stage or len(state["shards"]) != _world_size():
+            raise ValueError(
+                f"the checkpoint's optimizer state was saved with ZeRO stage {state['zero_stage']} on "
+                f"{len(state['shards'])} ranks; this run uses stage {self.zero_stage} on {_world_size()} ranks. "
+                "Resume with the same world size and dist.zero_stage, or pass checkpoint.resume=force to "
+                "restart the optimizer state from scratch")
+        self.ds_optimizer.load_state_dict(state["shards"], load_optimizer_states=True, load_from_fp32_weights=True)
+
+
+Engine = DDPEngine | DeepSpeedEngine
+
+
+def build_engine(model: nn.Module, optimizer_fn: Any, *, engine: str, device: torch.device, bf16: bool,
+                 grad_clip: float, sync_bn: bool = False, compile: bool = False, zero_stage: int = 0,
+                 batch_size_per_gpu: int = 1) -> Engine:
+    """``optimizer_fn(params) -> torch.optim.Optimizer`` is called once the model sits on its device."""
+    if engine == "ddp":
+        return DDPEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip, sync_bn=sync_bn,
+                         compile=compile)
+    if engine == "deepspeed":
+        if sync_bn and _world_size() > 1:
+            if device.type != "cuda":
+                raise ValueError("dist.sync_bn=true needs CUDA; set dist.sync_bn=false for CPU runs")
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return DeepSpeedEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip,
+                               zero_stage=zero_stage, batch_size_per_gpu=batch_size_per_gpu, compile=compile)
+    raise ValueError(f"unknown dist.engine {engine!r}; choose ddp or deepspeed")

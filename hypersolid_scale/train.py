@@ -1,0 +1,462 @@
+"""Hypersolid pre-training, top to bottom: ``build(cfg)`` then ``train_step`` in a loop.
+
+    torchrun --nproc_per_node=2 launch/train.py --config configs/quickstart.yaml optim.lr=3e-4
+
+One process per device (torchrun or srun). The loss sees the GLOBAL batch (its repulsion gathers the
+detached embeddings of every rank) and hands each rank P x its share of the gradient, so the engine's
+gradient averaging reproduces single-process training on the concatenated batch (DESIGN §3).
+
+Exit codes: 0 finished; 75 (EX_TEMPFAIL) preempted by SIGUSR1/SIGTERM after writing a checkpoint, requeue
+me; anything else is an error (a non-finite loss raises and leaves the last good checkpoint intact).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import resource
+import shutil
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from hypersolid_scale import checkpoint as ckpt_lib
+from hypersolid_scale.config import Config, fingerprint, flatten, load_config, save_config, to_dict
+from hypersolid_scale.data import build_train_loader, in_channels
+from hypersolid_scale.distributed import barrier, get_rank
+from hypersolid_scale.distributed.engines import Engine, build_engine, build_optimizer
+from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, broadcast_object, cleanup,
+                                              gather_objects, init_distributed, resolve_backend)
+from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.models import build_model
+from hypersolid_scale.tracking import Tracker, make_tracker
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpoint written, requeue the job
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN/inf; nothing was stepped, the last checkpoint on disk is the last good state."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Setup: seeds, determinism, precision
+# ----------------------------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Same seed on every rank: the model initialises identically; the loaders derive per-rank streams."""
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        # cuBLAS needs this before its first call to pick deterministic reductions.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        # warn_only: a kernel without a deterministic variant warns (once) instead of stopping a long run.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.backends.cudnn.benchmark = True
+
+
+def resolve_bf16(setting: str, device: torch.device) -> bool:
+    if setting == "auto":
+        return device.type == "cuda" and torch.cuda.is_bf16_supported()
+    return setting == "true"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Schedules, DINO style: one array, indexed by the global step
+# ----------------------------------------------------------------------------------------------------------
+
+
+def lr_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
+    """Learning rate per optimizer step: linear warmup from 0, then constant (paper) or cosine to min_lr."""
+    total = max(cfg.epochs * steps_per_epoch, cfg.max_steps)
+    o = cfg.optim
+    warmup = min(int(round(o.warmup_epochs * steps_per_epoch)), total)
+    warm = np.linspace(0.0, o.lr, warmup, endpoint=False)
+    rest = total - warmup
+    if o.schedule == "constant":
+        main = np.full(rest, o.lr)
+    else:
+        t = np.arange(rest) / max(rest, 1)
+        main = o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + np.cos(math.pi * t))
+    return np.concatenate([warm, main])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Build: everything a run needs, in one plain container
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    cfg: Config
+    info: WorldInfo
+    device: torch.device
+    engine: Engine
+    loss_fn: HypersolidLoss
+    loader: Any
+    lr: np.ndarray
+    steps_per_epoch: int
+    total_steps: int
+    bf16: bool
+    backend: str
+
+
+def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
+    """Model, engine (DDP | DeepSpeed) + optimizer, loss, loader and schedule. Collective under torchrun."""
+    channels = in_channels(cfg.data)
+    if cfg.model.in_channels != channels:
+        raise ValueError(f"model.in_channels={cfg.model.in_channels} but the data has {channels} channel(s) "
+                         f"(data.dataset={cfg.data.dataset!r}); set model.in_channels={channels}")
+    bf16 = resolve_bf16(cfg.dist.bf16, device)
+    model = build_model(cfg.model)  # identical on every rank: the seed was set just before
+    o = cfg.optim
+
+    def optimizer_fn(params: Any) -> torch.optim.Optimizer:
+        return build_optimizer(o.name, params, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                               betas=(o.betas[0], o.betas[1]))
+
+    engine = build_engine(model, optimizer_fn, engine=cfg.dist.engine, device=device, bf16=bf16,
+                          grad_clip=o.grad_clip, sync_bn=cfg.dist.sync_bn, compile=cfg.dist.compile,
+                          zero_stage=cfg.dist.zero_stage, batch_size_per_gpu=cfg.data.batch_size_per_gpu)
+    loader = build_train_loader(cfg.data, rank=info.rank, world_size=info.world_size, seed=cfg.seed, device=device)
+    steps_per_epoch = len(loader)
+    if steps_per_epoch < 1:
+        raise ValueError(f"the training set gives no full batch of data.batch_size_per_gpu="
+                         f"{cfg.data.batch_size_per_gpu} per rank on {info.world_size} rank(s); lower the batch size")
+    total = cfg.epochs * steps_per_epoch
+    if cfg.max_steps > 0:
+        total = min(total, cfg.max_steps)
+    backend = resolve_backend(cfg.dist.backend, device) if info.world_size > 1 else "none"
+    return Run(cfg, info, device, engine, HypersolidLoss.from_config(cfg.loss).to(device), loader,
+               lr_schedule(cfg, steps_per_epoch), steps_per_epoch, total, bf16, backend)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints: what goes in, what comes back
+# ----------------------------------------------------------------------------------------------------------
+
+
+def save(run: Run, step: int, tracker: Tracker) -> Path | None:
+    """Collective: every rank contributes its RNG state (and ZeRO shard); rank 0 writes the file.
+
+    ``epoch`` is the loader's epoch (in progress, or just finished when its position is at the end).
+    """
+    loader_state = run.loader.state_dict()
+    optim_state = run.engine.optimizer_state()
+    rngs = gather_objects(ckpt_lib.rng_state())
+    path = None
+    if run.info.rank == 0:
+        state = {
+            "model": {k: (v.float() if v.is_floating_point() else v).cpu()
+                      for k, v in run.engine.model.state_dict().items()},
+            "optimizer": optim_state,
+            "scheduler": {"kind": run.cfg.optim.schedule, "step": step, "lr": float(run.lr[min(step, len(run.lr) - 1)])},
+            "step": step,
+            "epoch": int(loader_state["epoch"]),
+            "rng": rngs,  # one state per rank, rank order
+            "loader": loader_state,
+            "config": to_dict(run.cfg),
+            "config_fingerprint": fingerprint(run.cfg),
+            "mlflow_run_id": tracker.run_id,
+            "tracking_uri": tracker.tracking_uri,
+            "world_size": run.info.world_size,
+        }
+        path = ckpt_lib.save_checkpoint(run.cfg.run_dir, state, keep_last=run.cfg.checkpoint.keep_last)
+    barrier()
+    return path
+
+
+def find_resume(cfg: Config) -> dict[str, Any] | None:
+    """The checkpoint to resume from (rank 0 picks, every rank loads the same file), or None."""
+    if cfg.checkpoint.resume == "never":
+        old = ckpt_lib.checkpoint_dir(cfg.run_dir)
+        if get_rank() == 0 and ckpt_lib.list_checkpoints(cfg.run_dir):
+            aside = old.with_name(f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            warnings.warn(f"checkpoint.resume=never: moving the existing checkpoints to {aside}", stacklevel=2)
+            shutil.move(str(old), str(aside))
+        barrier()
+        return None
+    path: str | None = None
+    if get_rank() == 0:
+        if cfg.checkpoint.path:
+            path = cfg.checkpoint.path
+        else:
+            found = ckpt_lib.find_resume_checkpoint(cfg.run_dir)
+            path = str(found[0]) if found else None
+    path = broadcast_object(path)  # type: ignore[assignment]
+    if path is None:
+        return None
+    ckpt = ckpt_lib.load_checkpoint(path)
+    ckpt_lib.check_compatible(ckpt, to_dict(cfg), fingerprint(cfg), force=cfg.checkpoint.resume == "force", path=path)
+    ckpt["path"] = path
+    return ckpt
+
+
+def restore(run: Run, ckpt: dict[str, Any]) -> tuple[int, int]:
+    """Load weights, optimizer, RNG and loader position; returns (step, epoch) to continue from."""
+    run.engine.model.load_state_dict(ckpt["model"])
+    if ckpt.get("optimizer") is not None:
+        try:
+            run.engine.load_optimizer_state(ckpt["optimizer"])
+        except ValueError:
+            if run.cfg.checkpoint.resume != "force":
+                raise
+            warnings.warn("checkpoint.resume=force: optimizer state not restored (layout differs)", stacklevel=2)
+    rngs = ckpt.get("rng") or []
+    if len(rngs) == run.info.world_size:
+        ckpt_lib.set_rng_state(rngs[run.info.rank])
+    step, epoch = int(ckpt["step"]), int(ckpt["epoch"])
+    loader_state = ckpt.get("loader")
+    if loader_state is not None:
+        run.loader.load_state_dict(loader_state)
+        if int(loader_state.get("batches_done", 0)) >= run.steps_per_epoch:
+            epoch += 1  # saved at the end of an epoch: continue with the next one
+    return step, epoch
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Online monitor: kNN top-1 on the held-out split
+# ----------------------------------------------------------------------------------------------------------
+
+
+def knn_monitor(run: Run) -> dict[str, float]:
+    """kNN accuracy of backbone features (eval transform) on a subsample; collective, result on rank 0."""
+    from torch.utils.data import Subset
+
+    from hypersolid_scale.data import build_eval_datasets
+    from hypersolid_scale.eval import extract_embeddings, knn_accuracy
+
+    ev = run.cfg.eval
+    train_ds, test_ds = build_eval_datasets(run.cfg.data)
+    gen = np.random.default_rng(ev.seed)
+
+    def cap(ds: Any, n: int) -> Any:
+        return ds if len(ds) <= n else Subset(ds, sorted(gen.choice(len(ds), n, replace=False).tolist()))
+
+    model = run.engine.model
+    model.eval()
+    try:
+        tr_f, tr_y = extract_embeddings(model, cap(train_ds, ev.monitor_max_train), batch_size=ev.batch_size,
+                                        device=run.device, which=ev.features)
+        te_f, te_y = extract_embeddings(model, cap(test_ds, ev.monitor_max_train), batch_size=ev.batch_size,
+                                        device=run.device, which=ev.features)
+    finally:
+        model.train()
+    if run.info.rank != 0:
+        return {}
+    acc = knn_accuracy(tr_f, tr_y, te_f, te_y, ks=tuple(ev.knn_k), temperature=ev.knn_temperature)
+    return {f"monitor/{k}": v for k, v in acc.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One optimizer step
+# ----------------------------------------------------------------------------------------------------------
+
+
+def train_step(run: Run, views: list[torch.Tensor], step: int) -> dict[str, float]:
+    """Forward all views, global-batch loss, backward, (clip,) step. Returns the step's statistics."""
+    lr = float(run.lr[min(step, len(run.lr) - 1)])
+    for group in run.engine.param_groups:
+        group["lr"] = lr
+    feats = run.engine.forward(views)  # (B, V, D) float32
+    loss = run.loss_fn(feats)
+    if not torch.isfinite(loss):
+        terms = ", ".join(f"{k}={v:.4g}" for k, v in run.loss_fn.stats.items())
+        raise NonFiniteLossError(
+            f"non-finite loss at step {step} ({terms}); the parameters were not updated and the newest checkpoint "
+            f"in {run.cfg.run_dir}/checkpoints is the last good state. Lower optim.lr, set optim.grad_clip, or "
+            "use dist.bf16=false")
+    run.engine.backward(loss)
+    grad_norm = run.engine.step()
+    stats = {k: float(v) for k, v in run.loss_fn.stats.items()}
+    stats["loss"] = float(loss.detach())
+    stats["lr"] = lr
+    if grad_norm is not None:
+        stats["grad_norm"] = grad_norm
+    return stats
+
+
+def memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Preemption: SIGUSR1 / SIGTERM -> finish the step, checkpoint, exit 75
+# ----------------------------------------------------------------------------------------------------------
+
+_STOP: dict[str, int | None] = {"signal": None}
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    _STOP["signal"] = signum
+
+
+def install_preemption_handlers() -> None:
+    _STOP["signal"] = None
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Main loop
+# ----------------------------------------------------------------------------------------------------------
+
+
+def plot_loss(history: list[tuple[int, float]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps, losses = zip(*history)
+    ax.plot(steps, losses)
+    ax.set(xlabel="step", ylabel="loss", title="Hypersolid training loss")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def train(cfg: Config) -> int:
+    info, device = init_distributed(cfg.dist.device, cfg.dist.backend, cfg.dist.timeout_minutes)
+    rank0 = info.rank == 0
+    seed_everything(cfg.seed, cfg.deterministic)
+    install_preemption_handlers()
+    ckpt = find_resume(cfg)
+    run = build(cfg, info, device)
+    step, epoch = restore(run, ckpt) if ckpt is not None else (0, 0)
+    if rank0:
+        save_config(cfg, cfg.run_dir)
+    tags = {"world_size": info.world_size, "backend": run.backend, "engine": cfg.dist.engine,
+            "device": device.type, "launcher": info.launcher, "loss_backend": cfg.loss.backend,
+            "bf16": run.bf16}
+    tracker = make_tracker(cfg.tracking, cfg.run_dir, rank=info.rank,
+                           resume_run_id=ckpt.get("mlflow_run_id") if ckpt else None, tags=tags)
+    if rank0 and ckpt is None:
+        tracker.log_params(flatten(to_dict(cfg)))
+    tracker.log_artifact(Path(cfg.run_dir) / "config.yaml")
+    if rank0:
+        where = f"resumed from {ckpt['path']} at step {step}" if ckpt else "starting from scratch"
+        print(f"[hypersolid] {info.world_size} process(es), {cfg.dist.engine}/{run.backend}, device={device.type}, "
+              f"bf16={run.bf16}, {run.steps_per_epoch} steps/epoch, {run.total_steps} steps total; {where}",
+              flush=True)
+
+    global_batch = cfg.data.batch_size_per_gpu * info.world_size
+    bar = tqdm(total=run.total_steps, initial=step, disable=not (rank0 and cfg.progress), dynamic_ncols=True,
+               desc="train", unit="step")
+    history: list[tuple[int, float]] = []
+    status, exit_code, last_saved = "FAILED", 1, (step if ckpt is not None else -1)
+    monitor_enabled = cfg.eval.every_n_epochs > 0
+    try:
+        while step < run.total_steps and epoch < cfg.epochs:
+            run.loader.set_epoch(epoch)
+            run.engine.train(True)
+            epoch_sum: dict[str, float] = {}
+            n_in_epoch, t_epoch, t_last = 0, time.perf_counter(), time.perf_counter()
+            preempted = False
+            for views, _labels in run.loader:
+                t_data = time.perf_counter() - t_last
+                views = [v.to(device, non_blocking=True) for v in views]
+                stats = train_step(run, views, step)
+                step += 1
+                n_in_epoch += 1
+                dt = time.perf_counter() - t_last
+                t_last = time.perf_counter()
+                stats.update(images_per_s=global_batch / dt, step_time_s=dt, data_time_s=t_data)
+                for k, v in stats.items():
+                    epoch_sum[k] = epoch_sum.get(k, 0.0) + v
+                history.append((step, stats["loss"]))
+                if step % cfg.tracking.log_every_n_steps == 0 or step == 1:
+                    tracker.log_metrics({**{f"train/{k}": v for k, v in stats.items()},
+                                         "train/epoch": epoch, "train/mem_gb": memory_gb(device)}, step=step)
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['loss']:.4f}", img_s=f"{stats['images_per_s']:.0f}", ep=epoch)
+                if cfg.checkpoint.every_n_steps and step % cfg.checkpoint.every_n_steps == 0:
+                    save(run, step, tracker)
+                    last_saved = step
+                if all_reduce_max_flag(_STOP["signal"] is not None):
+                    preempted = True
+                    break
+                if step >= run.total_steps:
+                    break
+            if preempted:
+                if last_saved != step:
+                    save(run, step, tracker)
+                if rank0:
+                    bar.write(f"[hypersolid] preempted: checkpoint at step {step} written; exiting with "
+                              f"{EXIT_PREEMPTED} (requeue)")
+                status, exit_code = "KILLED", EXIT_PREEMPTED
+                return exit_code
+            epoch_done = run.loader.state_dict().get("batches_done", 0) >= run.steps_per_epoch
+            if n_in_epoch and rank0:
+                mean = {k: v / n_in_epoch for k, v in epoch_sum.items()}
+                bar.write(f"epoch {epoch:3d} | step {step:7d} | loss {mean['loss']:.4f} | align "
+                          f"{mean.get('alignment', float('nan')):.4f} | repel {mean.get('repulsion', float('nan')):.4f}"
+                          f" | active pairs {mean.get('active_pairs', float('nan')):.0f} | "
+                          f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - t_epoch:.0f} s")
+                tracker.log_metrics({f"loader/{k}": v for k, v in run.loader.stats.items()}, step=step)
+            if not epoch_done:
+                break  # max_steps reached mid-epoch
+            if monitor_enabled and (epoch + 1) % cfg.eval.every_n_epochs == 0:
+                try:
+                    acc = knn_monitor(run)
+                except ValueError as err:  # e.g. a dataset without labels or held-out split
+                    warnings.warn(f"online kNN monitor disabled: {err}", stacklevel=1)
+                    monitor_enabled = False
+                    acc = {}
+                if acc:
+                    tracker.log_metrics(acc, step=step)
+                    bar.write(f"epoch {epoch:3d} | " + " | ".join(f"{k} {v:.2f}" for k, v in acc.items()))
+            if cfg.checkpoint.every_n_epochs and (epoch + 1) % cfg.checkpoint.every_n_epochs == 0 \
+                    and last_saved != step:
+                save(run, step, tracker)
+                last_saved = step
+            epoch += 1
+        if last_saved != step:
+            save(run, step, tracker)
+        if rank0 and history:
+            tracker.log_artifact(plot_loss(history, Path(cfg.run_dir) / "plots" / "loss.png"))
+        status, exit_code = "FINISHED", 0
+        return exit_code
+    finally:
+        bar.close()
+        tracker.close(status=status)
+        cleanup()
+
+
+def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
+    parser = argparse.ArgumentParser(
+        description="Hypersolid self-supervised pre-training (run under torchrun or srun for several processes).")
+    parser.add_argument("--config", default=None, help="YAML config (configs/*.yaml); defaults if omitted")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. optim.lr=1e-3")
+    args = parser.parse_args(argv)
+    return args.config, args.overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, validate (before any work), train. Returns the process exit code."""
+    path, overrides = parse_args(argv)
+    cfg = load_config(path, overrides)
+    return train(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
