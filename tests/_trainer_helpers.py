@@ -1,0 +1,106 @@
+"""Helpers for the trainer's tests: a BatchNorm-free model and the N-process vs 1-process equality worker.
+
+Run as a script under torchrun, the worker trains the same model from the same initial weights on the same
+global batches (rank r holding rows [r*b, (r+1)*b)) with each requested engine, and rank 0 writes the final
+parameters to ``<out>/<engine>.pt``. Without torchrun it computes the single-process reference.
+
+BatchNorm would make per-rank statistics differ from whole-batch statistics (without SyncBatchNorm, which
+has no CPU kernel), so the model here has none: the test is about the engines and the loss's contract.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GLOBAL_BATCH = 8
+STEPS = 4
+VIEWS = ((2, 8), (2, 4))  # (count, size): 2 global 8 px views, 2 local 4 px views
+
+
+class TinyNet(nn.Module):
+    """views -> (B, V, D), like HypersolidModel, without BatchNorm."""
+
+    def __init__(self, dim: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, kernel_size=3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(2)
+        self.head = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, dim))
+
+    def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
+        z = [self.head(self.pool(torch.relu(self.conv(v))).flatten(1)) for v in views]
+        return torch.stack(z, dim=1)
+
+
+def global_batches() -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(1234)
+    out = []
+    for _ in range(STEPS):
+        out.append([torch.randn(GLOBAL_BATCH, 1, s, s, generator=g) for n, s in VIEWS for _ in range(n)])
+    return out
+
+
+def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world: int = 1,
+                 resume_at: int | None = None) -> dict[str, torch.Tensor]:
+    """Final parameters after STEPS steps; ``resume_at=k`` rebuilds the engine after k steps from its state."""
+    from hypersolid_scale.distributed.engines import build_engine, build_optimizer
+    from hypersolid_scale.losses import HypersolidLoss
+
+    def make(state: dict | None = None):
+        torch.manual_seed(0)
+        model = TinyNet()
+        if state is not None:
+            model.load_state_dict(state["model"])
+        engine = build_engine(
+            # SGD, not Adam: Adam's update is blind to a constant factor on the gradient, the very error
+            # (x P or / P across ranks) this comparison must catch.
+            model, lambda p: build_optimizer("sgd", p, lr=0.5, weight_decay=1e-6, momentum=0.9,
+                                             betas=(0.9, 0.999)),
+            engine=engine_kind, device=torch.device("cpu"), bf16=False, grad_clip=0.0, zero_stage=zero_stage,
+            batch_size_per_gpu=GLOBAL_BATCH // world)
+        if state is not None:
+            engine.load_optimizer_state(state["optimizer"])
+        return engine
+
+    from hypersolid_scale.distributed.env import broadcast_object
+
+    engine = make()
+    # alpha 0.3: most pairs of a random network lie inside the exclusion zone, so repulsion dominates.
+    loss_fn = HypersolidLoss(alpha=0.3, norm_weight=1e-3)
+    b = GLOBAL_BATCH // world
+    for i, views in enumerate(global_batches()):
+        if resume_at is not None and i == resume_at:
+            state = {"model": {k: v.clone() for k, v in engine.model.state_dict().items()},
+                     "optimizer": engine.optimizer_state()}
+            state = broadcast_object(state)  # the optimizer state lives on rank 0, as in a checkpoint file
+            engine = make(state)
+        local = [v[rank * b:(rank + 1) * b] for v in views]
+        loss = loss_fn(engine.forward(local))
+        engine.backward(loss)
+        engine.step()
+    return {k: v.detach().float().clone() for k, v in engine.model.state_dict().items()}
+
+
+def worker(out_dir: str, specs: list[str]) -> None:
+    """Under torchrun: every spec is ``engine[:zero_stage[:resume_at]]``."""
+    from hypersolid_scale.distributed.env import cleanup, init_distributed
+
+    info, _ = init_distributed("cpu", "gloo")
+    torch.set_num_threads(1)
+    for spec in specs:
+        parts = spec.split(":")
+        kind, stage = parts[0], int(parts[1]) if len(parts) > 1 else 0
+        resume_at = int(parts[2]) if len(parts) > 2 else None
+        params = train_params(kind, zero_stage=stage, rank=info.rank, world=info.world_size, resume_at=resume_at)
+        if info.rank == 0:
+            torch.save(params, Path(out_dir) / f"{spec.replace(':', '_')}.pt")
+    cleanup()
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2:])
