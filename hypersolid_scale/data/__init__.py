@@ -26,13 +26,16 @@ __all__ = ["DataConfig", "MultiCropPreset", "PRESETS", "build_train_loader", "bu
            "num_classes", "in_channels", "resolve_preset"]
 
 
-def _split_dir(path: str, split: str) -> str:
-    """`<root>/<split>` when `path` is a conversion output root, else `path` itself."""
+def _split_dir(path: str, split: str, dataset: str) -> str:
+    """`<root>/<split>` (`<root>/<split>.beton` for FFCV) when `path` is a conversion output root,
+    else `path` itself."""
     p = Path(path)
+    if dataset == "ffcv":
+        return str(p / f"{split}.beton") if (p / f"{split}.beton").is_file() else path
+    if dataset == "imagefolder" and (p / "folder" / split).is_dir():
+        return str(p / "folder" / split)
     if (p / split).is_dir():
         return str(p / split)
-    if (p / f"{split}.beton").is_file():
-        return str(p / f"{split}.beton")
     return path
 
 
@@ -41,7 +44,8 @@ def _test_path(cfg: DataConfig) -> str:
         return cfg.test_path
     assert cfg.path is not None
     p = Path(cfg.path)
-    for cand in (p / "test", p / "test.beton", p.parent / "test", p.parent / "test.beton"):
+    name = "test.beton" if cfg.dataset == "ffcv" else "test"
+    for cand in (Path(_split_dir(cfg.path, "test", cfg.dataset)), p.parent / name):
         if cand.exists() and cand.resolve() != p.resolve():
             return str(cand)
     raise ValueError(f"no held-out split found next to data.path={cfg.path!r}: set data.test_path, or "
@@ -76,18 +80,18 @@ def build_train_loader(cfg: DataConfig, *, rank: int, world_size: int, seed: int
             loader = MapStyleMultiCropLoader(ds, num_workers=cfg.num_workers, max_samples=cfg.max_train_samples,
                                              **common)
     elif cfg.dataset == "imagefolder":
-        ds = _imagefolder(_split_dir(cfg.path, "train"), pil_mode(preset), build_pil_multicrop(preset))  # type: ignore[arg-type]
+        ds = _imagefolder(_split_dir(cfg.path, "train", cfg.dataset), pil_mode(preset), build_pil_multicrop(preset))  # type: ignore[arg-type]
         loader = MapStyleMultiCropLoader(ds, num_workers=cfg.num_workers, max_samples=cfg.max_train_samples,
                                          **common)
     elif cfg.dataset == "webdataset":
         from hypersolid_scale.data.webdataset import WebDatasetLoader
 
-        loader = WebDatasetLoader(_split_dir(cfg.path, "train"), preset, num_workers=cfg.num_workers,  # type: ignore[arg-type]
+        loader = WebDatasetLoader(_split_dir(cfg.path, "train", cfg.dataset), preset, num_workers=cfg.num_workers,  # type: ignore[arg-type]
                                   shuffle_buffer=cfg.shuffle_buffer, num_samples=cfg.max_train_samples, **common)
     else:  # ffcv (validated above)
         from hypersolid_scale.data.ffcv import FFCVLoader
 
-        loader = FFCVLoader(_split_dir(cfg.path, "train"), preset, device=device, num_workers=cfg.num_workers,  # type: ignore[arg-type]
+        loader = FFCVLoader(_split_dir(cfg.path, "train", cfg.dataset), preset, device=device, num_workers=cfg.num_workers,  # type: ignore[arg-type]
                             order=cfg.ffcv_order, os_cache=cfg.ffcv_os_cache,
                             batches_ahead=cfg.ffcv_batches_ahead, **common)
     if epoch_length is not None:
@@ -130,7 +134,7 @@ def build_eval_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
 
         return ffcv_eval_dataset(path, preset)
 
-    train = make(_split_dir(cfg.path, "train"))  # type: ignore[arg-type]
+    train = make(_split_dir(cfg.path, "train", cfg.dataset))  # type: ignore[arg-type]
     if cfg.eval_split == "holdout":
         return _Holdout.split(train, cfg.holdout_fraction)
     return train, make(_test_path(cfg))
@@ -145,7 +149,7 @@ def num_classes(cfg: DataConfig) -> int:
     if manifest is not None and "num_classes" in manifest:
         return int(manifest["num_classes"])
     if cfg.dataset == "imagefolder" and cfg.path:
-        root = Path(_split_dir(cfg.path, "train"))
+        root = Path(_split_dir(cfg.path, "train", cfg.dataset))
         return sum(1 for d in root.iterdir() if d.is_dir())
     raise ValueError(f"cannot tell the number of classes of data.path={cfg.path!r}: no {'manifest.json'} "
                      "found next to it; set data.num_classes")
