@@ -176,12 +176,12 @@ def sensitivity_index(pos: np.ndarray, neg: np.ndarray) -> float:
     return float((pos.mean() - neg.mean()) / pooled)
 
 
-SELECTIVITY_BINS: tuple[tuple[str, int, float], ...] = (("0", 0, 0), ("1-5", 1, 5), ("6-20", 6, 20), ("21+", 21, math.inf))
+SELECTIVITY_BINS: tuple[tuple[str, int, float], ...] = (("0", 0, 0), ("1-5", 1, 5), ("6-20", 6, 20), ("21plus", 21, math.inf))
 
 
 def dimension_selectivity(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
                           z: float = 1.0) -> dict[str, float]:
-    """Percent of dimensions activated by 0, 1–5, 6–20 and 21+ classes.
+    """Percent of dimensions activated by 0, 1–5, 6–20 and 21+ classes (keys "0", "1-5", "6-20", "21plus").
 
     Activation rule: class c activates dimension k when its class-mean activation is more than ``z``
     standard deviations above the dimension's overall mean, (μ_{c,k} − μ_k) / σ_k > z, on raw features.
