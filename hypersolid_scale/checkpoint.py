@@ -188,7 +188,7 @@ def check_compatible(ckpt: dict[str, Any], cfg_dict: dict[str, Any], fingerprint
     raise ValueError(
         f"cannot resume from {path}: the config differs from the one it was trained with:\n  {lines}\n"
         "Use a new run_dir for a new experiment, pass checkpoint.resume=never to start over in this run_dir "
-        "(old checkpoints are overwritten as steps advance), or checkpoint.resume=force to continue anyway."
+        "(the old checkpoints are moved aside), or checkpoint.resume=force to continue anyway."
     )
 
 

@@ -283,8 +283,12 @@ def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
     if not isinstance(runs, list) or not all(isinstance(r, list) and all(isinstance(o, str) for o in r) for r in runs):
         raise ValueError(f"sweep file {str(path)!r}: 'runs' must be a list of lists of strings like 'optim.lr=1e-3'")
     base = str(data["base"])
-    if not Path(base).is_file() and (path.resolve().parents[2] / base).is_file():
-        base = str(path.resolve().parents[2] / base)  # configs/sweeps/x.yaml names its base from the repo root
+    if not Path(base).is_file():
+        # configs/sweeps/x.yaml names its base from the repository root: look upwards from the sweep file.
+        for root in path.resolve().parents:
+            if (root / base).is_file():
+                base = str(root / base)
+                break
     for i, run in enumerate(runs):
         try:
             load_config(base, run)

@@ -1,0 +1,117 @@
+"""Config tree: YAML + overrides, and bad input failing early with a message naming key and allowed values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hypersolid_scale.config import (Config, config_diff, fingerprint, from_dict, load_config, load_sweep,
+                                     save_config, to_dict)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+SWEEPS = sorted((REPO / "configs" / "sweeps").glob("*.yaml"))
+
+
+def test_defaults_are_the_paper_hyperparameters() -> None:
+    cfg = load_config(None, [])
+    assert isinstance(cfg, Config)
+    assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.schedule) == ("adamw", 1e-3, 1e-6, "constant")
+    assert (cfg.loss.alpha, cfg.loss.norm_weight, cfg.model.proj_dim) == (0.9, 1e-6, 1024)
+
+
+def test_yaml_then_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lr: 0.5\n  name: sgd\nseed: 7\n")
+    cfg = load_config(f, ["optim.lr=0.25", "data.batch_size_per_gpu=32", "dist.bf16=True"])
+    assert (cfg.optim.lr, cfg.optim.name, cfg.seed, cfg.data.batch_size_per_gpu) == (0.25, "sgd", 7, 32)
+    assert cfg.dist.bf16 == "true"  # YAML booleans are normalised to the documented spelling
+
+
+@pytest.mark.parametrize("override, must_mention", [
+    (["optim.lrr=1"], ["optim.lrr", "lr", "weight_decay"]),  # unknown key: lists the allowed keys
+    (["nonsense=1"], ["nonsense", "optim", "run_dir"]),
+    (["optim.lr=fast"], ["optim.lr", "float"]),  # wrong type
+    (["epochs=1.5"], ["epochs"]),
+    (["optim.name=lars"], ["optim.name", "adamw", "sgd"]),  # bad value: lists the choices
+    (["optim.schedule=step"], ["optim.schedule", "constant", "cosine"]),
+    (["dist.engine=fsdp"], ["dist.engine", "ddp", "deepspeed"]),
+    (["dist.zero_stage=3"], ["dist.zero_stage", "0 | 1 | 2"]),
+    (["dist.engine=ddp", "dist.zero_stage=2"], ["zero_stage", "deepspeed"]),
+    (["checkpoint.resume=maybe"], ["checkpoint.resume", "auto", "never", "force"]),
+    (["optim.lr=-1"], ["optim.lr", "positive"]),
+    (["loss.pooling=avg"], ["loss.pooling", "max", "mean"]),
+    (["model.arch=vgg"], ["model.arch", "resnet18"]),
+    (["data.dataset=cifar"], ["data.dataset", "fashion_mnist"]),
+    (["optim.lr"], ["optim.lr", "section.key=value"]),  # malformed override
+])
+def test_bad_config_fails_naming_key_and_allowed_values(override: list[str], must_mention: list[str]) -> None:
+    with pytest.raises(ValueError) as err:
+        load_config(None, override)
+    for word in must_mention:
+        assert word in str(err.value), str(err.value)
+
+
+def test_bad_yaml_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml", [])
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  momentun: 0.9\n")
+    with pytest.raises(ValueError, match="optim.momentun.*momentum"):
+        load_config(f, [])
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path: Path) -> None:
+    cfg = load_config(path, [])
+    assert cfg.optim.lr == 1e-3 and cfg.loss.alpha == 0.9 and cfg.model.proj_dim == 1024
+
+
+def test_paper_setups_are_shipped() -> None:
+    names = {p.stem for p in CONFIGS}
+    assert {"quickstart", "cifar10", "cifar100", "stl10", "food101", "imagenet100", "imagenet1k",
+            "stl10_vit_tiny"} <= names
+    in1k = load_config(REPO / "configs/imagenet1k.yaml", [])
+    assert (in1k.model.arch, in1k.data.batch_size_per_gpu, in1k.epochs) == ("resnet50", 512, 100)
+    vit = load_config(REPO / "configs/stl10_vit_tiny.yaml", [])
+    assert (vit.model.arch, vit.data.batch_size_per_gpu, vit.epochs) == ("vit_tiny", 64, 100)
+    c100 = load_config(REPO / "configs/cifar100.yaml", [])
+    assert (c100.model.arch, c100.data.batch_size_per_gpu, c100.epochs, c100.data.num_local_views) == \
+        ("resnet18", 128, 200, 6)
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_every_sweep_loads_and_varies_one_thing(path: Path) -> None:
+    base, runs = load_sweep(path)
+    assert Path(base).is_file() and len(runs) >= 2
+    assert len({tuple(r) for r in runs}) == len(runs)  # no duplicated run
+
+
+def test_sweep_with_a_bad_run_names_its_index(tmp_path: Path) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump({"base": str(REPO / "configs/cifar100.yaml"),
+                                 "runs": [["loss.alpha=0.5"], ["loss.alfa=0.5"]]}))
+    with pytest.raises(ValueError, match=r"runs\[1\].*loss.alfa"):
+        load_sweep(f)
+    f.write_text(yaml.safe_dump({"base": "x.yaml"}))
+    with pytest.raises(ValueError, match="'runs'"):
+        load_sweep(f)
+
+
+def test_roundtrip_and_config_yaml(tmp_path: Path) -> None:
+    cfg = load_config(REPO / "configs/quickstart.yaml", ["optim.lr=2e-3"])
+    path = save_config(cfg, tmp_path)
+    again = load_config(path, [])
+    assert to_dict(again) == to_dict(cfg) == to_dict(from_dict(to_dict(cfg)))
+
+
+def test_fingerprint_ignores_how_long_and_where_but_not_what() -> None:
+    base = load_config(None, [])
+    same = load_config(None, ["epochs=7", "max_steps=5", "run_dir=/elsewhere", "tracking.experiment=x",
+                              "checkpoint.keep_last=9", "data.num_workers=0"])
+    other = load_config(None, ["loss.alpha=0.8"])
+    assert fingerprint(base) == fingerprint(same)
+    assert fingerprint(base) != fingerprint(other)
+    assert config_diff(to_dict(base), to_dict(other)) == ["loss.alpha: 0.9 -> 0.8"]
