@@ -13,12 +13,25 @@ JSONL spool in ``<run_dir>/tracking/`` (a write-ahead log) and then sent to MLfl
   same by hand.
 
 The spool is append-only; a record torn by a kill is cut off when the spool is reopened.
+
+Use (rank 0 gets an MLflow tracker, every other rank a no-op one with the same methods)::
+
+    tracker = make_tracker(cfg.tracking, run_dir, rank=rank, resume_run_id=ckpt_run_id, tags={...})
+    tracker.log_params(config_dict)              # nested dicts are flattened to "a.b.c"
+    tracker.log_metrics({"loss": 0.5}, step)     # cheap: a spool append; sends every sync_every_s
+    tracker.flush()                              # before a checkpoint: fsync + send; True if all sent
+    tracker.close("FINISHED")                    # or "FAILED" / "KILLED"; sends the rest and ends the run
+
+Calls come from one thread (the training loop). They raise ValueError for bad input, never because
+MLflow is unreachable. Records refused by MLflow for good (e.g. a param whose value changed) are
+dropped with a warning and stay in the spool.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import operator
 import os
 import re
 import shutil
@@ -92,14 +105,14 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
     return sha if re.fullmatch(r"[0-9a-f]{40,64}", sha) else None
 
 
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; dataclasses are read as dicts."""
+def flatten(d: Mapping[str, Any] | Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; dataclasses are read as dicts, OmegaConf DictConfigs are Mappings."""
+    if is_dataclass(d) and not isinstance(d, type):
+        d = asdict(d)
     out: dict[str, Any] = {}
     for key, value in d.items():
         name = f"{prefix}{key}"
-        if is_dataclass(value) and not isinstance(value, type):
-            value = asdict(value)
-        if isinstance(value, Mapping) and value:
+        if isinstance(value, Mapping) and value or is_dataclass(value) and not isinstance(value, type):
             out.update(flatten(value, name + "."))
         else:
             out[name] = value
@@ -156,16 +169,19 @@ class _Spool:
             return 0  # no watermark: resend everything; sends are idempotent
 
     def _load(self, synced: int) -> None:
-        data = self.path.read_bytes()
+        size = self.path.stat().st_size
+        if synced > size:
+            synced = 0  # watermark newer than the file (writes lost in a machine crash): resend everything
+        with open(self.path, "rb") as f:
+            f.seek(synced)
+            data = f.read()  # only what MLflow does not have yet
         end = data.rfind(b"\n") + 1
         if end < len(data):
             # A kill tore the last record while it was written: it was never complete, drop it.
             with open(self.path, "r+b") as f:
-                f.truncate(end)
-        if synced > end:
-            synced = 0  # watermark newer than the file (lost writes): resend everything
+                f.truncate(synced + end)
         offset = synced
-        for line in data[synced:end].splitlines(keepends=True):
+        for line in data[:end].splitlines(keepends=True):
             offset += len(line)
             try:
                 record = json.loads(line)
@@ -220,6 +236,8 @@ class _Outbox:
         self._backoff = 1.0
         self._retry_at = 0.0
         self._last_sync = time.monotonic()
+        self.refused = 0
+        self._refusals_warned: set[tuple[str, str]] = set()
 
     def sync(self, force: bool = False) -> bool:
         """Send what is due; True when nothing is left pending. Never raises for a missing server."""
@@ -237,7 +255,7 @@ class _Outbox:
                 self._send(batch)
             except Exception as err:  # noqa: BLE001 - any failure to reach the store is handled alike
                 if not _is_permanent(err) or not self._send_one_by_one(batch):
-                    self._went_offline(err, now)
+                    self._went_offline(err, time.monotonic())
                     return False
             for _ in batch:
                 pending.popleft()
@@ -298,8 +316,12 @@ class _Outbox:
                 except Exception as err:  # noqa: BLE001
                     if not _is_permanent(err):
                         return False
-                    log.warning("MLflow refused a %s record for run %s; dropped: %s",
-                                record["kind"], self.run_id, str(err).splitlines()[0])
+                    self.refused += 1
+                    reason = (record["kind"], getattr(err, "error_code", type(err).__name__))
+                    if reason not in self._refusals_warned:  # once per kind of refusal, not per record
+                        self._refusals_warned.add(reason)
+                        log.warning("MLflow refused a %s record for run %s; dropped: %s",
+                                    record["kind"], self.run_id, str(err).splitlines()[0])
         return True
 
     def _went_offline(self, err: Exception, now: float) -> None:
@@ -309,6 +331,15 @@ class _Outbox:
         self.online = False
         self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, _MAX_BACKOFF_S)
+
+
+def _client(uri: str) -> Any:
+    from mlflow import MlflowClient  # imported here: non-zero ranks never pay for importing MLflow
+
+    if uri.startswith(("http://", "https://")):
+        for name, value in _HTTP_ENV_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+    return MlflowClient(tracking_uri=uri)
 
 
 def _is_permanent(err: Exception) -> bool:
@@ -341,15 +372,10 @@ class MlflowTracker(Tracker):
 
     def __init__(self, cfg: TrackingConfig, run_dir: Path, resume_run_id: str | None,
                  tags: Mapping[str, Any] | None):
-        from mlflow import MlflowClient
-
         run_dir = Path(run_dir).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         self.tracking_uri = cfg.tracking_uri or f"sqlite:///{run_dir}/mlflow.db"
-        if self.tracking_uri.startswith(("http://", "https://")):
-            for name, value in _HTTP_ENV_DEFAULTS.items():
-                os.environ.setdefault(name, value)
-        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._client = _client(self.tracking_uri)
         self._dir = run_dir / "tracking"
         self._closed = False
         server_down: Exception | None = None
@@ -378,7 +404,7 @@ class MlflowTracker(Tracker):
         artifact_root = None
         if self.tracking_uri.startswith("sqlite:///"):
             # Without this MLflow puts artifacts in ./mlruns of whatever directory we were started from.
-            db_dir = Path(self.tracking_uri[len("sqlite:///"):]).parent
+            db_dir = Path(self.tracking_uri[len("sqlite:///"):]).resolve().parent
             artifact_root = (db_dir / "mlartifacts").as_uri()
         try:
             experiment = self._client.get_experiment_by_name(cfg.experiment)
@@ -408,16 +434,18 @@ class MlflowTracker(Tracker):
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         """Log a (nested) config as params: keys joined with '.', values cut to MLflow's length limit."""
-        if is_dataclass(params) and not isinstance(params, type):
-            params = asdict(params)
         values = {_check_key(k, "param"): _truncate(v, MAX_PARAM_VALUE_LENGTH) for k, v in flatten(params).items()}
         for chunk in _chunks(values, _BATCH_LIMITS["params"]):
             self._append({"kind": "params", "values": chunk})
         self._outbox.sync()
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
-        if isinstance(step, bool) or not isinstance(step, int) and not hasattr(step, "__index__"):
-            raise ValueError(f"step must be an int, got {step!r}")
+        try:
+            if isinstance(step, bool):
+                raise TypeError
+            step = operator.index(step)  # ints, numpy and torch integer scalars; not floats
+        except TypeError:
+            raise ValueError(f"step must be an int, got {step!r}") from None
         values: dict[str, float] = {}
         for key, value in metrics.items():
             key = _check_key(key, "metric")
@@ -427,7 +455,7 @@ class MlflowTracker(Tracker):
                 raise ValueError(f"metric {key!r} has value {value!r}; metrics must be numbers") from err
         now = _now_ms()
         for chunk in _chunks(values, _BATCH_LIMITS["metrics"]):
-            self._append({"kind": "metrics", "step": int(step), "time": now, "values": chunk})
+            self._append({"kind": "metrics", "step": step, "time": now, "values": chunk})
         self._outbox.sync()
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
@@ -483,6 +511,9 @@ class MlflowTracker(Tracker):
         done = self.flush()
         self._closed = True
         self._outbox.spool.close()
+        if self._outbox.refused:
+            log.warning("MLflow refused %d logged values of run %s (see the warnings above); they remain in %s",
+                        self._outbox.refused, self.run_id, self._outbox.spool.path)
         if not done:
             log.warning("%d tracking records are not in MLflow yet (%s unreachable); they are kept in %s and "
                         "sent by `python -m hypersolid_scale.tracking sync %s` or when this run resumes",
@@ -502,20 +533,18 @@ def make_tracker(cfg: TrackingConfig, run_dir: str | os.PathLike, *, rank: int,
 def sync_spool(run_dir: str | os.PathLike, tracking_uri: str | None = None) -> int:
     """Send every record still pending in ``<run_dir>/tracking`` (to the URI each spool was written for,
     unless ``tracking_uri`` is given). Returns how many records are still pending afterwards."""
-    from mlflow import MlflowClient
-
     left = 0
     for path in sorted((Path(run_dir) / "tracking").glob("spool-*.jsonl")):
         run_id = path.stem[len("spool-"):]
-        with open(path) as f:
-            header = json.loads(f.readline())
-        uri = tracking_uri or header["uri"]
-        if uri.startswith(("http://", "https://")):
-            for name, value in _HTTP_ENV_DEFAULTS.items():
-                os.environ.setdefault(name, value)
+        try:
+            with open(path) as f:
+                uri = tracking_uri or json.loads(f.readline())["uri"]
+        except (ValueError, KeyError):
+            log.warning("skipping %s: no readable header line naming its tracking URI", path)
+            continue
         spool = _Spool(path.parent, run_id, uri)
         if spool.pending:
-            _Outbox(MlflowClient(tracking_uri=uri), uri, run_id, spool, 0.0).sync(force=True)
+            _Outbox(_client(uri), uri, run_id, spool, 0.0).sync(force=True)
         left += len(spool.pending)
         spool.close()
     return left

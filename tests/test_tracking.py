@@ -173,6 +173,26 @@ def test_bad_input_is_refused_with_clear_errors(default_run, tmp_path):
         tracker.log_metrics({"loss": 1.0}, 1)
 
 
+def test_a_refused_value_is_dropped_alone(default_run, tmp_path, caplog):
+    """MLflow refuses to change a logged param (e.g. a forced config change on resume): that one value is
+    dropped with a warning, and neither the rest of its batch nor later records are held up."""
+    uri = default_run[1].tracking_uri
+    tracker = make_tracker(TrackingConfig(tracking_uri=uri, sync_every_s=3600), tmp_path, rank=0)
+    tracker.log_params({"optim": {"lr": 0.001}})
+    assert tracker.flush()
+    caplog.set_level(logging.WARNING, logger="hypersolid_scale.tracking")
+    tracker.log_params({"optim": {"lr": 0.002, "weight_decay": 1e-6}})
+    tracker.log_metrics({"loss": 1.0}, 0)
+    assert tracker.flush()
+    tracker.close()
+    client = MlflowClient(uri)
+    assert client.get_run(tracker.run_id).data.params == {"optim.lr": "0.001", "optim.weight_decay": "1e-06"}
+    assert steps_of(client, tracker.run_id, "loss") == [0]
+    refusal, summary = (r.getMessage() for r in caplog.records)
+    assert "refused a params record" in refusal and "optim.lr" in refusal
+    assert "refused 1 logged values" in summary
+
+
 def test_unreachable_server_at_start_fails_fast(tmp_path, restore_http_env):
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="could not start an MLflow run"):
