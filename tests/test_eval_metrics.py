@@ -1,0 +1,218 @@
+"""Evaluation metrics against known answers and against scikit-learn."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.cluster import DBSCAN
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LogisticRegression
+from sklearn.neighbors import KNeighborsClassifier
+from sklearn.preprocessing import StandardScaler
+
+from hypersolid_scale.eval import geometry as G
+from hypersolid_scale.eval.clustering import cluster_scores, dbscan_sweep, hdbscan_cluster, kmeans
+from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
+from hypersolid_scale.eval.linear import linear_probe
+from hypersolid_scale.eval.neighborhood import interpolation_profile
+from hypersolid_scale.eval.search import as_unit_float32
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    x, y = load_digits(return_X_y=True)
+    perm = np.random.default_rng(0).permutation(len(x))
+    tr, te = perm[:1200], perm[1200:]
+    return x[tr].astype(np.float32), y[tr], x[te].astype(np.float32), y[te]
+
+
+def blobs(n_per: int = 150, d: int = 16, noise: float = 0.02, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Two tight clusters around orthogonal directions (cosine distance between them ~1)."""
+    rng = np.random.default_rng(seed)
+    centers = np.eye(d)[:2]
+    x = np.concatenate([c + noise * rng.standard_normal((n_per, d)) for c in centers]).astype(np.float32)
+    return x, np.repeat([0, 1], n_per)
+
+
+# ---------------------------------------------------------------------------------------------- geometry
+
+
+@pytest.mark.parametrize("n", [2, 7, 32])
+def test_orthonormal_vectors(n: int) -> None:
+    q, _ = np.linalg.qr(np.random.default_rng(n).standard_normal((64, n)))
+    x = (3.0 * q.T).astype(np.float32)  # n orthogonal rows of norm 3: normalisation must not matter
+    assert G.anisotropy(x) == pytest.approx(0.0, abs=1e-6)
+    assert G.mean_pairwise_angle(x) == pytest.approx(90.0, abs=1e-3)
+    assert G.effective_rank(G.as_unit_float32(x)) == pytest.approx(n, rel=1e-5)
+    assert G.center_vector_norm(x) == pytest.approx(1 / np.sqrt(n), rel=1e-5)
+
+
+def test_identical_vectors() -> None:
+    x = np.tile(np.random.default_rng(1).standard_normal(16), (10, 1)).astype(np.float32)
+    assert G.anisotropy(x) == pytest.approx(1.0, abs=1e-6)
+    assert G.effective_rank(x) == pytest.approx(1.0, abs=1e-6)
+    assert G.mean_pairwise_angle(x) == pytest.approx(0.0, abs=0.1)
+    assert G.center_vector_norm(x) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_effective_rank_matches_definition() -> None:
+    m = np.random.default_rng(2).standard_normal((40, 12))
+    s = np.linalg.svd(m, compute_uv=False)
+    p = s / s.sum()
+    assert G.effective_rank(m) == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-5)
+    assert G.effective_rank(m.T) == pytest.approx(G.effective_rank(m), rel=1e-5)
+
+
+def test_anisotropy_sampled_angle_close_to_exact() -> None:
+    x = np.random.default_rng(3).standard_normal((3000, 8)) + 0.5
+    exact = G.mean_pairwise_angle(x, max_pairs=10**7)
+    assert G.mean_pairwise_angle(x, max_pairs=200_000, seed=1) == pytest.approx(exact, abs=0.5)
+    u = as_unit_float32(x).astype(np.float64)
+    g = u @ u.T
+    assert G.anisotropy(x) == pytest.approx((g.sum() - np.trace(g)) / (3000 * 2999), abs=1e-6)
+
+
+@pytest.mark.parametrize("mu_pos,sd_pos,mu_neg,sd_neg", [(1.0, 1.0, 0.0, 1.0), (2.0, 1.0, 0.0, 2.0)])
+def test_d_prime_of_known_gaussians(mu_pos: float, sd_pos: float, mu_neg: float, sd_neg: float) -> None:
+    rng = np.random.default_rng(4)
+    pos, neg = rng.normal(mu_pos, sd_pos, 400_000), rng.normal(mu_neg, sd_neg, 400_000)
+    expected = (mu_pos - mu_neg) / np.sqrt((sd_pos**2 + sd_neg**2) / 2)
+    assert G.sensitivity_index(pos, neg) == pytest.approx(expected, abs=0.01)
+
+
+def test_pair_similarities_split_by_label() -> None:
+    x, y = blobs()
+    pos, neg = G.pair_similarities(x, y, max_pairs=10**6)
+    assert len(pos) == 2 * 150 * 149 // 2 and len(neg) == 150 * 150  # every pair, split by label
+    assert pos.min() > 0.9 and abs(neg).max() < 0.2
+    pos_s, neg_s = G.pair_similarities(x, y, max_pairs=2000, seed=0)
+    assert len(pos_s) <= 2000 and len(neg_s) <= 2000 and pos_s.min() > 0.9
+
+
+def test_sparsity_correlation_selectivity() -> None:
+    rng = np.random.default_rng(5)
+    y = np.repeat(np.arange(30), 20)
+    x = np.zeros((600, 4))
+    x[:, 0] = (y == 0) * 5.0 + 0.01 * rng.random(600)  # fires for one class
+    x[:, 1] = (y < 10) * 5.0 + 0.01 * rng.random(600)  # fires for ten classes
+    x[:, 2] = (y < 25) * 5.0 + 0.01 * rng.random(600)  # well above the mean for none (most classes on)
+    # x[:, 3] stays 0: a dead unit
+    sel = G.dimension_selectivity(x, y, z=1.0)
+    assert sel == {"0": 50.0, "1-5": 25.0, "6-20": 25.0, "21plus": 0.0}
+    assert G.sparsity(np.array([[0.0, 1.0], [0.0, 0.0]])) == 0.75
+    a = rng.standard_normal(500)
+    corr = G.feature_correlation(np.stack([a, 2 * a + 1, rng.standard_normal(500), np.zeros(500)], 1))
+    # pairs among the 3 live dims: |r|=1 for (0,1), ~0 for the others -> mean ~ 1/3
+    assert corr == pytest.approx(1 / 3, abs=0.05)
+
+
+def test_geometry_metrics_keys_and_ranges(digits: tuple) -> None:
+    x_tr, y_tr, _, _ = digits
+    m = G.geometry_metrics(x_tr, y_tr, max_pairs=50_000)
+    assert 0 < m["anisotropy"] < 1 and 0 < m["mean_pairwise_angle_deg"] < 90
+    assert 1 <= m["centroid_rank"] <= 10 and 1 <= m["embedding_rank"] <= 64
+    assert m["d_prime"] > 0 and m["pos_cos_mean"] > m["neg_cos_mean"]
+    assert sum(m[f"selectivity_{k}"] for k in ("0", "1-5", "6-20", "21plus")) == pytest.approx(100.0)
+
+
+# ---------------------------------------------------------------------------------------------- clustering
+
+
+def test_blobs_cluster_perfectly() -> None:
+    x, y = blobs()
+    for result in (kmeans(x, y, seed=0), hdbscan_cluster(x, y, min_cluster_size=10)):
+        assert (result["nmi"], result["ari"], result["n_clusters"]) == (1.0, 1.0, 2)
+    sweep = dbscan_sweep(x, y, eps=[0.05, 0.2, 0.5], min_samples=5)
+    for r in sweep:
+        assert (r["nmi"], r["ari"], r["n_clusters"], r["noise_fraction"]) == (1.0, 1.0, 2, 0.0)
+
+
+def test_dbscan_sparse_graph_equals_dense_sklearn() -> None:
+    rng = np.random.default_rng(6)
+    x = np.concatenate([rng.standard_normal((200, 6)) + 3 * rng.standard_normal(6) for _ in range(3)])
+    y = np.repeat([0, 1, 2], 200)
+    x[7] = x[3]  # an exact duplicate: distance 0 must still be an edge
+    eps = [0.0, 0.01, 0.03, 0.1, 0.3]
+    for r in dbscan_sweep(x, y, eps=eps, min_samples=4):
+        dense = DBSCAN(eps=max(r["eps"], 1e-6), min_samples=4, metric="cosine").fit_predict(as_unit_float32(x))
+        assert {k: r[k] for k in ("nmi", "ari", "n_clusters", "noise_fraction")} == cluster_scores(y, dense)
+
+
+def test_dbscan_edge_budget_skips_large_eps_loudly() -> None:
+    x = np.random.default_rng(7).standard_normal((2000, 4))
+    y = np.arange(2000) % 3
+    with pytest.warns(UserWarning, match="skipped"):
+        sweep = dbscan_sweep(x, y, eps=[0.01, 0.05, 0.5], min_samples=5, max_edges=100_000)
+    assert sweep[0]["nmi"] is not None and sweep[-1]["nmi"] is None and "dbscan_max_edges" in sweep[-1]["skipped"]
+    with pytest.raises(ValueError, match="dbscan_max_edges"):
+        dbscan_sweep(x, y, eps=[0.5], max_edges=1000)
+
+
+# ---------------------------------------------------------------------------------------------- kNN / linear
+
+
+def test_knn_majority_matches_sklearn_exactly(digits: tuple) -> None:
+    x_tr, y_tr, x_te, y_te = digits
+    ours = knn_predict(x_tr, y_tr, x_te, ks=(1, 5, 20, 50), chunk=100)  # small chunks: exercise the loop
+    for k in (1, 5, 20, 50):
+        ref = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute").fit(x_tr, y_tr).predict(x_te)
+        np.testing.assert_array_equal(ours[f"k{k}_majority"], ref)
+
+
+def test_knn_weighted_vote_and_accuracy_dict(digits: tuple) -> None:
+    x_tr, y_tr, x_te, y_te = digits
+    acc = knn_accuracy(torch.from_numpy(x_tr), torch.from_numpy(y_tr), x_te, y_te, ks=(20,), temperature=0.07)
+    assert set(acc) == {"knn_k20_majority", "knn_k20_weighted"}
+    assert acc["knn_k20_weighted"] > 90.0
+    # brute-force reference of the weighted vote: sum of exp(cos / T) per class over the top 20
+    u_tr, u_te = as_unit_float32(x_tr).astype(np.float64), as_unit_float32(x_te).astype(np.float64)
+    cos = u_te @ u_tr.T
+    top = np.argsort(-cos, axis=1, kind="stable")[:, :20]
+    votes = np.zeros((len(x_te), 10))
+    for i in range(len(x_te)):
+        np.add.at(votes[i], y_tr[top[i]], np.exp(cos[i, top[i]] / 0.07))
+    p = knn_predict(x_tr, y_tr, x_te, ks=(20,), temperature=0.07)
+    np.testing.assert_array_equal(p["k20_weighted"], votes.argmax(1))
+    assert acc["knn_k20_weighted"] == pytest.approx(100 * np.mean(votes.argmax(1) == y_te))
+    with pytest.raises(ValueError, match="exceeds"):
+        knn_predict(x_tr[:10], y_tr[:10], x_te, ks=(20,))
+
+
+def test_linear_probe_within_one_point_of_sklearn(digits: tuple) -> None:
+    x_tr, y_tr, x_te, y_te = digits
+    scaler = StandardScaler().fit(x_tr)
+    ref = 100 * LogisticRegression(C=1.0, max_iter=5000).fit(scaler.transform(x_tr), y_tr).score(
+        scaler.transform(x_te), y_te)
+    same_objective = linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1.0 / len(x_tr)], device="cpu")
+    assert abs(same_objective["linear_top1"] - ref) <= 1.0
+    selected = linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1e-4, 1e-3, 1e-2], device="cpu")
+    assert abs(selected["linear_top1"] - ref) <= 1.5 and selected["linear_weight_decay"] in (1e-4, 1e-3, 1e-2)
+    adam = linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1e-3], optimizer="adam", max_iter=30, device="cpu")
+    assert adam["linear_top1"] > 90.0
+
+
+# ---------------------------------------------------------------------------------------------- misc
+
+
+def test_interpolation_profile_shape_and_gap() -> None:
+    x, y = blobs(n_per=100)
+    prof = interpolation_profile(x, y, n_pairs=20, n_steps=11, seed=0)
+    assert len(prof["t"]) == 11 and prof["pos_mean"][0] == pytest.approx(0.0, abs=1e-5)
+    # between the orthogonal blobs the midpoint is ~45 degrees from every real embedding
+    assert max(prof["neg_mean"]) > 0.2 > 0.01 > max(prof["pos_mean"])
+
+
+def test_eval_config_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="eval.suites"):
+        EvalConfig(suites=["knn", "umap"])
+    with pytest.raises(ValueError, match="eval.features"):
+        EvalConfig(features="head")
+    with pytest.raises(ValueError, match="eval.dbscan_eps"):
+        EvalConfig(dbscan_eps=[0.1, 3.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert EvalConfig().knn_k == [5, 20]
