@@ -250,10 +250,9 @@ def knn_monitor(run: Run) -> dict[str, float]:
     model = run.engine.model
     model.eval()
     try:
-        tr_f, tr_y = extract_embeddings(model, cap(train_ds, ev.monitor_max_train), batch_size=ev.batch_size,
-                                        device=run.device, which=ev.features)
-        te_f, te_y = extract_embeddings(model, cap(test_ds, ev.monitor_max_train), batch_size=ev.batch_size,
-                                        device=run.device, which=ev.features)
+        kw = dict(batch_size=ev.batch_size, device=run.device, which=ev.features, progress=False)
+        tr_f, tr_y = extract_embeddings(model, cap(train_ds, ev.monitor_max_train), **kw)
+        te_f, te_y = extract_embeddings(model, cap(test_ds, ev.monitor_max_train), **kw)
     finally:
         model.train()
     if run.info.rank != 0:
@@ -273,11 +272,13 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> dict[str, floa
     for group in run.engine.param_groups:
         group["lr"] = lr
     feats = run.engine.forward(views)  # (B, V, D) float32
-    loss = run.loss_fn(feats)
-    if not torch.isfinite(loss):
-        terms = ", ".join(f"{k}={v:.4g}" for k, v in run.loss_fn.stats.items())
+    # Every rank must take the same decision, so the check is reduced over ranks (one flag, not the data).
+    bad_feats = all_reduce_max_flag(not bool(torch.isfinite(feats.detach()).all()))
+    loss = None if bad_feats else run.loss_fn(feats)
+    if loss is None or not torch.isfinite(loss):
+        what = "embeddings" if loss is None else ", ".join(f"{k}={v:.4g}" for k, v in run.loss_fn.stats.items())
         raise NonFiniteLossError(
-            f"non-finite loss at step {step} ({terms}); the parameters were not updated and the newest checkpoint "
+            f"non-finite loss at step {step} ({what}); the parameters were not updated and the newest checkpoint "
             f"in {run.cfg.run_dir}/checkpoints is the last good state. Lower optim.lr, set optim.grad_clip, or "
             "use dist.bf16=false")
     run.engine.backward(loss)
@@ -307,10 +308,10 @@ def _on_signal(signum: int, _frame: Any) -> None:
     _STOP["signal"] = signum
 
 
-def install_preemption_handlers() -> None:
+def install_preemption_handlers() -> dict[int, Any]:
+    """Returns the previous handlers, restored when training ends (main() may run inside another program)."""
     _STOP["signal"] = None
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
+    return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGUSR1, signal.SIGTERM)}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -336,34 +337,44 @@ def plot_loss(history: list[tuple[int, float]], path: Path) -> Path:
 
 
 def train(cfg: Config) -> int:
+    """Set up the process group, build or resume the run, train; returns the exit code (0 or 75)."""
     info, device = init_distributed(cfg.dist.device, cfg.dist.backend, cfg.dist.timeout_minutes)
-    rank0 = info.rank == 0
-    seed_everything(cfg.seed, cfg.deterministic)
-    install_preemption_handlers()
-    ckpt = find_resume(cfg)
-    run = build(cfg, info, device)
-    step, epoch = restore(run, ckpt) if ckpt is not None else (0, 0)
-    if rank0:
-        save_config(cfg, cfg.run_dir)
-    tags = {"world_size": info.world_size, "backend": run.backend, "engine": cfg.dist.engine,
-            "device": device.type, "launcher": info.launcher, "loss_backend": cfg.loss.backend,
-            "bf16": run.bf16}
-    tracker = make_tracker(cfg.tracking, cfg.run_dir, rank=info.rank,
-                           resume_run_id=ckpt.get("mlflow_run_id") if ckpt else None, tags=tags)
-    if rank0 and ckpt is None:
-        tracker.log_params(flatten(to_dict(cfg)))
-    tracker.log_artifact(Path(cfg.run_dir) / "config.yaml")
-    if rank0:
-        where = f"resumed from {ckpt['path']} at step {step}" if ckpt else "starting from scratch"
-        print(f"[hypersolid] {info.world_size} process(es), {cfg.dist.engine}/{run.backend}, device={device.type}, "
-              f"bf16={run.bf16}, {run.steps_per_epoch} steps/epoch, {run.total_steps} steps total; {where}",
-              flush=True)
+    previous_handlers = install_preemption_handlers()
+    try:
+        seed_everything(cfg.seed, cfg.deterministic)
+        ckpt = find_resume(cfg)
+        run = build(cfg, info, device)
+        step, epoch = restore(run, ckpt) if ckpt is not None else (0, 0)
+        if info.rank == 0:
+            save_config(cfg, cfg.run_dir)
+        tags = {"world_size": info.world_size, "backend": run.backend, "engine": cfg.dist.engine,
+                "device": device.type, "launcher": info.launcher, "loss_backend": cfg.loss.backend,
+                "bf16": run.bf16}
+        tracker = make_tracker(cfg.tracking, cfg.run_dir, rank=info.rank,
+                               resume_run_id=ckpt.get("mlflow_run_id") if ckpt else None, tags=tags)
+        if ckpt is None:
+            tracker.log_params(flatten(to_dict(cfg)))
+        tracker.log_artifact(Path(cfg.run_dir) / "config.yaml")
+        if info.rank == 0:
+            where = f"resumed from {ckpt['path']} at step {step}" if ckpt else "starting from scratch"
+            print(f"[hypersolid] {info.world_size} process(es), {cfg.dist.engine}/{run.backend}, "
+                  f"device={device.type}, bf16={run.bf16}, {run.steps_per_epoch} steps/epoch, "
+                  f"{run.total_steps} steps total; {where}", flush=True)
+        return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
+    finally:
+        cleanup()
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
 
-    global_batch = cfg.data.batch_size_per_gpu * info.world_size
+
+def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bool) -> int:
+    """Epochs of train_step with logging, checkpoints, the online monitor and preemption checks."""
+    cfg, device, rank0 = run.cfg, run.device, run.info.rank == 0
+    global_batch = cfg.data.batch_size_per_gpu * run.info.world_size
     bar = tqdm(total=run.total_steps, initial=step, disable=not (rank0 and cfg.progress), dynamic_ncols=True,
                desc="train", unit="step")
     history: list[tuple[int, float]] = []
-    status, exit_code, last_saved = "FAILED", 1, (step if ckpt is not None else -1)
+    status, exit_code, last_saved = "FAILED", 1, (step if resumed else -1)
     monitor_enabled = cfg.eval.every_n_epochs > 0
     try:
         while step < run.total_steps and epoch < cfg.epochs:
@@ -439,7 +450,6 @@ def train(cfg: Config) -> int:
     finally:
         bar.close()
         tracker.close(status=status)
-        cleanup()
 
 
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:

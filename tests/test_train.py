@@ -1,0 +1,156 @@
+"""End to end: main([...]) on real data (sklearn digits), MLflow logging and resume, non-finite loss,
+SIGKILL-and-resume equality, preemption exit code."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hypersolid_scale import checkpoint as ck
+from hypersolid_scale.train import EXIT_PREEMPTED, NonFiniteLossError, main
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A real dataset and the real model/loss/loader, shrunk until a step takes milliseconds.
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
+        "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
+        "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu"]
+
+
+def _mlflow_runs(run_dir: Path) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve()}/mlflow.db")
+    exps = client.search_experiments()
+    return [r for e in exps for r in client.search_runs([e.experiment_id])], client
+
+
+def test_smoke_main_trains_logs_and_resumes_the_same_mlflow_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = [*TINY, f"run_dir={run_dir}", "data.max_train_samples=128", "epochs=2", "checkpoint.every_n_steps=3",
+            "tracking.log_every_n_steps=1", "eval.every_n_epochs=1", "eval.monitor_max_train=200", "eval.knn_k=[5]"]
+    assert main(args) == 0
+    steps = [int(p.stem.split("_")[1]) for p in ck.list_checkpoints(run_dir)]
+    assert steps[-1] == 8  # 128 samples / 32 = 4 steps per epoch, 2 epochs
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "plots" / "loss.png").is_file()
+    first = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
+    assert first["mlflow_run_id"] and first["epoch"] == 1 and first["loader"]["batches_done"] == 4
+
+    runs, client = _mlflow_runs(run_dir)
+    assert len(runs) == 1 and runs[0].info.run_id == first["mlflow_run_id"]
+    data = runs[0].data
+    assert data.params["optim.lr"] == "0.001" and data.params["model.arch"] == "small_cnn"
+    assert {"world_size", "engine", "backend"} <= set(data.tags) and data.tags["engine"] == "ddp"
+    for key in ("train/loss", "train/alignment", "train/repulsion", "train/active_pairs", "train/lr",
+                "train/images_per_s", "train/step_time_s", "train/data_time_s", "train/mem_gb", "monitor/knn_k5_weighted"):
+        assert key in data.metrics, key
+    losses = [m.value for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
+    assert len(losses) == 8 and losses[-1] < losses[0]  # it learns: near-collapsed start, repulsion pushes apart
+
+    # Same run_dir, longer: resumes at step 8 and continues the same MLflow run.
+    assert main([a.replace("epochs=2", "epochs=3") for a in args]) == 0
+    last = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
+    assert last["step"] == 12 and last["mlflow_run_id"] == first["mlflow_run_id"]
+    runs, client = _mlflow_runs(run_dir)
+    assert len(runs) == 1
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")] == list(range(1, 13))
+
+
+def test_bad_config_fails_before_any_work(tmp_path: Path) -> None:
+    run_dir = tmp_path / "never"
+    with pytest.raises(ValueError, match="optim.nme"):
+        main([*TINY, f"run_dir={run_dir}", "optim.nme=sgd"])
+    with pytest.raises(ValueError, match="adamw"):
+        main([*TINY, f"run_dir={run_dir}", "optim.name=adam"])
+    assert not run_dir.exists()
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # lr 1e30: the first update is finite but huge; the next forward pass overflows the norm term.
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step"):
+        main([*TINY, f"run_dir={run_dir}", "optim.lr=1e30", "max_steps=20", "checkpoint.every_n_steps=1"])
+    saved = ck.list_checkpoints(run_dir)
+    assert saved, "the step before the failure was checkpointed"
+    good = ck.load_checkpoint(saved[-1])
+    assert good["step"] < 20
+    assert all(torch.isfinite(v).all() for v in good["model"].values() if v.is_floating_point())
+    runs, _ = _mlflow_runs(run_dir)
+    assert runs[0].info.status == "FAILED"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Subprocess runs: SIGKILL + resume, SIGUSR1 preemption
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _launch(run_dir: Path, extra: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, str(REPO / "launch" / "train.py"), *TINY, f"run_dir={run_dir}", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended (rc={proc.returncode}) before {path.name}:\n{proc.stdout.read()[-3000:]}")
+        if time.monotonic() > end:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.02)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_resume_equals_uninterrupted_run(tmp_path: Path) -> None:
+    extra = ["deterministic=true", "max_steps=60", "checkpoint.every_n_steps=5", "checkpoint.keep_last=0",
+             "data.batch_size_per_gpu=64"]
+    straight = _launch(tmp_path / "straight", extra)
+    killed = _launch(tmp_path / "killed", extra)
+    _wait_for(ck.checkpoint_path(tmp_path / "killed", 5), killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert killed.returncode == -signal.SIGKILL
+    done = [int(p.stem.split("_")[1]) for p in ck.list_checkpoints(tmp_path / "killed")]
+    assert max(done) < 60, "the run finished before it could be killed; the test proves nothing"
+    rc, out = _finish(_launch(tmp_path / "killed", extra))
+    assert rc == 0, out[-3000:]
+    assert f"resumed from {ck.checkpoint_path(tmp_path / 'killed', max(done))}" in out
+    rc, out = _finish(straight)
+    assert rc == 0, out[-3000:]
+
+    a = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "straight")[-1])
+    b = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "killed")[-1])
+    assert a["step"] == b["step"] == 60
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    exp_avg = [s["exp_avg"] for s in a["optimizer"]["state"].values()]
+    assert all(torch.equal(x, s["exp_avg"]) for x, s in zip(exp_avg, b["optimizer"]["state"].values()))
+    # One MLflow run across the kill.
+    first = ck.load_checkpoint(ck.checkpoint_path(tmp_path / "killed", 5))
+    assert b["mlflow_run_id"] == first["mlflow_run_id"]
+
+
+@pytest.mark.slow
+def test_sigusr1_finishes_the_step_checkpoints_and_exits_75(tmp_path: Path) -> None:
+    proc = _launch(tmp_path / "run", ["max_steps=100000", "checkpoint.every_n_steps=5"])
+    _wait_for(ck.checkpoint_path(tmp_path / "run", 5), proc)
+    proc.send_signal(signal.SIGUSR1)
+    rc, out = _finish(proc, timeout=120)
+    assert rc == EXIT_PREEMPTED, out[-3000:]
+    last = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "run")[-1])
+    assert 5 <= last["step"] < 100000 and "preempted" in out
+    # The loader position matches the step: the digits train split gives 44 batches of 32 per epoch.
+    assert last["epoch"] * 44 + last["loader"]["batches_done"] == last["step"]
