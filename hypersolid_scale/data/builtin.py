@@ -51,7 +51,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     payload = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if payload.size != expected:
         raise ValueError(f"{path} is truncated: header says {dims} ({expected} bytes), found {payload.size}")
-    return payload.reshape(dims)
+    return payload.reshape(dims).copy()  # writable, so torch.from_numpy shares it without a warning
 
 
 def _find(directory: Path, stem: str) -> Optional[Path]:

@@ -102,7 +102,7 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         start = self._begin()
         idx = rank_indices(self.num_samples, rank=self.rank, world_size=self.world_size,
                            batch_size=self.batch_size, seed=self.seed, epoch=self.epoch)
-        subset = torch.utils.data.Subset(self.dataset, idx[start * self.batch_size:].tolist())
+        subset = torch.utils.data.Subset(self.dataset, idx[start * self.batch_size:self._len * self.batch_size].tolist())
         gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
         loader = DataLoader(subset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
                             worker_init_fn=_seed_worker, generator=gen, drop_last=True,

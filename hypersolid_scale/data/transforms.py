@@ -59,18 +59,38 @@ def build_eval_transform(preset: MultiCropPreset) -> Callable[[Image.Image], tor
 
 
 class _Stage:
-    """Runs one stage of a view transform and notes whether it changed the image (and the output)."""
+    """Runs one stage of a view transform and records what it drew and whether it changed the image.
+
+    The stage's own first random draw (torch.rand(1) for torchvision's random transforms,
+    np.random.random_sample() for lightly's blur/solarization) is peeked by saving and restoring the
+    generator state, so the recorded decision is exactly the one the stage then makes.
+    """
 
     def __init__(self, inner: Any, key: str, sink: list[dict], view: Optional[str], keep: bool) -> None:
         self.inner, self.key, self.sink, self.view, self.keep = inner, key, sink, view, keep
 
+    def _applied(self) -> Optional[bool]:
+        if self.key in ("blur", "solarize"):
+            state = np.random.get_state()
+            u = float(np.random.random_sample())
+            np.random.set_state(state)
+            return u < self.inner.prob
+        if self.key in ("flip", "jitter", "gray"):
+            state = torch.get_rng_state()
+            u = float(torch.rand(1))
+            torch.set_rng_state(state)
+            return u < self.inner.p if self.key != "jitter" else not self.inner.p < u
+        return None
+
     def __call__(self, img: Any) -> Any:
+        applied = self._applied()
         out = self.inner(img)
         if self.view is not None:  # first stage of a view: open a new record
             self.sink.append({"view": self.view})
         changed = np.asarray(out).shape != np.asarray(img).shape or not np.array_equal(
             np.asarray(out), np.asarray(img))
-        self.sink[-1][self.key] = bool(changed)
+        self.sink[-1][self.key] = applied
+        self.sink[-1][self.key + "_changed"] = bool(changed)
         if self.keep:
             self.sink[-1][self.key + "_image"] = np.asarray(out).copy()
         return out
@@ -79,9 +99,9 @@ class _Stage:
 def instrument(transform: DINOTransform, sink: list[dict]) -> DINOTransform:
     """Wrap crop/flip/jitter/grayscale/blur/solarize of every view so that each call appends a record.
 
-    Each record: {"view": "global_0"|"global_1"|"local", "crop", "flip", "jitter", "gray", "blur",
-    "solarize": bool changed, "flip_image": the view after crop+flip (uint8 array)}. The wrapped stages
-    call the original ones unchanged.
+    Each record: {"view": "global_0"|"global_1"|"local"; "flip", "jitter", "gray", "blur", "solarize":
+    bool applied; "<stage>_changed": bool, the output differs from the input; "flip_image": the view
+    after crop+flip (uint8 array)}. The wrapped stages run unchanged.
     """
     names = ["global_0", "global_1"] + ["local"] * (len(transform.transforms) - 2)
     seen: set[int] = set()

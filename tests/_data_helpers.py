@@ -1,0 +1,97 @@
+"""Helpers of the data tests: real Fashion-MNIST images, shards on disk, probe images, statistics."""
+
+from __future__ import annotations
+
+import io
+import math
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hypersolid_scale.data.builtin import fashion_mnist_dir, load_fashion_mnist
+
+
+def fashion_mnist_or_skip(split: str = "train"):
+    try:
+        fashion_mnist_dir()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return load_fashion_mnist(split)
+
+
+def png_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def jpg_bytes(arr: np.ndarray, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).convert("RGB").save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def write_shard(path: Path, samples: list[tuple[str, str, bytes, int]]) -> None:
+    """samples: (key, image ext, image bytes, label)."""
+    with tarfile.open(path, "w") as tar:
+        for key, ext, data, label in samples:
+            for name, payload in ((f"{key}.{ext}", data), (f"{key}.cls", str(label).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+
+
+def probe_images(n: int, size: int, seed: int = 0) -> np.ndarray:
+    """(n, size, size, 3) uint8 images whose content reveals the crop and the flip.
+
+    R is a left-to-right ramp and G a top-to-bottom ramp, so the slope of R across a view gives the
+    crop width (its sign gives the flip) and the slope of G the crop height; B is noise, so that blur,
+    grayscale, jitter and solarization always change the image.
+    """
+    rng = np.random.default_rng(seed)
+    ramp = np.round(255 * (np.arange(size) + 0.5) / size).astype(np.uint8)
+    img = np.empty((n, size, size, 3), np.uint8)
+    img[..., 0] = ramp[None, None, :]
+    img[..., 1] = ramp[None, :, None]
+    img[..., 2] = rng.integers(0, 256, (n, size, size), dtype=np.uint8)
+    return img
+
+
+def crop_geometry(view: np.ndarray, source_size: int) -> tuple[float, bool]:
+    """(area fraction, flipped) of a (s, s, 3) or (3, s, s) uint8 view of a `probe_images` image."""
+    v = view if view.shape[-1] == 3 else np.transpose(view, (1, 2, 0))
+    s = v.shape[0]
+    inner = slice(2, s - 2) if s >= 12 else slice(0, s)  # resamplers clamp at the borders
+    cols = v[:, :, 0].astype(np.float64).mean(axis=0)[inner]
+    rows = v[:, :, 1].astype(np.float64).mean(axis=1)[inner]
+    j = np.arange(s, dtype=np.float64)[inner]
+    slope_x = np.polyfit(j, cols, 1)[0]
+    slope_y = np.polyfit(j, rows, 1)[0]
+    # R = 255 * x / W and x advances w / s per output pixel: slope = 255 * w / (s * W).
+    wf = abs(slope_x) * s / 255.0
+    hf = abs(slope_y) * s / 255.0
+    return min(wf, 1.0) * min(hf, 1.0), bool(slope_x < 0)
+
+
+def assert_rate(name: str, observed: np.ndarray, p: float, sigmas: float = 4.5) -> None:
+    """A Bernoulli rate within `sigmas` binomial standard deviations of p (exact when p is 0 or 1)."""
+    n = len(observed)
+    rate = float(np.mean(observed))
+    tol = sigmas * math.sqrt(max(p * (1 - p), 1e-12) / n) + (1e-9 if p in (0.0, 1.0) else 0.0)
+    assert abs(rate - p) <= tol, f"{name}: rate {rate:.3f} over {n} draws, expected {p} +- {tol:.3f}"
+
+
+def assert_same_rate(name: str, a: np.ndarray, b: np.ndarray, sigmas: float = 4.5) -> None:
+    pa, pb = float(np.mean(a)), float(np.mean(b))
+    p = (pa * len(a) + pb * len(b)) / (len(a) + len(b))
+    tol = sigmas * math.sqrt(max(p * (1 - p), 1e-12) * (1 / len(a) + 1 / len(b))) + 1e-9
+    assert abs(pa - pb) <= tol, f"{name}: {pa:.3f} (n={len(a)}) vs {pb:.3f} (n={len(b)}), tolerance {tol:.3f}"
+
+
+def assert_same_mean(name: str, a: np.ndarray, b: np.ndarray, sigmas: float = 4.5) -> None:
+    tol = sigmas * math.sqrt(np.var(a) / len(a) + np.var(b) / len(b)) + 1e-3
+    assert abs(np.mean(a) - np.mean(b)) <= tol, \
+        f"{name}: mean {np.mean(a):.4f} vs {np.mean(b):.4f}, tolerance {tol:.4f}"
