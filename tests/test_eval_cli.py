@@ -1,0 +1,198 @@
+"""launch/eval.py end to end on a tiny checkpoint + digits, its errors, and sharded/cached extraction."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from hypersolid_scale.checkpoint import save_checkpoint
+from hypersolid_scale.config import fingerprint, load_config, to_dict
+from hypersolid_scale.data import build_eval_datasets
+from hypersolid_scale.eval.cli import main
+from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
+from hypersolid_scale.models import build_model
+
+TINY_MODEL = ["data.dataset=digits", "model.arch=small_cnn", "model.in_channels=1", "model.small_cnn_width=8",
+              "model.proj_layers=2", "model.proj_hidden_dim=32", "model.proj_dim=32", "eval.num_workers=0"]
+FAST_EVAL = ["eval.linear_weight_decays=[0.001]", "eval.dbscan_eps=[0.0,0.01,0.05,0.2]", "eval.max_pairs=20000",
+             "eval.interp_pairs=20", "eval.knn_k=[5,20]", "eval.hdbscan_min_cluster_size=5"]
+
+
+def make_checkpoint(run_dir: Path, overrides: list[str] = (), *, step: int = 7, model_overrides: list[str] = (),
+                    mlflow_run_id: str | None = None, tracking_uri: str | None = None) -> Path:
+    """A checkpoint with the contract's keys for a randomly initialised tiny model (no training needed).
+
+    ``model_overrides`` build the *weights* from another model config than the one recorded in the checkpoint.
+    """
+    cfg = load_config(None, [*TINY_MODEL, f"run_dir={run_dir}", *overrides])
+    torch.manual_seed(0)
+    weights_cfg = load_config(None, [*TINY_MODEL, *model_overrides]).model if model_overrides else cfg.model
+    state = {"model": build_model(weights_cfg).state_dict(), "step": step, "epoch": 0, "config": to_dict(cfg),
+             "config_fingerprint": fingerprint(cfg), "mlflow_run_id": mlflow_run_id, "tracking_uri": tracking_uri}
+    return save_checkpoint(run_dir, state)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main(["--checkpoint", str(tmp_path / "checkpoints" / "step_00000001.pt"), "--no-mlflow"])
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "step_00000001.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="corrupt"):
+        main(["--checkpoint", str(bad), "--no-mlflow"])
+
+
+def test_checkpoint_of_another_architecture_is_a_clear_error(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path, model_overrides=["model.small_cnn_width=16"])
+    with pytest.raises(ValueError, match="another architecture"):
+        main(["--checkpoint", str(path), "--no-mlflow"])
+    path = make_checkpoint(tmp_path / "r50", ["model.arch=resnet18"])
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model"] = build_model(load_config(None, TINY_MODEL).model).state_dict()  # small_cnn weights
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError, match="another architecture.*resnet18"):
+        main(["--checkpoint", str(path), "--no-mlflow"])
+
+
+def test_model_overrides_and_channel_mismatch_are_refused(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="not allowed"):
+        main(["--checkpoint", str(path), "--no-mlflow", "model.arch=resnet50"])
+    with pytest.raises(ValueError, match="eval.suites"):
+        main(["--checkpoint", str(path), "--no-mlflow", "--suite", "knn,tsne"])
+    rgb = make_checkpoint(tmp_path / "rgb", ["model.in_channels=3"])
+    with pytest.raises(ValueError, match="1-channel images"):
+        main(["--checkpoint", str(rgb), "--no-mlflow"])
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+def test_eval_main_quick_without_mlflow(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path)
+    out = tmp_path / "report"
+    assert main(["--checkpoint", str(path), "--suite", "knn,geometry", "--no-mlflow", "--output-dir", str(out),
+                 *FAST_EVAL]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["timings_s"]) == {"embed", "knn", "geometry"} and "mlflow_run_id" not in report["meta"]
+    assert {"knn_k20_weighted", "embedding_rank", "interp_gap", "selectivity_21plus"} <= set(report["metrics"])
+    assert not (tmp_path / "mlflow.db").exists() and (tmp_path / "eval_cache").is_dir()
+
+
+@pytest.mark.slow
+def test_eval_main_end_to_end_logs_to_the_training_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from mlflow import MlflowClient
+
+    from hypersolid_scale.tracking import TrackingConfig, make_tracker
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    train_run = make_tracker(TrackingConfig(tracking_uri=uri, experiment="eval-test"), tmp_path / "run", rank=0)
+    train_run.close()
+    path = make_checkpoint(tmp_path / "run", mlflow_run_id=train_run.run_id, tracking_uri=uri)
+    assert main(["--checkpoint", str(path), *FAST_EVAL]) == 0
+    printed = capsys.readouterr().out
+    assert "knn" in printed.lower() and "d'" in printed and "(extracted)" in printed
+
+    out = tmp_path / "run" / "eval" / "step_00000007"
+    report = json.loads((out / "report.json").read_text())
+    m = report["metrics"]
+    assert report["meta"]["n_train"] == 1437 and report["meta"]["n_test"] == 360
+    assert report["meta"]["feature_dim"] == 32 and report["meta"]["mlflow_run_id"] == train_run.run_id
+    # a random CNN on digits is far above chance (10 %) and below perfect
+    assert 30 < m["knn_k5_majority"] < 100 and 30 < m["linear_top1"] < 100
+    assert 0 <= m["kmeans_nmi"] <= 1 and 0 <= m["anisotropy"] <= 1 and m["d_prime"] > 0
+    assert [r["eps"] for r in report["dbscan"]] == [0.0, 0.01, 0.05, 0.2]
+    for name in ("similarity_density", "centroid_cosine", "dbscan_eps", "interpolation_profile"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    assert "| geometry | d' |" in (out / "report.md").read_text()
+
+    logged = MlflowClient(uri).get_run(train_run.run_id).data.metrics
+    assert logged["eval/knn_k5_majority"] == pytest.approx(m["knn_k5_majority"])
+    assert "eval/dbscan_nmi_vs_eps" in logged
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(train_run.run_id, "eval/step_00000007")}
+    assert "eval/step_00000007/report.json" in artifacts and "eval/step_00000007/dbscan_eps.png" in artifacts
+
+    # second evaluation: features come from the cache, numbers are identical; projector features differ
+    assert main(["--checkpoint", str(path), "--suite", "knn", "--no-mlflow", *FAST_EVAL]) == 0
+    assert "(cache)" in capsys.readouterr().out
+    again = json.loads((out / "report.json").read_text())["metrics"]
+    assert again["knn_k5_majority"] == m["knn_k5_majority"]
+    assert main(["--checkpoint", str(path), "--suite", "knn", "--features", "projector", "--no-mlflow",
+                 *FAST_EVAL]) == 0
+    assert "(extracted)" in capsys.readouterr().out
+    assert json.loads((out / "report.json").read_text())["meta"]["feature_dim"] == 32
+
+
+@pytest.mark.slow
+def test_unknown_training_run_gets_a_new_tagged_run(tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    path = make_checkpoint(tmp_path / "run", mlflow_run_id="0" * 32, tracking_uri=uri)
+    assert main(["--checkpoint", str(path), "--suite", "knn", *FAST_EVAL]) == 0
+    report = json.loads((tmp_path / "run" / "eval" / "step_00000007" / "report.json").read_text())
+    run = MlflowClient(uri).get_run(report["meta"]["mlflow_run_id"])
+    assert run.data.tags["eval.checkpoint"] == str(path.resolve()) and "eval/knn_k20_weighted" in run.data.metrics
+
+
+# ---------------------------------------------------------------------------------------------- extraction
+
+
+def test_cached_embeddings_hit_and_miss(tmp_path: Path) -> None:
+    cfg = load_config(None, TINY_MODEL)
+    _, test_ds = build_eval_datasets(cfg.data)
+    model = build_model(cfg.model)
+    kw: dict[str, Any] = dict(cache_dir=tmp_path, batch_size=64, device="cpu")
+    x1, y1, hit1 = cached_embeddings(model, test_ds, fingerprint="a", **kw)
+    x2, y2, hit2 = cached_embeddings(model, test_ds, fingerprint="a", **kw)
+    assert (hit1, hit2) == (False, True) and torch.equal(x1, x2) and torch.equal(y1, y2)
+    x3, _, hit3 = cached_embeddings(model, test_ds, fingerprint="b", **kw)
+    assert not hit3 and x3.shape == x1.shape
+    direct, labels = extract_embeddings(model, test_ds, batch_size=50, device="cpu", progress=False)
+    assert torch.allclose(direct, x3, atol=1e-5) and torch.equal(labels, y1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
+    from hypersolid_scale.distributed.env import cleanup, init_distributed
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    init_distributed(device="cpu", backend="gloo")
+    cfg = load_config(None, TINY_MODEL)
+    _, test_ds = build_eval_datasets(cfg.data)
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    feats, labels = extract_embeddings(model, test_ds, batch_size=32, device="cpu", progress=False)
+    torch.save({"feats": feats, "labels": labels}, f"{out}/rank{rank}.pt")
+    cleanup()
+
+
+@pytest.mark.slow
+def test_sharded_extraction_equals_single_process(tmp_path: Path) -> None:
+    mp.spawn(_sharded_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    cfg = load_config(None, TINY_MODEL)
+    _, test_ds = build_eval_datasets(cfg.data)
+    torch.manual_seed(0)
+    ref, ref_y = extract_embeddings(build_model(cfg.model), test_ds, batch_size=32, device="cpu", progress=False)
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert torch.allclose(got["feats"], ref, atol=1e-5) and torch.equal(got["labels"], ref_y)
