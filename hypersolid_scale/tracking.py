@@ -213,13 +213,16 @@ class _Spool:
         os.replace(tmp, self._mark_path)
 
     def fsync(self) -> None:
-        if not self._file.closed:
-            os.fsync(self._file.fileno())
+        """Make the spool durable, and the watermark too when MLflow has everything."""
+        if self._file.closed:
+            return
+        os.fsync(self._file.fileno())
+        if not self.pending:
+            self.mark_synced(self._file.tell(), durable=True)
 
     def close(self) -> None:
-        if not self._file.closed:
-            self.fsync()
-            self._file.close()
+        self.fsync()
+        self._file.close()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -495,10 +498,8 @@ class MlflowTracker(Tracker):
 
     def flush(self) -> bool:
         """Make the spool durable (fsync) and try to send everything now; True when MLflow has it all."""
-        self._outbox.spool.fsync()
         done = self._outbox.sync(force=True)
-        if done:
-            self._outbox.spool.mark_synced(self._outbox.spool._file.tell(), durable=True)
+        self._outbox.spool.fsync()
         return done
 
     def close(self, status: str = "FINISHED") -> None:
@@ -530,10 +531,10 @@ def make_tracker(cfg: TrackingConfig, run_dir: str | os.PathLike, *, rank: int,
     return MlflowTracker(cfg, Path(run_dir), resume_run_id, tags)
 
 
-def sync_spool(run_dir: str | os.PathLike, tracking_uri: str | None = None) -> int:
+def sync_spool(run_dir: str | os.PathLike, tracking_uri: str | None = None) -> tuple[int, int]:
     """Send every record still pending in ``<run_dir>/tracking`` (to the URI each spool was written for,
-    unless ``tracking_uri`` is given). Returns how many records are still pending afterwards."""
-    left = 0
+    unless ``tracking_uri`` is given); not while a tracker on that run is open. Returns (sent, pending)."""
+    sent = left = 0
     for path in sorted((Path(run_dir) / "tracking").glob("spool-*.jsonl")):
         run_id = path.stem[len("spool-"):]
         try:
@@ -543,16 +544,17 @@ def sync_spool(run_dir: str | os.PathLike, tracking_uri: str | None = None) -> i
             log.warning("skipping %s: no readable header line naming its tracking URI", path)
             continue
         spool = _Spool(path.parent, run_id, uri)
-        if spool.pending:
+        before = len(spool.pending)
+        if before:
             _Outbox(_client(uri), uri, run_id, spool, 0.0).sync(force=True)
-        left += len(spool.pending)
+        sent, left = sent + before - len(spool.pending), left + len(spool.pending)
         spool.close()
-    return left
+    return sent, left
 
 
 if __name__ == "__main__":
     if len(sys.argv) not in (3, 4) or sys.argv[1] != "sync":
         sys.exit("usage: python -m hypersolid_scale.tracking sync RUN_DIR [TRACKING_URI]")
-    remaining = sync_spool(sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else None)
-    print(f"{remaining} records still pending" if remaining else "all tracking records are in MLflow")
-    sys.exit(1 if remaining else 0)
+    n_sent, n_left = sync_spool(sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else None)
+    print(f"sent {n_sent} tracking records; {n_left} still pending")
+    sys.exit(1 if n_left else 0)

@@ -96,9 +96,11 @@ def test_default_store_holds_everything(default_run):
 def test_replaying_the_whole_spool_adds_nothing(default_run):
     """Without a watermark everything is resent; MLflow must still hold each step once."""
     run_dir, tracker = default_run
+    assert sync_spool(run_dir) == (0, 0)  # all sent already
     for mark in (run_dir / "tracking").glob("synced-*.json"):
         mark.unlink()
-    assert sync_spool(run_dir) == 0
+    spool = next((run_dir / "tracking").glob("spool-*.jsonl")).read_text().splitlines()
+    assert sync_spool(run_dir) == (len(spool) - 1, 0)  # every record but the header, once more
     client = MlflowClient(tracker.tracking_uri)
     assert steps_of(client, tracker.run_id, "loss") == [0, 1, 2, 3, 4]
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
