@@ -33,6 +33,7 @@ import json
 import logging
 import operator
 import os
+import posixpath
 import re
 import shutil
 import subprocess
@@ -121,9 +122,11 @@ def flatten(d: Mapping[str, Any] | Any, prefix: str = "") -> dict[str, Any]:
 
 def _check_key(key: str, what: str) -> str:
     key = str(key)
-    if not key or len(key) > MAX_KEY_LENGTH or not _VALID_KEY.match(key) or ".." in key.split("/"):
+    # MLflow stores names as file paths too, so they must be normalised relative paths ("a/b", not "a//b").
+    if not key or len(key) > MAX_KEY_LENGTH or not _VALID_KEY.match(key) \
+            or posixpath.normpath(key) != key or key.startswith(("/", "..")):
         raise ValueError(f"invalid {what} name {key!r}: use 1-{MAX_KEY_LENGTH} characters among letters, "
-                         "digits, '_', '-', '.', ' ', ':' and '/'")
+                         "digits, '_', '-', '.', ' ', ':' and '/', as a relative path without '//' or '..'")
     return key
 
 

@@ -158,8 +158,9 @@ def test_bad_input_is_refused_with_clear_errors(default_run, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         make_tracker(TrackingConfig(tracking_uri=uri), tmp_path, rank=0, resume_run_id="f" * 32)
     tracker = make_tracker(TrackingConfig(tracking_uri=uri), tmp_path, rank=0)
-    with pytest.raises(ValueError, match="invalid metric name"):
-        tracker.log_metrics({"loss?": 1.0}, 0)
+    for bad in ("loss?", "train//loss", "/loss", ""):
+        with pytest.raises(ValueError, match="invalid metric name"):
+            tracker.log_metrics({bad: 1.0}, 0)
     with pytest.raises(ValueError, match="must be numbers"):
         tracker.log_metrics({"loss": "low"}, 0)
     with pytest.raises(ValueError, match="step must be an int"):
