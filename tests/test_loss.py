@@ -226,3 +226,26 @@ def test_autocast_is_disabled_inside_the_loss():
     expected = HypersolidLoss(alpha=0.2)(feats.detach().float())
     torch.testing.assert_close(out.detach(), expected, rtol=1e-6, atol=1e-7)
     assert lin.weight.grad is not None and torch.isfinite(lin.weight.grad).all()
+
+
+# ----------------------------------------------------------------------------------------- memory
+def _largest_allocation(fn, feats) -> int:
+    """Largest single allocation (bytes) made by any op during forward + backward, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    f = feats.clone().requires_grad_(True)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn(f).backward()
+    return max(e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0)
+
+
+# recall_every=0: the recall probe itself is O(256 · M) by design (a row sample against all columns)
+@pytest.mark.parametrize(
+    "backend,opts", [("tiled", {"tile_size": 128}), ("neighbors", {"k": 8, "tile_size": 128, "recall_every": 0})]
+)
+def test_memory_bounded_backends_never_allocate_an_m_by_m_matrix(backend, opts):
+    m = 1024
+    feats = make_feats(m // 4, 4, 16, regime="collapsed", seed=0, dtype=torch.float32)
+    full = m * m * 4  # one float32 (M × M) matrix
+    assert _largest_allocation(HypersolidLoss(backend="dense"), feats) >= full  # the probe sees dense's matrix
+    assert _largest_allocation(HypersolidLoss(backend=backend, **opts), feats) <= full // 16
