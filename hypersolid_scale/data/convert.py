@@ -172,8 +172,12 @@ class Converter:
         d = self.out / split
         d.mkdir(exist_ok=True)
         done: list[dict] = self.progress.setdefault(split, [])
-        # Shards recorded as finished are kept if intact; a missing or changed one is rewritten.
-        done[:] = [s for s in done if (d / s["name"]).is_file() and sha256(d / s["name"]) == s["sha256"]]
+        # Keep the intact prefix of recorded shards; from the first missing or changed one on, rewrite.
+        intact = 0
+        while intact < len(done) and (d / done[intact]["name"]).is_file() and \
+                sha256(d / done[intact]["name"]) == done[intact]["sha256"]:
+            intact += 1
+        del done[intact:]
         start = len(done) * self.shard_size
         ext = "jpg" if self.image_format == "jpg" else "png"
         bar = tqdm(total=len(items), initial=start, desc=f"shards {split}", unit="img")
@@ -284,8 +288,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     conv = Converter(args.out, formats=formats, shard_size=args.shard_size, image_format=args.image_format,
                      quality=args.quality, mode=args.mode, resize=args.resize, resume=args.resume,
                      ffcv_mode=args.ffcv_mode)
-    if conv.check_output():
-        return 0
     if args.folder:
         classes, splits = folder_source(args.folder)
         source = f"folder:{args.folder}"
@@ -297,6 +299,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.error("--torchvision needs --root")
         classes, splits = torchvision_source(args.torchvision, args.root)
         source = f"torchvision:{args.torchvision}:{args.root}"
+    if conv.check_output():
+        return 0
     if args.limit is not None:
         splits = {k: v[:args.limit] for k, v in splits.items()}
     manifest = conv.run(classes, splits, source)

@@ -106,22 +106,29 @@ class _ShardStream(IterableDataset):
         self.shuffle_buffer, self.transform, self.mode = shuffle_buffer, transform, mode
 
     def _raw(self, stream: int, streams: int, rng: random.Random) -> Iterator[Sample]:
-        """Undecoded samples of this stream, cycling through its shards (reshuffled every cycle)."""
+        """Undecoded samples of this stream, cycling through its shards (reshuffled every cycle).
+
+        The shuffle buffer is flushed at the end of every cycle, so a cycle yields each of its samples
+        exactly once.
+        """
         by_shard = len(self.shards) >= streams
         mine = self.shards[stream::streams] if by_shard else list(self.shards)
         while True:
             order = list(mine)
             rng.shuffle(order)
+            cycle = (sample for shard in order for i, sample in enumerate(iter_shard(shard))
+                     if by_shard or i % streams == stream)
             produced = 0
-            for shard in order:
-                for i, sample in enumerate(iter_shard(shard)):
-                    if by_shard or i % streams == stream:
-                        produced += 1
-                        yield sample
+            for sample in self._shuffled(cycle, rng):
+                produced += 1
+                yield sample
             if produced == 0:
                 raise RuntimeError(f"shards {mine} hold no samples for stream {stream}")
 
     def _shuffled(self, it: Iterator[Sample], rng: random.Random) -> Iterator[Sample]:
+        if self.shuffle_buffer <= 1:
+            yield from it
+            return
         buf: list[Sample] = []
         for sample in it:
             if len(buf) < self.shuffle_buffer:
@@ -130,11 +137,16 @@ class _ShardStream(IterableDataset):
             j = rng.randrange(len(buf))
             buf[j], sample = sample, buf[j]
             yield sample
+        rng.shuffle(buf)
+        yield from buf
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], int, int]]:
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        # Batch b of this rank comes from worker b % nw (the DataLoader's round robin).
+        # Batch b of this rank comes from worker b % nw (the DataLoader's round robin). A restored
+        # DataLoader starts its round robin at worker 0, so worker ids are rotated by the skipped batches
+        # to keep batch b with the stream that produced it in the uninterrupted run.
+        wid = (wid + self.skip_batches) % nw
         quota = len(range(wid, self.num_batches, nw)) * self.batch_size
         skip = len(range(wid, self.skip_batches, nw)) * self.batch_size
         # Shards are dealt to streams in a per-epoch order that every rank agrees on.
@@ -143,8 +155,7 @@ class _ShardStream(IterableDataset):
         self.shards = shards
         rng = random.Random(mix_seed(self.seed, self.epoch, self.rank, wid))
         stream = self.rank * nw + wid
-        raw = self._shuffled(self._raw(stream, self.world_size * nw, rng), rng) if self.shuffle_buffer > 1 \
-            else self._raw(stream, self.world_size * nw, rng)
+        raw = self._raw(stream, self.world_size * nw, rng)
         produced, corrupt = skip, 0
         for _ in range(skip):
             next(raw)
