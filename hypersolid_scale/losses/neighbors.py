@@ -104,39 +104,55 @@ class NeighborRepulsion:
         m, n, v = xr.shape[0], x_all.shape[0], layout.views
         row_ids = torch.arange(layout.offset, layout.offset + m, device=dev)
         scores, ids = self.search(xr, x_all)
+        st.candidates = float((ids >= 0).sum())
 
         # Rows whose weakest returned candidate is still inside the exclusion zone may have more neighbours
         # than k: recompute them exactly. When k' == n every column was searched, so nothing can be missing.
         full = (ids >= 0).all(dim=1)
         saturated = full & (scores[:, -1] > alpha - _SATURATION_MARGIN) & (ids.shape[1] < n)
         st.saturated_rows = float(saturated.sum())
-
-        # Candidates = search results ∪ same-image rows (from the layout), minus self, de-duplicated.
-        positives = (row_ids // v * v)[:, None] + torch.arange(v, device=dev)[None, :]  # (m, V)
-        cand = torch.cat([ids.long(), positives], dim=1).sort(dim=1).values  # (m, k' + V)
-        valid = (cand >= 0) & (cand != row_ids[:, None])
-        valid[:, 1:] &= cand[:, 1:] != cand[:, :-1]
-        valid &= ~saturated[:, None]
-        r_idx, c_pos = valid.nonzero(as_tuple=True)
-        c_idx = cand[r_idx, c_pos]
-        st.candidates = float(r_idx.numel())
+        keep = ~saturated
 
         value = torch.zeros((), dtype=torch.float64, device=dev)
         y = torch.zeros_like(xr)
-        same_img = (r_idx + layout.offset) // v == c_idx // v
-        allowed = {"all": torch.ones_like(same_img), "negatives": ~same_img, "positives": same_img}[layout.mode]
+
+        # Positives from the layout: a rank owns whole images, so they are its own rows, (B_r, V, V) apart.
+        xr3 = xr.reshape(m // v, v, -1)
+        xc3 = x_all[layout.offset : layout.offset + m].reshape(m // v, v, -1)  # the same rows, as columns
+        pos_sim = xr3 @ xc3.transpose(1, 2)  # (B_r, V, D) @ (B_r, D, V) -> (B_r, V, V)
+        off_diag = ~torch.eye(v, dtype=torch.bool, device=dev)
+        pos_act = (pos_sim > alpha) & off_diag & keep.reshape(-1, v, 1)
+        st.active_pos = float(pos_act.sum())
+        pos_max = pos_sim.masked_fill(~off_diag, -2.0).amax(dim=2).reshape(m)  # (m,)
+        if layout.mode != "negatives" and st.active_pos:
+            w = pos_act.to(xr.dtype)
+            value += ((pos_sim - alpha) * w).sum(dtype=torch.float64)
+            y += (w @ xc3).reshape(m, -1)  # (B_r, V, V) @ (B_r, V, D)
+
+        # Negatives from the search: only candidates FAISS scores near or inside the zone are recomputed
+        # exactly (float32 scores are within the margin of the exact cosine), plus each row's best negative
+        # so that the reported max cosine is exact.
+        img = row_ids // v
+        neg = (ids >= 0) & (ids // v != img[:, None]) & keep[:, None]
+        near = neg & (scores > alpha - _SATURATION_MARGIN)
+        r_idx, c_pos = near.nonzero(as_tuple=True)
+        c_idx = ids[r_idx, c_pos].long()
+        best = torch.where(neg, scores, torch.full_like(scores, -3.0)).argmax(dim=1)  # (m,)
+        has_neg = neg.gather(1, best[:, None]).squeeze(1)
+        best_ids = ids.gather(1, best[:, None]).squeeze(1).long().clamp(min=0)
+        best_sim = torch.where(has_neg, (xr * x_all[best_ids]).sum(dim=1), torch.full_like(pos_max, -2.0))
+        row_max = torch.maximum(pos_max, best_sim)[keep]
+        if row_max.numel():
+            st.max_cos = float(row_max.max())
         chunk = max(1, _PAIR_CHUNK_ELEMS // max(1, xr.shape[1]))
         for p0 in range(0, r_idx.numel(), chunk):
             r, c = r_idx[p0 : p0 + chunk], c_idx[p0 : p0 + chunk]
             sim = (xr[r] * x_all[c]).sum(dim=1)  # (pairs,) exact cosines in the input precision
             active = sim > alpha
-            st.active_pos += float((active & same_img[p0 : p0 + chunk]).sum())
-            st.active_neg += float((active & ~same_img[p0 : p0 + chunk]).sum())
-            if sim.numel():
-                st.max_cos = max(st.max_cos, float(sim.max()))
-            use = active & allowed[p0 : p0 + chunk]
-            value += (sim[use] - alpha).sum(dtype=torch.float64)
-            y.index_add_(0, r[use], x_all[c[use]])
+            st.active_neg += float(active.sum())
+            if layout.mode != "positives":
+                value += (sim[active] - alpha).sum(dtype=torch.float64)
+                y.index_add_(0, r[active], x_all[c[active]])
 
         if saturated.any():
             sat = saturated.nonzero(as_tuple=True)[0]
@@ -145,26 +161,28 @@ class NeighborRepulsion:
             y[sat] += y_sat
 
         if self.recall_every and (self.calls - 1) % self.recall_every == 0:
-            st.recall = self._recall(xr, x_all, row_ids, layout, alpha, cand, valid, saturated)
+            st.recall = self._recall(xr, x_all, row_ids, layout, alpha, ids, saturated)
         return LinearizedRowSum.apply(x_rows, value, y), st
 
     @torch.no_grad()
-    def _recall(self, xr, x_all, row_ids, layout, alpha, cand, valid, saturated) -> float:
-        """Fraction of truly active (allowed) pairs that the candidates contain, on a fixed row sample."""
-        m = xr.shape[0]
+    def _recall(self, xr, x_all, row_ids, layout, alpha, ids, saturated) -> float:
+        """Fraction of truly active (allowed) pairs that the search found, on a fixed-size row sample.
+
+        Positives count as found (they come from the layout), and so do saturated rows (computed exactly).
+        """
+        m, n, v = xr.shape[0], x_all.shape[0], layout.views
         g = torch.Generator().manual_seed(self.calls)
         sample = torch.randperm(m, generator=g)[: min(m, _RECALL_ROWS)].to(xr.device)
         sim = xr[sample] @ x_all.T  # (s, D) @ (D, M_g)
-        cols = torch.arange(x_all.shape[0], device=xr.device)
+        cols = torch.arange(n, device=xr.device)
         rows = row_ids[sample]
         not_self = rows[:, None] != cols[None, :]
-        same = rows[:, None] // layout.views == cols[None, :] // layout.views
+        same = rows[:, None] // v == cols[None, :] // v
         allowed = {"all": not_self, "negatives": ~same, "positives": same & not_self}[layout.mode]
         truth = (sim > alpha) & allowed
-        n = x_all.shape[0]
         found = torch.zeros((truth.shape[0], n + 1), dtype=torch.bool, device=xr.device)  # last: discard slot
-        c = torch.where(valid[sample], cand[sample], torch.full_like(cand[sample], n))
-        found.scatter_(1, c, True)
-        found = found[:, :n] | saturated[sample][:, None]  # saturated rows were computed exactly
+        s_ids = ids[sample].long()
+        found.scatter_(1, torch.where(s_ids >= 0, s_ids, torch.full_like(s_ids, n)), True)
+        found = found[:, :n] | same | saturated[sample][:, None]
         n_true = int(truth.sum())
         return 1.0 if n_true == 0 else float((truth & found).sum()) / n_true
