@@ -135,7 +135,9 @@ def run_suites(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tenso
             if best is not None:
                 metrics.update({f"dbscan_best_{k}": v for k, v in best.items() if k != "edges"})
         with timed("hdbscan"):
-            hd = clustering.hdbscan_cluster(xc, yc, min_cluster_size=ev.hdbscan_min_cluster_size)
+            hsub = clustering.subsample(len(xc), ev.hdbscan_max_samples, ev.seed)
+            hd = clustering.hdbscan_cluster(xc[hsub], yc[hsub], min_cluster_size=ev.hdbscan_min_cluster_size)
+            hd["n_samples"] = len(hsub)
             metrics.update({f"hdbscan_{k}": v for k, v in hd.items()})
     if "geometry" in suites or "plots" in suites:
         with timed("geometry"):

@@ -51,6 +51,7 @@ class EvalConfig:
     dbscan_min_samples: int = 5
     dbscan_max_edges: int = 100_000_000  # budget of the sparse eps-neighbourhood graph
     hdbscan_min_cluster_size: int = 10
+    hdbscan_max_samples: int = 10000  # HDBSCAN holds an (n, n) float64 distance matrix: 800 MB at 10k
     cluster_max_samples: int = 20000
     # geometry and plots
     max_pairs: int = 2_000_000
@@ -85,7 +86,7 @@ class EvalConfig:
         if self.kmeans_k is not None and self.kmeans_k < 2:
             raise ValueError(f"eval.kmeans_k={self.kmeans_k} must be >= 2 (or null for #classes)")
         for name in ("batch_size", "dbscan_min_samples", "hdbscan_min_cluster_size", "max_pairs",
-                     "cluster_max_samples", "interp_pairs", "kmeans_niter", "linear_max_iter",
+                     "cluster_max_samples", "hdbscan_max_samples", "interp_pairs", "kmeans_niter", "linear_max_iter",
                      "monitor_max_train", "dbscan_max_edges"):
             if getattr(self, name) < 1:
                 raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 1")
