@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from hypersolid_scale.data.builtin import fashion_mnist_dir, load_fashion_mnist
+from hypersolid_scale.data.transforms import build_pil_multicrop, instrument
 
 
 def fashion_mnist_or_skip(split: str = "train"):
@@ -95,3 +96,35 @@ def assert_same_mean(name: str, a: np.ndarray, b: np.ndarray, sigmas: float = 4.
     tol = sigmas * math.sqrt(np.var(a) / len(a) + np.var(b) / len(b)) + 1e-3
     assert abs(np.mean(a) - np.mean(b)) <= tol, \
         f"{name}: mean {np.mean(a):.4f} vs {np.mean(b):.4f}, tolerance {tol:.4f}"
+
+
+def pil_records(preset, images: np.ndarray) -> list[dict]:
+    """Run lightly's DINOTransform (instrumented, unchanged) over `images`; one record per view."""
+    sink: list[dict] = []
+    transform = instrument(build_pil_multicrop(preset), sink)
+    for a in images:
+        transform(Image.fromarray(a))
+    for r in sink:
+        r["area"], r["flipped"] = crop_geometry(r.pop("flip_image"), images.shape[1])
+        # The probe images reveal the flip: what the content shows is what the stage drew.
+        assert r["flipped"] == r["flip"]
+        for key in ("jitter", "gray", "blur", "solarize"):
+            assert r[key] or not r[key + "_changed"], f"{key} changed the image without being drawn"
+    return sink
+
+
+def check_pil_against(records: list[dict], other: dict[str, dict[str, np.ndarray]], preset) -> None:
+    """Compare the PIL path's per-view-type rates/areas with another path's, and with the preset."""
+    probs = {"global_0": (preset.blur_probs[0], 0.0), "global_1": (preset.blur_probs[1], preset.solarize_prob),
+             "local": (preset.blur_probs[2], 0.0)}
+    for view, (blur_p, sol_p) in probs.items():
+        mine = [r for r in records if r["view"] == view]
+        pil = {k: np.array([r[k] for r in mine]) for k in ("area", "flipped", "jitter", "gray", "blur", "solarize")}
+        for key, p in (("flipped", preset.hflip_prob), ("jitter", preset.cj_prob), ("gray", preset.gray_prob),
+                       ("blur", blur_p), ("solarize", sol_p)):
+            assert_rate(f"PIL {view} {key}", pil[key], p)
+            assert_rate(f"other {view} {key}", other[view][key], p)
+            assert_same_rate(f"{view} {key}", pil[key], other[view][key])
+        assert_same_mean(f"{view} crop area", pil["area"], other[view]["area"])
+        lo, hi = preset.global_crop_scale if view != "local" else preset.local_crop_scale
+        assert lo - 0.03 <= pil["area"].mean() <= hi

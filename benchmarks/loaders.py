@@ -1,0 +1,119 @@
+"""Loader throughput: images/s of three multi-crop loaders over the same JPEG data and workers.
+
+    python benchmarks/loaders.py [--images 512] [--workers 2] [--batch 32] [--device cpu]
+
+(a) WebDataset shards + PIL multi-crop (lightly DINOTransform), (b) FFCV .beton multi-crop (FFCV
+decode/crop/flip, photometric batched on --device), (c) torchvision ImageFolder + the same PIL
+multi-crop. Data: real Fashion-MNIST images, converted once per resolution with the conversion CLI to
+RGB JPEGs (quality 90) at 32 px (cifar preset: 2x32 + 6x32 views) and 224 px (default preset:
+2x224 + 6x96 views). FFCV's one-time numba compilation is timed separately (warm-up epoch), then every
+loader is timed over whole epochs. Writes benchmarks/results/loaders.json and loaders.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hypersolid_scale.data import DataConfig, build_train_loader  # noqa: E402
+from hypersolid_scale.data.convert import main as convert  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SETUPS = {32: "cifar", 224: "default"}
+
+
+def prepare(cache: Path, size: int, images: int) -> Path:
+    out = cache / f"fmnist_{size}px_{images}"
+    if not (out / "manifest.json").is_file():
+        convert(["--builtin", "fashion_mnist", "--out", str(out), "--limit", str(images), "--mode", "RGB",
+                 "--resize", str(size), "--image-format", "jpg", "--formats", "webdataset,ffcv,folder",
+                 "--ffcv-mode", "jpg", "--shard-size", "128"])
+    return out
+
+
+def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
+    t0 = time.perf_counter()
+    loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=device)
+    build_s = time.perf_counter() - t0
+    warm = 0.0
+    if cfg.dataset == "ffcv":  # first epoch compiles the pipelines with numba
+        t0 = time.perf_counter()
+        for _ in loader:
+            pass
+        warm = time.perf_counter() - t0
+    n, t0 = 0, time.perf_counter()
+    for epoch in range(1, epochs + 1):
+        loader.set_epoch(epoch)
+        for views, labels in loader:
+            n += len(labels)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    return {"images_per_s": n / elapsed, "images": n, "seconds": elapsed, "build_s": build_s, "warmup_s": warm}
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({r["size"] for r in results})
+    names = ["webdataset+PIL", "ffcv", "imagefolder+PIL"]
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.5))
+    for ax, size in zip(axes if len(sizes) > 1 else [axes], sizes):
+        vals = [next((r["images_per_s"] for r in results if r["size"] == size and r["loader"] == n), 0) for n in names]
+        ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green"])
+        ax.set_title(f"{size} px ({SETUPS[size]} preset, 8 views)")
+        ax.set_ylabel("images / s")
+        for i, v in enumerate(vals):
+            ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=int, default=512)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--sizes", default="32,224")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--cache", default=os.environ.get("HS_BENCH_CACHE", "/tmp/hs_bench_loaders"))
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    results = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        root = prepare(Path(args.cache), size, args.images)
+        common = dict(preset=SETUPS[size], batch_size_per_gpu=args.batch, num_workers=args.workers)
+        for name, cfg in (
+            ("webdataset+PIL", DataConfig(dataset="webdataset", path=str(root), shuffle_buffer=256, **common)),
+            ("ffcv", DataConfig(dataset="ffcv", path=str(root), ffcv_order="random", **common)),
+            ("imagefolder+PIL", DataConfig(dataset="imagefolder", path=str(root / "folder"), **common)),
+        ):
+            r = time_loader(cfg, device, args.epochs)
+            r.update(loader=name, size=size, preset=SETUPS[size])
+            print(f"{size:4d}px {name:16s} {r['images_per_s']:8.1f} images/s  "
+                  f"(build {r['build_s']:.1f}s, warm-up {r['warmup_s']:.1f}s)", flush=True)
+            results.append(r)
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"device": str(device), "workers": args.workers, "batch": args.batch, "images": args.images,
+            "cpu_count": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
+            "load_avg_at_end": os.getloadavg()}
+    (RESULTS / "loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    plot(results, RESULTS / "loaders.png")
+    print(f"wrote {RESULTS / 'loaders.json'} and {RESULTS / 'loaders.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""FFCV: .beton from the conversion CLI, multi-crop loader statistics against the PIL path, bad files.
+
+Slow: FFCV compiles every pipeline with numba on first use (minutes on a busy 2-core machine).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from _data_helpers import check_pil_against, crop_geometry, pil_records, png_bytes, probe_images
+from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes, resolve_preset
+from hypersolid_scale.data.convert import main as convert
+from hypersolid_scale.data.ffcv import FFCV_IMPORT_ERROR, check_beton
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(FFCV_IMPORT_ERROR is not None, reason=f"FFCV is not installed: {FFCV_IMPORT_ERROR}"),
+]
+CPU = torch.device("cpu")
+N, SIZE = 192, 64
+
+
+@pytest.fixture(scope="module")
+def probe_dataset(tmp_path_factory) -> Path:
+    """Probe images (ramps reveal crop and flip) in a 2-class folder, converted to .beton + shards."""
+    root = tmp_path_factory.mktemp("ffcv")
+    images = probe_images(N, SIZE)
+    for i, img in enumerate(images):
+        d = root / "photos" / ("a" if i % 2 else "b")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{i:04d}.png").write_bytes(png_bytes(img))
+    assert convert(["--folder", str(root / "photos"), "--out", str(root / "out"), "--formats", "ffcv,webdataset",
+                    "--ffcv-mode", "raw"]) == 0
+    return root / "out"
+
+
+def cfg_for(path: Path, **kw) -> DataConfig:
+    base = dict(dataset="ffcv", path=str(path), preset="default", global_crop_size=32, local_crop_size=16,
+                num_local_views=2, batch_size_per_gpu=32, num_workers=1, ffcv_order="random")
+    base.update(kw)
+    return DataConfig(**base)
+
+
+def test_ffcv_views_have_the_statistics_of_the_pil_path(probe_dataset: Path) -> None:
+    cfg = cfg_for(probe_dataset)
+    preset = resolve_preset(cfg)
+    loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU)
+    assert len(loader) == N // 32 and num_classes(cfg) == 2
+    views = ["global_0", "global_1", "local", "local"]
+    other: dict = {v: {k: [] for k in ("area", "flipped", "jitter", "gray", "blur", "solarize")} for v in views}
+    for raw, labels in loader.raw_batches():
+        assert [tuple(v.shape) for v in raw] == [(32, 3, 32, 32)] * 2 + [(32, 3, 16, 16)] * 2
+        assert all(v.dtype == torch.uint8 for v in raw) and labels.dtype == torch.int64
+        for i, v in enumerate(raw):
+            for img in v.cpu().numpy():
+                area, flipped = crop_geometry(img, SIZE)
+                other[views[i]]["area"].append(area)
+                other[views[i]]["flipped"].append(flipped)
+        rec: dict = {}
+        out = loader.augment(raw, record=rec)
+        for i, v in enumerate(out):
+            assert v.dtype == torch.float32 and v.device == CPU and v.shape == raw[i].shape
+            for key in ("jitter", "gray", "blur", "solarize"):
+                other[views[i]][key].append(rec[key][i].numpy())
+            # Normalisation: a view with no photometric change is exactly (x / 255 - mean) / std.
+            plain = ~(rec["jitter"][i] | rec["gray"][i] | rec["blur"][i] | rec["solarize"][i])
+            mean = torch.tensor(preset.mean).view(1, 3, 1, 1)
+            std = torch.tensor(preset.std).view(1, 3, 1, 1)
+            expect = (raw[i][plain].float() / 255 - mean) / std
+            torch.testing.assert_close(v[plain], expect, atol=1e-5, rtol=0)
+    merged = {v: {k: np.concatenate([np.atleast_1d(np.asarray(x)) for x in vals]) for k, vals in d.items()}
+              for v, d in other.items()}
+    merged["local"] = merged["local"]  # both local views share one entry
+    check_pil_against(pil_records(preset, probe_images(N, SIZE, seed=1)), merged, preset)
+
+
+def test_ffcv_full_batches_and_eval_dataset(probe_dataset: Path) -> None:
+    cfg = cfg_for(probe_dataset, num_local_views=0, preset="cifar", global_crop_size=None, local_crop_size=None)
+    loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU, epoch_length=2)
+    batches = list(loader)
+    assert len(batches) == 2
+    views, labels = batches[0]
+    assert [tuple(v.shape) for v in views] == [(32, 3, 32, 32)] * 2 and set(labels.tolist()) <= {0, 1}
+    train, test = build_eval_datasets(cfg_for(probe_dataset, preset="cifar", eval_split="holdout"))
+    x, y = train[0]
+    assert tuple(x.shape) == (3, 32, 32) and isinstance(y, int) and len(train) + len(test) == N
+
+
+def test_truncated_or_missing_beton_gives_a_clear_error(probe_dataset: Path, tmp_path) -> None:
+    good = probe_dataset / "train.beton"
+    assert check_beton(str(good)) == N
+    for keep in (0.5, 0.99):
+        bad = tmp_path / f"cut{keep}.beton"
+        data = good.read_bytes()
+        bad.write_bytes(data[: int(len(data) * keep)])
+        with pytest.raises(ValueError, match=f"{bad.name}.*truncated"):
+            check_beton(str(bad))
+    shutil.copy(bad, tmp_path / "train.beton")
+    with pytest.raises(ValueError, match="truncated"):
+        build_train_loader(cfg_for(tmp_path), rank=0, world_size=1, seed=0, device=CPU)
+    with pytest.raises(FileNotFoundError, match="nothing.beton"):
+        check_beton(str(tmp_path / "nothing.beton"))
