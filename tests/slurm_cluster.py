@@ -101,7 +101,8 @@ class LocalSlurm:
         return self
 
     def stop(self) -> None:
-        """Stop the daemons this object started (by pid), slurmd first, munged last."""
+        """Cancel this cluster's jobs, then stop the daemons this object started (by pid), slurmd first."""
+        self._cancel_jobs()
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self._procs.pop(name, None)
             if proc is None or proc.poll() is not None:
@@ -112,6 +113,22 @@ class LocalSlurm:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+
+    def _cancel_jobs(self, timeout: float = 60) -> None:
+        # slurmstepd outlives slurmd: a job still running when the daemons stop would be orphaned.
+        ctld = self._procs.get("slurmctld")
+        if ctld is None or ctld.poll() is not None:
+            return
+        try:
+            jobs = self.run("squeue", "-h", "-o", "%A", check=False, timeout=20).stdout.split()
+            if not jobs:
+                return
+            self.run("scancel", *jobs, check=False, timeout=20)
+            deadline = time.monotonic() + timeout  # SIGTERM, then SIGKILL after KillWait
+            while time.monotonic() < deadline and self.run("squeue", "-h", check=False, timeout=20).stdout.strip():
+                time.sleep(0.5)
+        except subprocess.TimeoutExpired:
+            pass
 
     def __enter__(self) -> "LocalSlurm":
         return self.start()

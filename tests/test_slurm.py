@@ -122,7 +122,9 @@ def test_preempted_job_requeues_itself_and_requeued_job_resumes(slurm: LocalSlur
     """Signal before the time limit -> checkpoint, exit 75, self-requeue; then an admin requeue; then done."""
     run_dir = tmp_path / "run"
     max_steps = 40
-    job = slurm.sbatch(*CPU, "--ntasks-per-node=2", "--job-name=hs-preempt", str(SLURM_DIR / "train.sbatch"),
+    # multinode.sbatch on a one-node allocation: the same launch path as on N nodes, with its own directives.
+    job = slurm.sbatch(*CPU, "--nodes=1", "--ntasks-per-node=2", "--job-name=hs-preempt",
+                       str(SLURM_DIR / "multinode.sbatch"),
                        *TINY, f"max_steps={max_steps}", "checkpoint.every_n_steps=1000",
                        cwd=tmp_path, env=job_env(HS_RUN_DIR=str(run_dir)))
     log_file = tmp_path / f"hs-preempt-{job}.out"
@@ -146,7 +148,6 @@ def test_preempted_job_requeues_itself_and_requeued_job_resumes(slurm: LocalSlur
 
     info = slurm.wait(job, JOB_TIMEOUT_S)
     text = log()
-    print(text)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text}"
     assert "got SIGUSR1" in text and "requeueing job" in text, text
     assert "got SIGTERM" in text, text
@@ -245,8 +246,10 @@ def test_sweep_file_args_count_and_bad_index(tmp_path: Path, capsys: pytest.Capt
     code, out, err = sweep_cli(capsys, "args", str(sweep), "1")
     assert code == 0, err
     assert out.splitlines() == ["--config", "configs/quickstart.yaml", "loss.alpha=0.9", "optim.lr=2e-3"]
-    code, _, err = sweep_cli(capsys, "args", str(sweep), "3")
-    assert code == 2 and "--array=0-2" in err, err
+    assert sweep_cli(capsys, "args", str(sweep), "1", "--no-validate")[1] == out
+    for flags in ((), ("--no-validate",)):
+        code, _, err = sweep_cli(capsys, "args", str(sweep), "3", *flags)
+        assert code == 2 and "--array=0-2" in err, err
     sweep.write_text('base: configs/quickstart.yaml\nruns:\n  - ["loss.alpah=0.85"]\n')
     code, _, err = sweep_cli(capsys, "count", str(sweep))
     assert code == 2 and "loss.alpah" in err, err

@@ -11,7 +11,8 @@ A sweep file (configs/sweeps/*.yaml) names a base config and lists one override 
 Commands (used by sweep.sbatch, handy by hand)::
 
     python launch/slurm/sweep.py count  SWEEP            # number of runs
-    python launch/slurm/sweep.py args   SWEEP INDEX      # trainer arguments of run INDEX, one per line
+    python launch/slurm/sweep.py args   SWEEP INDEX [--no-validate]
+                                                          # trainer arguments of run INDEX, one per line
     python launch/slurm/sweep.py submit SWEEP [SBATCH_OPTION ...] [-- OVERRIDE ...]
                                                           # sbatch --array=0-(count-1) ... sweep.sbatch SWEEP
     python launch/slurm/sweep.py init-tracking URI EXPERIMENT ARTIFACT_DIR
@@ -45,8 +46,27 @@ def load(path: str) -> tuple[str, list[list[str]]]:
     return base, runs
 
 
-def run_args(path: str, index: int) -> list[str]:
-    base, runs = load(path)
+def load_light(path: str) -> tuple[str, list[list[str]]]:
+    """Base and runs without validating the overrides against the config schema.
+
+    Used inside every array element, where importing the whole config stack would cost each element many
+    seconds for checks that `submit` already made and that the trainer repeats before any work.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"cannot read sweep file {path!r}: {err}") from None
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(data, dict) or "base" not in data or not isinstance(runs, list) or not all(
+            isinstance(r, list) and all(isinstance(o, str) and "\n" not in o for o in r) for r in runs):
+        return load(path)  # let the full loader explain what is wrong
+    return str(data["base"]), [list(r) for r in runs]
+
+
+def run_args(path: str, index: int, validate: bool = True) -> list[str]:
+    base, runs = load(path) if validate else load_light(path)
     if not 0 <= index < len(runs):
         raise ValueError(f"array index {index} is out of range for {path!r}, which has {len(runs)} runs; "
                          f"submit with --array=0-{len(runs) - 1}")
@@ -88,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("args")
     p.add_argument("sweep")
     p.add_argument("index", type=int)
+    p.add_argument("--no-validate", action="store_true", help="skip checking the overrides (sweep.sbatch)")
     p = sub.add_parser("submit")
     p.add_argument("sweep")
     p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -100,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "count":
             print(len(load(args.sweep)[1]))
         elif args.cmd == "args":
-            print("\n".join(run_args(args.sweep, args.index)))
+            print("\n".join(run_args(args.sweep, args.index, validate=not args.no_validate)))
         elif args.cmd == "submit":
             return submit(args.sweep, args.rest)
         else:
