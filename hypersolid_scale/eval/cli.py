@@ -169,7 +169,8 @@ def run_suites(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tenso
 # ----------------------------------------------------------------------------------------------------------
 
 
-def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkpoint: Path, out_dir: Path) -> None:
+def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkpoint: Path, out_dir: Path,
+                  run_dir: Path) -> None:
     """Log metrics (``eval/<name>`` at the checkpoint's step) and artifacts; fill report["meta"] with the run."""
     from hypersolid_scale.tracking import make_tracker
 
@@ -178,7 +179,7 @@ def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkp
     if ckpt.get("tracking_uri"):
         tcfg.tracking_uri = ckpt["tracking_uri"]
     elif tcfg.tracking_uri is None:  # training was not tracked: keep the eval run next to the training run
-        tcfg.tracking_uri = f"sqlite:///{(out_dir.parent.parent if out_dir.parent.name == 'eval' else out_dir).resolve()}/mlflow.db"
+        tcfg.tracking_uri = f"sqlite:///{run_dir.resolve()}/mlflow.db"
     tracker = None
     if ckpt.get("mlflow_run_id"):
         try:
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         report["eval_config"] = asdict(ev)
         write_report(report, out_dir)
         if not args.no_mlflow and cfg.tracking.enabled:
-            log_to_mlflow(report, ckpt, cfg, checkpoint, out_dir)
+            log_to_mlflow(report, ckpt, cfg, checkpoint, out_dir, run_dir)
             write_report(report, out_dir)  # now with the MLflow run id
         title = (f"{checkpoint} (step {ckpt['step']}, {cfg.model.arch}, {cfg.data.dataset}, "
                  f"{ev.features} features, n_train={report['meta']['n_train']}, n_test={report['meta']['n_test']})")
