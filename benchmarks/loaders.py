@@ -88,10 +88,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--sizes", default="32,224")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the main process")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cache", default=os.environ.get("HS_BENCH_CACHE", "/tmp/hs_bench_loaders"))
     args = p.parse_args(argv)
     device = torch.device(args.device)
+    # One intra-op thread in the main process (what each of 2 trainer processes on 2 cores would use):
+    # more threads than free cores make torch's batched ops on the CPU spin rather than work.
+    torch.set_num_threads(args.threads)
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
         root = prepare(Path(args.cache), size, args.images)
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"(build {r['build_s']:.1f}s, warm-up {r['warmup_s']:.1f}s)", flush=True)
             results.append(r)
     RESULTS.mkdir(exist_ok=True)
-    meta = {"device": str(device), "workers": args.workers, "batch": args.batch, "images": args.images,
+    meta = {"device": str(device), "workers": args.workers, "torch_threads": args.threads, "batch": args.batch, "images": args.images,
             "cpu_count": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
             "load_avg_at_end": os.getloadavg()}
     (RESULTS / "loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))

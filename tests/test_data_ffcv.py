@@ -105,3 +105,33 @@ def test_truncated_or_missing_beton_gives_a_clear_error(probe_dataset: Path, tmp
         build_train_loader(cfg_for(tmp_path), rank=0, world_size=1, seed=0, device=CPU)
     with pytest.raises(FileNotFoundError, match="nothing.beton"):
         check_beton(str(tmp_path / "nothing.beton"))
+
+
+def _ddp_worker(rank: int, world: int, beton: str, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        cfg = cfg_for(Path(beton), preset="cifar", num_local_views=0, global_crop_size=None,
+                      local_crop_size=None, batch_size_per_gpu=16)
+        loader = build_train_loader(cfg, rank=rank, world_size=world, seed=3, device=CPU)
+        labels = [lab.tolist() for _, lab in loader]
+        torch.save({"len": len(loader), "labels": labels}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ffcv_under_ddp_gives_each_rank_its_own_equal_share(tmp_path) -> None:
+    """distributed=True: same batch count on both ranks, disjoint samples (label = sample index)."""
+    from hypersolid_scale.data.ffcv import write_beton
+
+    images = probe_images(100, 40)
+    write_beton(str(tmp_path / "ids.beton"), [lambda a=a: a for a in images], list(range(100)), num_workers=1,
+                page_size=1 << 21)
+    torch.multiprocessing.spawn(_ddp_worker, args=(2, str(tmp_path / "ids.beton"), f"file://{tmp_path}/init",
+                                                   str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert r0["len"] == r1["len"] == 50 // 16 == len(r0["labels"]) == len(r1["labels"])
+    s0 = {x for b in r0["labels"] for x in b}
+    s1 = {x for b in r1["labels"] for x in b}
+    assert len(s0) == len(s1) == 48 and not s0 & s1

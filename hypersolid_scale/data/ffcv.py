@@ -119,10 +119,13 @@ class FFCVLoader(ResumableEpochs):
                 "image", decoder=RandomResizedCropRGBImageDecoder((size, size), scale=scale, ratio=(3 / 4, 4 / 3)),
                 transforms=[RandomHorizontalFlip(flip_prob=preset.hflip_prob), ToTensor(),
                             ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=False)])
+        # FFCV's Loader sets torch's intra-op threads to its worker count; keep the trainer's setting.
+        threads = torch.get_num_threads()
         self.loader = Loader(path, batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
                              order=getattr(OrderOption, _ORDERS[order]), distributed=world_size > 1,
                              seed=seed % (2**31), pipelines=pipelines, drop_last=True,
                              batches_ahead=batches_ahead)
+        torch.set_num_threads(threads)
         self._len = len(self.loader)
         self._out_names = list(self.loader.pipeline_specs.keys())
 

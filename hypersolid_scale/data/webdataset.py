@@ -94,6 +94,23 @@ def count_samples(shards: list[str]) -> int:
     return sum(1 for s in shards for x in iter_shard(s) if any(e in x for e in IMAGE_EXTS))
 
 
+def manifest_count(urls: str, shards: list[str]) -> Optional[int]:
+    """Samples in `shards` according to the conversion manifest, if it lists every one of them."""
+    manifest = find_manifest(urls)
+    if manifest is None:
+        return None
+    for split_dir in {str(Path(s).parent) for s in shards}:
+        entry = manifest.get("splits", {}).get(Path(split_dir).name, {})
+        counts = {sh["name"]: sh["count"] for sh in entry.get("shards", [])}
+        if not all(Path(s).name in counts for s in shards if str(Path(s).parent) == split_dir):
+            return None
+    total = 0
+    for s in shards:
+        entry = manifest["splits"][Path(s).parent.name]
+        total += next(sh["count"] for sh in entry["shards"] if sh["name"] == Path(s).name)
+    return total
+
+
 class _ShardStream(IterableDataset):
     """One epoch of samples for one rank; each DataLoader worker produces its own whole batches."""
 
@@ -181,12 +198,8 @@ class WebDatasetLoader(ResumableEpochs):
                  num_samples: Optional[int] = None, transform: Optional[Callable] = None) -> None:
         super().__init__()
         self.shards = expand_shards(urls)
-        manifest = find_manifest(urls)
-        split = Path(urls).name if os.path.isdir(urls) else None
-        total = None
-        if manifest is not None and split in manifest.get("splits", {}):
-            total = manifest["splits"][split].get("count")
-        if total is None:
+        total = manifest_count(urls, self.shards)
+        if total is None:  # no manifest: one pass over the tar headers
             total = count_samples(self.shards)
         if num_samples is not None:
             total = min(total, num_samples)
