@@ -87,7 +87,7 @@ hs_train() {
            "rendezvous $MASTER_ADDR:$MASTER_PORT, run dir $HS_RUN_DIR_USED"
     hs_log "$HS_PYTHON launch/train.py $*"
 
-    HS_SIGNALS=""
+    HS_SIGNALS="" HS_SRUN_PID=""
     trap 'hs_on_signal USR1' USR1
     trap 'hs_on_signal TERM' TERM
     # --kill-on-bad-exit=0: after a preemption signal every rank exits 75 on its own; killing the others
@@ -95,6 +95,8 @@ hs_train() {
     srun --kill-on-bad-exit=0 --wait="${HS_SRUN_WAIT:-600}" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
         "$HS_PYTHON" launch/train.py "$@" &
     HS_SRUN_PID=$!
+    # A signal that came while srun was being started is passed on now.
+    [[ $HS_SIGNALS != *USR1* ]] || kill -USR1 "$HS_SRUN_PID" 2>/dev/null
     # `wait` returns early (status > 128) whenever a trapped signal arrives: keep waiting until srun is gone.
     wait "$HS_SRUN_PID"; rc=$?
     while kill -0 "$HS_SRUN_PID" 2>/dev/null; do wait "$HS_SRUN_PID"; rc=$?; done
@@ -106,7 +108,7 @@ hs_on_signal() {
     HS_SIGNALS="$HS_SIGNALS $1"
     if [[ $1 == USR1 ]]; then
         hs_log "got SIGUSR1 (time limit or preemption ahead): asking every rank to checkpoint and exit"
-        kill -USR1 "$HS_SRUN_PID" 2>/dev/null
+        [[ -z $HS_SRUN_PID ]] || kill -USR1 "$HS_SRUN_PID" 2>/dev/null
     else
         # slurmd sends SIGTERM to the ranks itself; they checkpoint and exit 75.
         hs_log "got SIGTERM (cancelled, out of time, or requeued by Slurm): ranks checkpoint and stop"

@@ -82,7 +82,9 @@ def init_tracking(uri: str, experiment: str, artifact_dir: str) -> str:
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         return found.experiment_id
-    location = None if "://" in artifact_dir else Path(artifact_dir).resolve().as_uri()
+    # A local store keeps artifacts next to it; a tracking server uses its own artifact root.
+    local = uri.startswith(("sqlite:", "file:")) or "://" not in uri
+    location = Path(artifact_dir).resolve().as_uri() if local and "://" not in artifact_dir else None
     try:
         return client.create_experiment(experiment, artifact_location=location)
     except MlflowException:  # created meanwhile by a process that did not take the lock (a server's clients)
