@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ev.validate()
     if in_channels(cfg.data) != cfg.model.in_channels:
         raise ValueError(f"data.dataset={cfg.data.dataset!r} has {in_channels(cfg.data)}-channel images but the "
-                         f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its training data")
+                         f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
+                         "training data")
     info, device = init_distributed(device=args.device)
     try:
         model.to(device)

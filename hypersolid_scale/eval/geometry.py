@@ -24,7 +24,10 @@ def _np(x: torch.Tensor | np.ndarray, dtype: type = np.float32) -> np.ndarray:
 
 
 def anisotropy(feats: torch.Tensor | np.ndarray) -> float:
-    """Mean cosine similarity over distinct pairs: (||Σ_i x̂_i||² − n) / (n(n−1)). 0 for orthonormal sets, 1 for identical vectors."""
+    """Anisotropy: mean cosine similarity over distinct pairs, (||Σ_i x̂_i||² − n) / (n(n−1)).
+
+    0 for orthonormal sets, 1 for identical vectors; exact in O(n d), no pair sampling needed.
+    """
     x = as_unit_float32(feats).astype(np.float64)
     n = x.shape[0]
     if n < 2:
@@ -76,10 +79,11 @@ def _gram(x: np.ndarray, chunk: int = 8192) -> np.ndarray:
 
 
 def effective_rank(matrix: torch.Tensor | np.ndarray) -> float:
-    """Entropy effective rank (Roy & Vetterli, 2007): exp(−Σ_k p_k log p_k) with p_k = σ_k / Σ_j σ_j over singular values σ.
+    """Entropy effective rank (Roy & Vetterli, 2007): exp(−Σ_k p_k log p_k), p_k = σ_k / Σ_j σ_j.
 
-    No centring, no normalisation here (callers pass L2-normalised rows). n orthonormal rows give n;
-    identical rows give 1. Singular values come from the eigenvalues of the smaller Gram matrix.
+    σ are the singular values of the matrix, from the eigenvalues of its smaller Gram matrix. No
+    centring, no normalisation here (callers pass L2-normalised rows). n orthonormal rows give n;
+    identical rows give 1.
     """
     m = _np(matrix)
     if m.ndim != 2 or min(m.shape) == 0:
@@ -100,7 +104,8 @@ def _class_sums(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return classes, np.asarray(one_hot @ x), np.bincount(inv, minlength=len(classes)).astype(np.float64)
 
 
-def class_centroids(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def class_centroids(feats: torch.Tensor | np.ndarray,
+                    labels: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mean L2-normalised embedding of each class present: (classes (C,), centroids (C, d))."""
     x, y = as_unit_float32(feats).astype(np.float64), _np(labels, np.int64)
     classes, sums, counts = _class_sums(x, y)
@@ -168,7 +173,11 @@ def pair_similarities(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | n
 
 
 def sensitivity_index(pos: np.ndarray, neg: np.ndarray) -> float:
-    """d' = (μ_pos − μ_neg) / sqrt((σ²_pos + σ²_neg) / 2) (signal detection theory, Macmillan & Creelman 2004)."""
+    """Sensitivity index d' = (μ_pos − μ_neg) / sqrt((σ²_pos + σ²_neg) / 2).
+
+    From signal detection theory (Macmillan & Creelman, 2004): separation of the positive-pair (signal)
+    and negative-pair (noise) similarity distributions in units of their pooled standard deviation.
+    """
     pos, neg = np.asarray(pos, np.float64), np.asarray(neg, np.float64)
     pooled = math.sqrt((pos.var() + neg.var()) / 2.0)
     if pooled == 0.0:
@@ -176,7 +185,8 @@ def sensitivity_index(pos: np.ndarray, neg: np.ndarray) -> float:
     return float((pos.mean() - neg.mean()) / pooled)
 
 
-SELECTIVITY_BINS: tuple[tuple[str, int, float], ...] = (("0", 0, 0), ("1-5", 1, 5), ("6-20", 6, 20), ("21plus", 21, math.inf))
+SELECTIVITY_BINS: tuple[tuple[str, int, float], ...] = (
+    ("0", 0, 0), ("1-5", 1, 5), ("6-20", 6, 20), ("21plus", 21, math.inf))
 
 
 def dimension_selectivity(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,

@@ -36,10 +36,8 @@ def _row(key: str, value: Any) -> tuple[str, str, str]:
     for prefix, section, label, fmt in LAYOUT:
         if key == prefix or (prefix.endswith("_") and key.startswith(prefix)):
             name = key[len(prefix):] if prefix.endswith("_") else key
-            try:
-                text = fmt.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
-            except (ValueError, TypeError):
-                text = str(value)
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            text = fmt.format(value) if numeric else str(value)
             return section, label.format(name=name), text
     return "other", key, f"{value:.4g}" if isinstance(value, float) else str(value)
 
