@@ -4,10 +4,11 @@
     python benchmarks/eval.py --dims 512 --quick # smaller sizes, a smoke run
 
 Embeddings are synthetic but shaped like real ones: 10 overlapping classes, ReLU features (sparse,
-non-negative), see ``make_embeddings``. Each part runs at the size ``launch/eval.py`` uses by default: kNN and the
-linear probe on 60k -> 10k, geometry and the interpolation profile on the 10k test split, K-Means on all
-70k, DBSCAN on ``cluster_max_samples`` (20k), HDBSCAN on ``hdbscan_max_samples`` (10k). Peak memory is the growth of this process's peak resident set
-during the part (VmHWM, reset with /proc/self/clear_refs before each part); on CUDA also the torch peak.
+non-negative), see ``make_embeddings``. Each part runs at the size ``launch/eval.py`` uses by default:
+kNN and the linear probe on 60k -> 10k, geometry and the interpolation profile on the 10k test split,
+K-Means on all 70k, DBSCAN on ``cluster_max_samples`` (20k), HDBSCAN on ``hdbscan_max_samples`` (10k).
+Peak memory is the growth of this process's peak resident set during the part (VmHWM, reset with
+/proc/self/clear_refs before each part); on CUDA also the torch peak.
 
 Then DBSCAN through the sparse FAISS range-search graph against scikit-learn's DBSCAN on a dense
 precomputed distance matrix, at the largest n whose float32 matrix fits ``--dense-budget-gib``, on the
