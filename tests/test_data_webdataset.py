@@ -130,8 +130,8 @@ def test_shard_index_dataset_and_config_entry_point(tmp_path) -> None:
     img, label = ds[37]
     ref = fashion_mnist_or_skip().images[label]
     np.testing.assert_array_equal(np.asarray(img), ref)
-    cfg = DataConfig(dataset="webdataset", path=str(tmp_path), num_classes=60, batch_size_per_gpu=8,
-                     num_workers=0, num_local_views=2)
+    cfg = DataConfig(dataset="webdataset", path=str(tmp_path), preset="fashion_mnist", num_classes=60,
+                     batch_size_per_gpu=8, num_workers=0, num_local_views=2)
     train, test = build_eval_datasets(cfg)
     assert (len(train), len(test)) == (60, 20)
     x, y = test[3]
