@@ -28,19 +28,21 @@ def _to_tensor(x: torch.Tensor | np.ndarray, dtype: torch.dtype) -> torch.Tensor
 
 def _fit(x: torch.Tensor, y: torch.Tensor, n_cls: int, wd: float, optimizer: str, max_iter: int,
          seed: int, init: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights (d, C) and bias (C,) minimising the regularised mean cross-entropy on (x, y).
+    """Weights (C, d) and bias (C,) minimising the regularised mean cross-entropy on (x, y).
 
     ``init`` warm-starts from a nearby solution (the previous weight decay of a path, or the selected
     one before the refit on all data): the problem is convex, so only the iteration count changes.
     """
     gen = torch.Generator(device="cpu").manual_seed(seed)
     if init is None:
-        init = (torch.zeros(x.shape[1], n_cls, device=x.device), torch.zeros(n_cls, device=x.device))
+        init = (torch.zeros(n_cls, x.shape[1], device=x.device), torch.zeros(n_cls, device=x.device))
     w = init[0].detach().clone().requires_grad_(True)
     b = init[1].detach().clone().requires_grad_(True)
 
     def objective(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(xb @ w + b, yb) + 0.5 * wd * (w * w).sum()  # (n, d) @ (d, C)
+        # F.linear keeps W as (C, d): its weight gradient is grad^T @ x, a BLAS layout 2-5x faster on
+        # CPU than the x^T @ grad that a (d, C) weight needs.
+        return F.cross_entropy(F.linear(xb, w, b), yb) + 0.5 * wd * (w * w).sum()  # (n, d) -> (n, C)
 
     if optimizer == "lbfgs":
         opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=20,
@@ -71,7 +73,7 @@ def _fit(x: torch.Tensor, y: torch.Tensor, n_cls: int, wd: float, optimizer: str
 
 
 def _accuracy(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> float:
-    return float(100.0 * ((x @ w + b).argmax(1) == y).float().mean())
+    return float(100.0 * (F.linear(x, w, b).argmax(1) == y).float().mean())
 
 
 def linear_probe(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Tensor | np.ndarray,
