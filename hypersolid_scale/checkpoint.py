@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -190,6 +192,41 @@ def check_compatible(ckpt: dict[str, Any], cfg_dict: dict[str, Any], fingerprint
         "Use a new run_dir for a new experiment, pass checkpoint.resume=never to start over in this run_dir "
         "(the old checkpoints are moved aside), or checkpoint.resume=force to continue anyway."
     )
+
+
+def resolve_resume(cfg: Any) -> dict[str, Any] | None:
+    """The checkpoint a run should resume from, per ``cfg.checkpoint.resume``, or None to start fresh.
+
+    Collective: rank 0 picks the file, every rank loads the same one (run_dir is on a shared filesystem).
+    ``never`` moves existing checkpoints aside, so that pruning never deletes the new run's files in favour
+    of an old run's higher step numbers.
+    """
+    from hypersolid_scale.config import fingerprint, to_dict
+    from hypersolid_scale.distributed import barrier, get_rank
+    from hypersolid_scale.distributed.env import broadcast_object
+
+    if cfg.checkpoint.resume == "never":
+        old = checkpoint_dir(cfg.run_dir)
+        if get_rank() == 0 and list_checkpoints(cfg.run_dir):
+            aside = old.with_name(f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S')}")
+            warnings.warn(f"checkpoint.resume=never: moving the existing checkpoints to {aside}", stacklevel=2)
+            shutil.move(str(old), str(aside))
+        barrier()
+        return None
+    path: str | None = None
+    if get_rank() == 0:
+        if cfg.checkpoint.path:
+            path = cfg.checkpoint.path
+        else:
+            found = find_resume_checkpoint(cfg.run_dir)
+            path = str(found[0]) if found else None
+    path = broadcast_object(path)  # type: ignore[assignment]
+    if path is None:
+        return None
+    ckpt = load_checkpoint(path)
+    check_compatible(ckpt, to_dict(cfg), fingerprint(cfg), force=cfg.checkpoint.resume == "force", path=path)
+    ckpt["path"] = path
+    return ckpt
 
 
 def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Any]:

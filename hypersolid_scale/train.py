@@ -16,7 +16,6 @@ import argparse
 import math
 import os
 import resource
-import shutil
 import signal
 import sys
 import time
@@ -32,10 +31,10 @@ from tqdm import tqdm
 from hypersolid_scale import checkpoint as ckpt_lib
 from hypersolid_scale.config import Config, fingerprint, flatten, load_config, save_config, to_dict
 from hypersolid_scale.data import build_train_loader, in_channels
-from hypersolid_scale.distributed import barrier, get_rank
+from hypersolid_scale.distributed import barrier
 from hypersolid_scale.distributed.engines import Engine, build_engine, build_optimizer
-from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, broadcast_object, cleanup,
-                                              gather_objects, init_distributed, resolve_backend)
+from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, cleanup, gather_objects,
+                                              init_distributed, resolve_backend)
 from hypersolid_scale.losses import HypersolidLoss
 from hypersolid_scale.models import build_model
 from hypersolid_scale.tracking import Tracker, make_tracker
@@ -180,32 +179,6 @@ def save(run: Run, step: int, tracker: Tracker) -> Path | None:
     return path
 
 
-def find_resume(cfg: Config) -> dict[str, Any] | None:
-    """The checkpoint to resume from (rank 0 picks, every rank loads the same file), or None."""
-    if cfg.checkpoint.resume == "never":
-        old = ckpt_lib.checkpoint_dir(cfg.run_dir)
-        if get_rank() == 0 and ckpt_lib.list_checkpoints(cfg.run_dir):
-            aside = old.with_name(f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S')}")
-            warnings.warn(f"checkpoint.resume=never: moving the existing checkpoints to {aside}", stacklevel=2)
-            shutil.move(str(old), str(aside))
-        barrier()
-        return None
-    path: str | None = None
-    if get_rank() == 0:
-        if cfg.checkpoint.path:
-            path = cfg.checkpoint.path
-        else:
-            found = ckpt_lib.find_resume_checkpoint(cfg.run_dir)
-            path = str(found[0]) if found else None
-    path = broadcast_object(path)  # type: ignore[assignment]
-    if path is None:
-        return None
-    ckpt = ckpt_lib.load_checkpoint(path)
-    ckpt_lib.check_compatible(ckpt, to_dict(cfg), fingerprint(cfg), force=cfg.checkpoint.resume == "force", path=path)
-    ckpt["path"] = path
-    return ckpt
-
-
 def restore(run: Run, ckpt: dict[str, Any]) -> tuple[int, int]:
     """Load weights, optimizer, RNG and loader position; returns (step, epoch) to continue from."""
     run.engine.model.load_state_dict(ckpt["model"])
@@ -259,6 +232,19 @@ def knn_monitor(run: Run) -> dict[str, float]:
         return {}
     acc = knn_accuracy(tr_f, tr_y, te_f, te_y, ks=tuple(ev.knn_k), temperature=ev.knn_temperature)
     return {f"monitor/{k}": v for k, v in acc.items()}
+
+
+def log_monitor(run: Run, tracker: Tracker, bar: tqdm, epoch: int, step: int) -> bool:
+    """Run and log the kNN monitor; False when the data cannot support it (then it stays off)."""
+    try:
+        acc = knn_monitor(run)
+    except ValueError as err:  # e.g. a dataset without labels or without a held-out split
+        warnings.warn(f"online kNN monitor disabled: {err}", stacklevel=1)
+        return False
+    if acc:
+        tracker.log_metrics(acc, step=step)
+        bar.write(f"epoch {epoch:3d} | step {step:7d} | " + " | ".join(f"{k} {v:.2f}" for k, v in acc.items()))
+    return True
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -342,7 +328,7 @@ def train(cfg: Config) -> int:
     previous_handlers = install_preemption_handlers()
     try:
         seed_everything(cfg.seed, cfg.deterministic)
-        ckpt = find_resume(cfg)
+        ckpt = ckpt_lib.resolve_resume(cfg)
         run = build(cfg, info, device)
         step, epoch = restore(run, ckpt) if ckpt is not None else (0, 0)
         if info.rank == 0:
@@ -424,18 +410,12 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                           f" | active pairs {mean.get('active_pairs', float('nan')):.0f} | "
                           f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - t_epoch:.0f} s")
                 tracker.log_metrics({f"loader/{k}": v for k, v in run.loader.stats.items()}, step=step)
-            if not epoch_done:
-                break  # max_steps reached mid-epoch
+            if not epoch_done:  # max_steps reached mid-epoch: a last look at the representation, then stop
+                if monitor_enabled:
+                    log_monitor(run, tracker, bar, epoch, step)
+                break
             if monitor_enabled and (epoch + 1) % cfg.eval.every_n_epochs == 0:
-                try:
-                    acc = knn_monitor(run)
-                except ValueError as err:  # e.g. a dataset without labels or held-out split
-                    warnings.warn(f"online kNN monitor disabled: {err}", stacklevel=1)
-                    monitor_enabled = False
-                    acc = {}
-                if acc:
-                    tracker.log_metrics(acc, step=step)
-                    bar.write(f"epoch {epoch:3d} | " + " | ".join(f"{k} {v:.2f}" for k, v in acc.items()))
+                monitor_enabled = log_monitor(run, tracker, bar, epoch, step)
             if cfg.checkpoint.every_n_epochs and (epoch + 1) % cfg.checkpoint.every_n_epochs == 0 \
                     and last_saved != step:
                 save(run, step, tracker)

@@ -13,7 +13,10 @@ cd "$(dirname "$0")/.."
 PY=${HS_PYTHON:-.venv/bin/python}
 RUN_DIR=${HS_DEMO_RUN_DIR:-runs/quickstart-$(date +%Y%m%d-%H%M%S)}
 CONFIG=configs/quickstart.yaml
-EVAL_ARGS=(--suite knn,cluster eval.knn_k=[20] eval.cluster_max_samples=10000 eval.batch_size=1000)
+# kNN and K-Means on the full test split; one DBSCAN radius and a 2000-sample HDBSCAN keep the demo short
+# (the full sweeps: launch/eval.py --suite cluster).
+EVAL_ARGS=(--suite knn,cluster eval.knn_k=[20] eval.cluster_max_samples=10000 eval.dbscan_eps=[0.1]
+           eval.hdbscan_max_samples=2000 eval.batch_size=1000)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one core per process: two processes share two cores
 
 say() { printf '\n\033[1m>> %s\033[0m\n' "$*"; }
