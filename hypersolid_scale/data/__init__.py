@@ -70,6 +70,7 @@ def build_train_loader(cfg: DataConfig, *, rank: int, world_size: int, seed: int
     cfg.validate()
     preset = resolve_preset(cfg)
     seed = int(seed) + int(cfg.seed_offset)
+    train_path = _split_dir(cfg.path, "train", cfg.dataset) if cfg.path else None
     common = dict(rank=rank, world_size=world_size, seed=seed, batch_size=cfg.batch_size_per_gpu)
     if cfg.dataset in BUILTIN_DATASETS:
         split = load_builtin(cfg.dataset, "train", cfg.path)
@@ -80,18 +81,18 @@ def build_train_loader(cfg: DataConfig, *, rank: int, world_size: int, seed: int
             loader = MapStyleMultiCropLoader(ds, num_workers=cfg.num_workers, max_samples=cfg.max_train_samples,
                                              **common)
     elif cfg.dataset == "imagefolder":
-        ds = _imagefolder(_split_dir(cfg.path, "train", cfg.dataset), pil_mode(preset), build_pil_multicrop(preset))  # type: ignore[arg-type]
+        ds = _imagefolder(train_path, pil_mode(preset), build_pil_multicrop(preset))  # type: ignore[arg-type]
         loader = MapStyleMultiCropLoader(ds, num_workers=cfg.num_workers, max_samples=cfg.max_train_samples,
                                          **common)
     elif cfg.dataset == "webdataset":
         from hypersolid_scale.data.webdataset import WebDatasetLoader
 
-        loader = WebDatasetLoader(_split_dir(cfg.path, "train", cfg.dataset), preset, num_workers=cfg.num_workers,  # type: ignore[arg-type]
+        loader = WebDatasetLoader(train_path, preset, num_workers=cfg.num_workers,  # type: ignore[arg-type]
                                   shuffle_buffer=cfg.shuffle_buffer, num_samples=cfg.max_train_samples, **common)
     else:  # ffcv (validated above)
         from hypersolid_scale.data.ffcv import FFCVLoader
 
-        loader = FFCVLoader(_split_dir(cfg.path, "train", cfg.dataset), preset, device=device, num_workers=cfg.num_workers,  # type: ignore[arg-type]
+        loader = FFCVLoader(train_path, preset, device=device, num_workers=cfg.num_workers,  # type: ignore[arg-type]
                             order=cfg.ffcv_order, os_cache=cfg.ffcv_os_cache,
                             batches_ahead=cfg.ffcv_batches_ahead, **common)
     if epoch_length is not None:

@@ -135,7 +135,10 @@ class FFCVLoader(ResumableEpochs):
     def raw_batches(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
         """Batches after FFCV (crop + flip, uint8 (B, 3, H, W) on the device), before photometric."""
         self.loader.next_epoch = self.epoch
-        for n, out in enumerate(self.loader):
+        threads = torch.get_num_threads()
+        epoch_iter = iter(self.loader)  # FFCV resets torch's thread count here too
+        torch.set_num_threads(threads)
+        for n, out in enumerate(epoch_iter):
             if n >= self._len:
                 break
             named = dict(zip(self._out_names, out))

@@ -90,7 +90,8 @@ class MapStyleMultiCropLoader(ResumableEpochs):
                  num_workers: int, max_samples: Optional[int] = None) -> None:
         super().__init__()
         self.dataset = dataset
-        self.num_samples = len(dataset) if max_samples is None else min(len(dataset), max_samples)  # type: ignore[arg-type]
+        n = len(dataset)  # type: ignore[arg-type]
+        self.num_samples = n if max_samples is None else min(n, max_samples)
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.batch_size, self.num_workers = batch_size, num_workers
         self._len = batches_per_epoch(self.num_samples, world_size, batch_size)
@@ -102,7 +103,8 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         start = self._begin()
         idx = rank_indices(self.num_samples, rank=self.rank, world_size=self.world_size,
                            batch_size=self.batch_size, seed=self.seed, epoch=self.epoch)
-        subset = torch.utils.data.Subset(self.dataset, idx[start * self.batch_size:self._len * self.batch_size].tolist())
+        mine = idx[start * self.batch_size:self._len * self.batch_size]
+        subset = torch.utils.data.Subset(self.dataset, mine.tolist())
         gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
         loader = DataLoader(subset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
                             worker_init_fn=_seed_worker, generator=gen, drop_last=True,
