@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 from sklearn.cluster import DBSCAN
 from sklearn.datasets import load_digits
@@ -14,7 +15,8 @@ from sklearn.neighbors import KNeighborsClassifier
 from sklearn.preprocessing import StandardScaler
 
 from hypersolid_scale.eval import geometry as G
-from hypersolid_scale.eval.clustering import cluster_scores, dbscan_sweep, hdbscan_cluster, kmeans
+from hypersolid_scale.eval.clustering import (cluster_scores, cosine_radius_graph, dbscan_from_graph, dbscan_sweep,
+                                              hdbscan_cluster, kmeans)
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
 from hypersolid_scale.eval.linear import linear_probe
@@ -140,6 +142,23 @@ def test_dbscan_sparse_graph_equals_dense_sklearn() -> None:
     for r in dbscan_sweep(x, y, eps=eps, min_samples=4):
         dense = DBSCAN(eps=max(r["eps"], 1e-6), min_samples=4, metric="cosine").fit_predict(as_unit_float32(x))
         assert {k: r[k] for k in ("nmi", "ari", "n_clusters", "noise_fraction")} == cluster_scores(y, dense)
+
+
+@pytest.mark.parametrize("min_samples", [3, 8])
+def test_dbscan_from_graph_labels_equal_sklearn(min_samples: int) -> None:
+    """Same labels, point by point (border points reachable from two clusters included)."""
+    x = np.random.default_rng(8).standard_normal((1500, 3))
+    graph, _ = cosine_radius_graph(x, 0.05)
+    coo = graph.tocoo()
+    n_labels = []
+    for eps in (0.001, 0.002, 0.01, 0.03):
+        m = coo.data <= eps
+        ref = DBSCAN(eps=eps, min_samples=min_samples, metric="precomputed").fit_predict(
+            sp.csr_matrix((coo.data[m], (coo.row[m], coo.col[m])), shape=graph.shape))
+        ours = dbscan_from_graph(coo.row[m], coo.col[m], len(x), min_samples)
+        np.testing.assert_array_equal(ours, ref)
+        n_labels.append(len(set(ref)))
+    assert max(n_labels) > 5  # the comparison covered many clusters and noise, not one trivial labelling
 
 
 def test_dbscan_edge_budget_skips_large_eps_loudly() -> None:
