@@ -119,6 +119,9 @@ def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, bf16: bool, gr
         "gradient_clipping": grad_clip,
         "bf16": {"enabled": bf16},
         "zero_optimization": {"stage": zero_stage},
+        # ZeRO partitions any torch optimizer's state; DeepSpeed only whitelists Adam-type ones by name,
+        # and our SGD option (with momentum) would otherwise be refused.
+        "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**31 - 1,  # we log ourselves
         "wall_clock_breakdown": False,
     }
