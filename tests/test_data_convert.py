@@ -104,3 +104,24 @@ def test_bad_arguments_are_rejected(tmp_path) -> None:
     with pytest.raises(ValueError, match="no class subfolders"):
         main(["--folder", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()  # nothing written for a bad source
+
+
+def test_torchvision_root_to_shards(tmp_path) -> None:
+    """A torchvision FashionMNIST root (the layout its downloader writes), made from the Debian idx files."""
+    import gzip
+
+    from hypersolid_scale.data.builtin import fashion_mnist_dir
+
+    fashion_mnist_or_skip()
+    raw = tmp_path / "tv" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for gz in fashion_mnist_dir().glob("*-ubyte.gz"):
+        (raw / gz.name[:-3]).write_bytes(gzip.decompress(gz.read_bytes()))
+    out = tmp_path / "out"
+    assert main(["--torchvision", "FashionMNIST", "--root", str(tmp_path / "tv"), "--out", str(out),
+                 "--formats", "webdataset", "--limit", "40", "--shard-size", "16"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["classes"][0] == "T-shirt/top"
+    assert (m["splits"]["train"]["count"], m["splits"]["test"]["count"]) == (40, 40)
+    img, label = ShardIndexDataset(str(out / "test"), mode="L")[0]
+    assert img.size == (28, 28) and label == int(fashion_mnist_or_skip("test").labels[0])
