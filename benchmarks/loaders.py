@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"(build {r['build_s']:.1f}s, warm-up {r['warmup_s']:.1f}s)", flush=True)
             results.append(r)
     RESULTS.mkdir(exist_ok=True)
-    meta = {"device": str(device), "workers": args.workers, "torch_threads": args.threads, "batch": args.batch, "images": args.images,
-            "cpu_count": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
+    meta = {"device": str(device), "workers": args.workers, "torch_threads": args.threads, "batch": args.batch,
+            "images": args.images, "cpu_count": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
             "load_avg_at_end": os.getloadavg()}
     (RESULTS / "loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     plot(results, RESULTS / "loaders.png")
