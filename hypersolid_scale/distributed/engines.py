@@ -139,6 +139,10 @@ def _plain(obj: Any) -> Any:
         return {k: _plain(v) for k, v in obj.items() if _is_plain(v)}
     if isinstance(obj, (list, tuple)):
         return type(obj)(_plain(v) for v in obj)
+    # Enum members such as ZeroStageEnum subclass int/str but unpickle as their class: store the value.
+    for plain in (bool, int, float, str):
+        if isinstance(obj, plain):
+            return plain(obj)
     return obj
 
 
