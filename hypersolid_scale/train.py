@@ -295,8 +295,11 @@ def _on_signal(signum: int, _frame: Any) -> None:
 
 
 def install_preemption_handlers() -> dict[int, Any]:
-    """Returns the previous handlers, restored when training ends (main() may run inside another program)."""
-    _STOP["signal"] = None
+    """Returns the previous handlers, restored when training ends (main() may run inside another program).
+
+    A signal already recorded (launch/train.py catches them during the slow imports) is kept: the run then
+    takes one step, checkpoints and exits 75 instead of dying before its first checkpoint.
+    """
     return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGUSR1, signal.SIGTERM)}
 
 
@@ -349,6 +352,7 @@ def train(cfg: Config) -> int:
         return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
     finally:
         cleanup()
+        _STOP["signal"] = None
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
 

@@ -154,3 +154,22 @@ def test_sigusr1_finishes_the_step_checkpoints_and_exits_75(tmp_path: Path) -> N
     assert 5 <= last["step"] < 100000 and "preempted" in out
     # The loader position matches the step: the digits train split gives 44 batches of 32 per epoch.
     assert last["epoch"] * 44 + last["loader"]["batches_done"] == last["step"]
+
+
+@pytest.mark.slow
+def test_sigusr1_during_startup_still_checkpoints_and_exits_75(tmp_path: Path) -> None:
+    """A preemption signal that lands while the launcher is still importing must not kill the job."""
+    proc = _launch(tmp_path / "run", ["max_steps=100000", "checkpoint.every_n_steps=100000"])
+    time.sleep(0.5)  # inside the imports: long before the trainer's own handlers exist
+    proc.send_signal(signal.SIGUSR1)
+    rc, out = _finish(proc, timeout=300)
+    assert rc == EXIT_PREEMPTED, out[-3000:]
+    last = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "run")[-1])
+    assert last["step"] == 1
+
+
+def test_launcher_reports_a_bad_config_without_a_traceback(tmp_path: Path) -> None:
+    rc, out = _finish(_launch(tmp_path / "run", ["optim.name=lars"]), timeout=300)
+    assert rc == 2
+    assert "error: config key 'optim.name' = 'lars' is not allowed; choose one of: adamw | sgd" in out
+    assert "Traceback" not in out
