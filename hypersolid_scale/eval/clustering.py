@@ -70,7 +70,7 @@ def kmeans(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, 
     return {"k": k, **cluster_scores(y, assign[:, 0])}
 
 
-def cosine_radius_graph(feats: torch.Tensor | np.ndarray, eps_max: float, *, max_edges: int = 100_000_000,
+def cosine_radius_graph(feats: torch.Tensor | np.ndarray, eps_max: float, *, max_edges: int = 20_000_000,
                         eps_grid: Sequence[float] = (), chunk: int = 2048) -> tuple[sp.csr_matrix, float]:
     """Sparse (n, n) matrix of cosine distances for all pairs with ``1 - cos <= eps_cap`` (self pairs included).
 
@@ -143,7 +143,7 @@ def dbscan_from_graph(rows: np.ndarray, cols: np.ndarray, n: int, min_samples: i
 
 def dbscan_sweep(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
                  eps: Sequence[float], min_samples: int = 5,
-                 max_edges: int = 100_000_000) -> list[dict[str, float | str | None]]:
+                 max_edges: int = 20_000_000) -> list[dict[str, float | str | None]]:
     """DBSCAN (cosine distance) for each eps, from one sparse neighbourhood graph.
 
     Returns one dict per eps: ``{"eps", "nmi", "ari", "n_clusters", "noise_fraction", "edges"}``; an eps

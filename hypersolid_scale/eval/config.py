@@ -50,7 +50,9 @@ class EvalConfig:
     kmeans_niter: int = 50
     dbscan_eps: list[float] = field(default_factory=_default_eps)
     dbscan_min_samples: int = 5
-    dbscan_max_edges: int = 100_000_000  # budget of the sparse eps-neighbourhood graph
+    # Budget of the sparse eps-neighbourhood graph (16 bytes an edge); eps values past it are skipped with a
+    # warning. Near-collapsed embeddings put every pair within eps=0.5: 10k samples would be 100M edges.
+    dbscan_max_edges: int = 20_000_000
     hdbscan_min_cluster_size: int = 10
     hdbscan_max_samples: int = 10000  # HDBSCAN holds an (n, n) float64 distance matrix: 800 MB at 10k
     cluster_max_samples: int = 20000

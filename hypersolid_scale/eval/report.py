@@ -37,7 +37,8 @@ def _row(key: str, value: Any) -> tuple[str, str, str]:
         if key == prefix or (prefix.endswith("_") and key.startswith(prefix)):
             name = key[len(prefix):] if prefix.endswith("_") else key
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            text = fmt.format(value) if numeric else str(value)
+            # Counts (clusters, samples) print as integers whatever the section's float format.
+            text = str(value) if not numeric or (isinstance(value, int) and "%" not in fmt) else fmt.format(value)
             return section, label.format(name=name), text
     return "other", key, f"{value:.4g}" if isinstance(value, float) else str(value)
 
