@@ -1,4 +1,5 @@
-"""Helpers for the trainer's tests: a BatchNorm-free model and the N-process vs 1-process equality worker.
+"""Helpers for the trainer's tests: a BatchNorm-free model, the N-process vs 1-process equality worker and
+single-process DeepSpeed checks (resumed weights, bf16 with BatchNorm).
 
 Run as a script under torchrun, the worker trains the same model from the same initial weights on the same
 global batches (rank r holding rows [r*b, (r+1)*b)) with each requested engine, and rank 0 writes the final
@@ -106,6 +107,75 @@ def worker(out_dir: str, specs: list[str]) -> None:
         if info.rank == 0:
             torch.save(params, Path(out_dir) / f"{spec.replace(':', '_')}.pt")
     cleanup()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Single-process DeepSpeed checks. Each runs in its own interpreter (DeepSpeed wants a process group, which
+# would otherwise outlive the test) and saves what the test asserts on.
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _sgd(lr: float):
+    from hypersolid_scale.distributed.engines import build_optimizer
+
+    return lambda p: build_optimizer("sgd", p, lr=lr, weight_decay=0.0, momentum=0.0, betas=(0.9, 0.999))
+
+
+def deepspeed_load_model_state(out: str, specs: list[str]) -> None:
+    """For each ``stage:bf16``: weights loaded into a built engine, then one tiny-lr step.
+
+    Saves ``{spec: {"old", "loaded", "after"}}``; "after" must sit next to "loaded", not to "old".
+    """
+    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.losses import HypersolidLoss
+
+    torch.set_num_threads(1)
+    results = {}
+    for spec in specs:
+        stage, bf16 = int(spec.split(":")[0]), spec.split(":")[1] == "bf16"
+        torch.manual_seed(0)
+        engine = build_engine(TinyNet(), _sgd(1e-8), engine="deepspeed", device=torch.device("cpu"), bf16=bf16,
+                              grad_clip=0.0, zero_stage=stage, batch_size_per_gpu=GLOBAL_BATCH)
+        old = {k: v.detach().float().clone() for k, v in engine.model.state_dict().items()}
+        loaded = {k: v + 1.0 for k, v in old.items()}  # far from the old weights, as a checkpoint would be
+        engine.load_model_state(loaded)
+        views = global_batches()[0]
+        engine.backward(HypersolidLoss(alpha=0.3, norm_weight=1e-3)(engine.forward(views)))
+        engine.step()
+        after = {k: v.detach().float().clone() for k, v in engine.model.state_dict().items()}
+        results[spec] = {"old": old, "loaded": loaded, "after": after}
+    torch.save(results, out)
+
+
+def deepspeed_bf16_batchnorm_step(out: str) -> None:
+    """A model with BatchNorm, DeepSpeed with bf16, two training steps and the online monitor's fp32 forward."""
+    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.losses import HypersolidLoss
+    from hypersolid_scale.models import ModelConfig, build_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="small_cnn", in_channels=1, proj_layers=2, proj_hidden_dim=32,
+                                    proj_dim=16, small_cnn_width=8))
+    engine = build_engine(model, _sgd(0.1), engine="deepspeed", device=torch.device("cpu"), bf16=True,
+                          grad_clip=1.0, zero_stage=1, batch_size_per_gpu=4)
+    g = torch.Generator().manual_seed(0)
+    views = [torch.randn(4, 1, 16, 16, generator=g), torch.randn(4, 1, 8, 8, generator=g)]
+    loss_fn = HypersolidLoss()
+    before = {k: v.detach().clone() for k, v in engine.model.named_parameters()}
+    losses = []
+    for _ in range(2):
+        feats = engine.forward(views)
+        loss = loss_fn(feats)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    engine.train(False)
+    with torch.no_grad():  # what the kNN monitor does: fp32 images straight into the backbone
+        emb = engine.model.backbone(torch.randn(4, 1, 16, 16, generator=g))
+    torch.save({"feats_dtype": str(feats.dtype), "losses": losses, "before": before, "emb": emb,
+                "params": {k: v.detach().clone() for k, v in engine.model.named_parameters()},
+                "buffers": {k: v.detach().clone() for k, v in engine.model.named_buffers()}}, out)
 
 
 if __name__ == "__main__":

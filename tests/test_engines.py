@@ -15,6 +15,7 @@ from hypersolid_scale.distributed.env import first_host, world_info_from_env
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "_trainer_helpers.py"
+sys.path.insert(0, str(REPO / "tests"))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -47,11 +48,75 @@ def test_first_host_of_slurm_nodelist(nodelist: str, host: str) -> None:
 
 
 def test_deepspeed_config_is_derived_from_ours() -> None:
-    cfg = deepspeed_config(batch_size_per_gpu=64, zero_stage=2, bf16=True, grad_clip=1.0)
+    cfg = deepspeed_config(batch_size_per_gpu=64, zero_stage=2, grad_clip=1.0)
     assert cfg["train_micro_batch_size_per_gpu"] == 64
     assert cfg["zero_optimization"]["stage"] == 2
-    assert cfg["bf16"]["enabled"] is True and cfg["gradient_clipping"] == 1.0
+    assert cfg["gradient_clipping"] == 1.0
     assert cfg["gradient_accumulation_steps"] == 1
+    # bf16 is autocast in the engine's forward; DeepSpeed's own bf16 mode would make the parameters bf16.
+    assert not cfg.get("bf16", {}).get("enabled", False)
+
+
+def test_ddp_engine_load_model_state() -> None:
+    from _trainer_helpers import TinyNet
+
+    from hypersolid_scale.distributed.engines import build_engine, build_optimizer
+
+    engine = build_engine(TinyNet(), lambda p: build_optimizer("sgd", p, lr=1e-6, weight_decay=0.0, momentum=0.0,
+                                                               betas=(0.9, 0.999)),
+                          engine="ddp", device=torch.device("cpu"), bf16=False, grad_clip=0.0)
+    loaded = {k: v + 1.0 for k, v in engine.model.state_dict().items()}
+    engine.load_model_state(loaded)
+    _assert_params_equal(engine.model.state_dict(), loaded, "DDP engine after load_model_state")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Single-process DeepSpeed: resumed weights, bf16 with BatchNorm
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _run_helper(call: str) -> None:
+    """Run ``_trainer_helpers.<call>`` in a fresh interpreter: DeepSpeed's process group must not outlive it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.run([sys.executable, "-c", f"import _trainer_helpers as h; h.{call}"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.mark.slow
+def test_deepspeed_load_model_state_survives_the_next_step(tmp_path: Path) -> None:
+    """ZeRO keeps fp32 master weights apart from the module; a resume that loads only the module's weights
+    must refresh them, or the first step copies the old weights back."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "resume.pt"
+    specs = ["0:fp32", "1:fp32", "2:fp32", "1:bf16"]
+    _run_helper(f"deepspeed_load_model_state({str(out)!r}, {specs!r})")
+    results = torch.load(out, weights_only=True)
+    for spec in specs:
+        r = results[spec]
+        # lr 1e-8: one step moves the weights by far less than the 1.0 between the old and the loaded ones.
+        for k in r["old"]:
+            torch.testing.assert_close(r["after"][k], r["loaded"][k], rtol=0, atol=1e-3,
+                                       msg=lambda m: f"stage:precision {spec}, {k}: weights after one step "
+                                                     f"are not the loaded ones: {m}")
+
+
+@pytest.mark.slow
+def test_deepspeed_bf16_trains_a_batchnorm_model_with_fp32_parameters(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "bf16.pt"
+    _run_helper(f"deepspeed_bf16_batchnorm_step({str(out)!r})")
+    r = torch.load(out, weights_only=True)
+    assert r["feats_dtype"] == "torch.float32"
+    assert all(torch.isfinite(torch.tensor(loss)) for loss in r["losses"])
+    for k, p in r["params"].items():
+        assert p.dtype == torch.float32, f"{k} is {p.dtype}; parameters must stay float32 under bf16"
+        assert torch.isfinite(p).all(), k
+    for k, b in r["buffers"].items():
+        assert b.dtype != torch.bfloat16, f"buffer {k} is bf16"
+    # The steps did train: bf16 did not silently turn into a no-op.
+    assert max((r["params"][k] - r["before"][k]).abs().max().item() for k in r["params"]) > 1e-4
+    assert r["emb"].dtype == torch.float32 and torch.isfinite(r["emb"]).all()
 
 
 # ----------------------------------------------------------------------------------------------------------

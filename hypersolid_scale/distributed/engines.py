@@ -6,7 +6,9 @@ gradient a single process would compute on the concatenated batch. Nothing here 
 
 Interface (both engines): ``forward(views) -> feats (B, V, D) float32``, ``backward(loss)``,
 ``step() -> grad norm or None``, ``param_groups`` (for the step-indexed lr / wd schedules),
-``model`` (the unwrapped ``HypersolidModel``), ``optimizer_state()`` / ``load_optimizer_state(state)``.
+``model`` (the unwrapped ``HypersolidModel``), ``load_model_state(state_dict)`` (resume weights; under
+DeepSpeed it also refreshes the fp32 master copy), ``optimizer_state()`` / ``load_optimizer_state(state)``.
+Parameters are fp32 under every engine; bf16 means autocast in ``forward``.
 
 DeepSpeed checkpoints: we do not use DeepSpeed's checkpoint directories. The model weights are the full
 module state (ZeRO 0-2 keep every weight on every rank), saved in the same portable file as DDP runs.
@@ -105,19 +107,29 @@ class DDPEngine:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """The unwrapped model's weights; the optimizer steps the parameters themselves (no master copy)."""
+        self.model.load_state_dict(state)
+
 
 # ----------------------------------------------------------------------------------------------------------
 # DeepSpeed
 # ----------------------------------------------------------------------------------------------------------
 
 
-def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, bf16: bool, grad_clip: float) -> dict[str, Any]:
-    """DeepSpeed's JSON config, derived from ours (one source of truth for batch, precision and clipping)."""
+def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float) -> dict[str, Any]:
+    """DeepSpeed's JSON config, derived from ours (one source of truth for batch and clipping).
+
+    No "bf16" section: DeepSpeed's bf16 mode casts the module's parameters to bf16 but leaves BatchNorm's
+    running statistics fp32 (BatchNorm then refuses the mixed dtypes) and hands bf16 weights to evaluation
+    code that feeds fp32 images. bf16 is autocast in ``DeepSpeedEngine.forward`` instead, as under DDP:
+    the parameters, gradients, master weights and optimizer state stay fp32, and the loss decides its
+    thresholds in fp32 anyway (DESIGN §2).
+    """
     return {
         "train_micro_batch_size_per_gpu": batch_size_per_gpu,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": grad_clip,
-        "bf16": {"enabled": bf16},
         "zero_optimization": {"stage": zero_stage},
         # ZeRO partitions any torch optimizer's state; DeepSpeed only whitelists Adam-type ones by name,
         # and our SGD option (with momentum) would otherwise be refused.
@@ -172,7 +184,7 @@ class DeepSpeedEngine:
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
         self.zero_stage, self.bf16, self.device = zero_stage, bf16, device
-        self.config = deepspeed_config(batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage, bf16=bf16,
+        self.config = deepspeed_config(batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage,
                                        grad_clip=grad_clip)
         model = model.to(device)
         client_opt = optimizer_fn(model.parameters())
@@ -188,10 +200,16 @@ class DeepSpeedEngine:
         # ZeRO wraps the client optimizer; its param_groups are the client's, so lr / wd set here take effect.
         return self.client_optimizer.param_groups
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        # fp32 parameters + bf16 autocast, the DDP recipe (see ``deepspeed_config`` for why not DeepSpeed's bf16).
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+
     def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
-        if self.bf16:
-            views = [v.to(torch.bfloat16) for v in views]
-        return self.engine(views).float()
+        with self.autocast():
+            feats = self.engine(views)
+        return feats.float()
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
@@ -213,6 +231,21 @@ class DeepSpeedEngine:
         if shards is None:
             return None
         return {"zero_stage": self.zero_stage, "shards": shards}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load weights into the module *and* into the optimizer's fp32 master copy.
+
+        ZeRO 1/2 step a separate fp32 copy of the weights and copy it back into the module after every step;
+        loading the module alone would be undone by the first step.
+        A loaded optimizer state (``load_from_fp32_weights=True``) overwrites the master copy again with the
+        checkpoint's own fp32 weights, so call this first and ``load_optimizer_state`` after it.
+        """
+        self.model.load_state_dict(state)
+        # ZeRO's module parameters are views into its flat parameter buffers, so the load above reached them;
+        # the master copy is refreshed from there. A plain torch optimizer (ZeRO 0, fp32) has no copy.
+        refresh = getattr(self.ds_optimizer, "refresh_fp32_params", None)
+        if refresh is not None:
+            refresh()
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         if "shards" not in state:
