@@ -215,11 +215,15 @@ def resolve_resume(cfg: Any) -> dict[str, Any] | None:
         return None
     path: str | None = None
     if get_rank() == 0:
-        if cfg.checkpoint.path:
+        for stale in checkpoint_dir(cfg.run_dir).glob("*.tmp"):  # a save killed mid-write
+            stale.unlink(missing_ok=True)
+        found = find_resume_checkpoint(cfg.run_dir)
+        # The run's own checkpoints win over checkpoint.path: after a requeue, the run must continue from
+        # its newest step, not restart from the file it was first initialised from.
+        if found:
+            path = str(found[0])
+        elif cfg.checkpoint.path:
             path = cfg.checkpoint.path
-        else:
-            found = find_resume_checkpoint(cfg.run_dir)
-            path = str(found[0]) if found else None
     path = broadcast_object(path)  # type: ignore[assignment]
     if path is None:
         return None

@@ -176,6 +176,9 @@ def validate(cfg: Config) -> None:
         value = _get(cfg, key)
         if not ok(value):
             raise ValueError(f"config key '{key}' = {value!r} is invalid; expected {what}")
+    if cfg.optim.min_lr > cfg.optim.lr:
+        raise ValueError(f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
+                         "the cosine schedule decays from optim.lr down to optim.min_lr")
     if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
         raise ValueError(
             f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "

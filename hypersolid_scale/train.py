@@ -80,8 +80,13 @@ def resolve_bf16(setting: str, device: torch.device) -> bool:
 
 
 def lr_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
-    """Learning rate per optimizer step: linear warmup from 0, then constant (paper) or cosine to min_lr."""
-    total = max(cfg.epochs * steps_per_epoch, cfg.max_steps)
+    """Learning rate per optimizer step: linear warmup from 0, then constant (paper) or cosine to min_lr.
+
+    Spans the steps the run will take (``max_steps`` when it cuts the epochs short), so a cosine ends at min_lr.
+    """
+    total = cfg.epochs * steps_per_epoch
+    if cfg.max_steps > 0:
+        total = min(total, cfg.max_steps)
     o = cfg.optim
     warmup = min(int(round(o.warmup_epochs * steps_per_epoch)), total)
     warm = np.linspace(0.0, o.lr, warmup, endpoint=False)
@@ -154,6 +159,7 @@ def save(run: Run, step: int, tracker: Tracker) -> Path | None:
 
     ``epoch`` is the loader's epoch (in progress, or just finished when its position is at the end).
     """
+    tracker.flush()  # the metrics up to this step are durable before the checkpoint that claims them
     loader_state = run.loader.state_dict()
     optim_state = run.engine.optimizer_state()
     rngs = gather_objects(ckpt_lib.rng_state())
@@ -181,7 +187,21 @@ def save(run: Run, step: int, tracker: Tracker) -> Path | None:
 
 def restore(run: Run, ckpt: dict[str, Any]) -> tuple[int, int]:
     """Load weights, optimizer, RNG and loader position; returns (step, epoch) to continue from."""
-    run.engine.model.load_state_dict(ckpt["model"])
+    saved_world = int(ckpt.get("world_size", run.info.world_size))
+    if saved_world != run.info.world_size:
+        # Steps, the loader position and the LR schedule count global batches of the old world size.
+        if run.cfg.checkpoint.resume != "force":
+            raise ValueError(
+                f"checkpoint {ckpt.get('path', '')} was written by {saved_world} process(es), this run has "
+                f"{run.info.world_size}: the global batch, the step count and the loader position would not "
+                f"match. Resume with {saved_world} process(es), or pass checkpoint.resume=force to continue "
+                "from the start of the checkpoint's epoch with the new world size.")
+        epoch = int(ckpt["epoch"])
+        warnings.warn(f"checkpoint.resume=force: world size {saved_world} -> {run.info.world_size}; restarting "
+                      f"epoch {epoch} at step {epoch * run.steps_per_epoch}", stacklevel=2)
+        run.engine.load_model_state(ckpt["model"])
+        return epoch * run.steps_per_epoch, epoch
+    run.engine.load_model_state(ckpt["model"])
     if ckpt.get("optimizer") is not None:
         try:
             run.engine.load_optimizer_state(ckpt["optimizer"])
@@ -236,10 +256,15 @@ def knn_monitor(run: Run) -> dict[str, float]:
 
 def log_monitor(run: Run, tracker: Tracker, bar: tqdm, epoch: int, step: int) -> bool:
     """Run and log the kNN monitor; False when the data cannot support it (then it stays off)."""
+    error: ValueError | None = None
     try:
         acc = knn_monitor(run)
-    except ValueError as err:  # e.g. a dataset without labels or without a held-out split
-        warnings.warn(f"online kNN monitor disabled: {err}", stacklevel=1)
+    except ValueError as err:  # e.g. a dataset without labels, or K larger than the monitor's sample
+        error, acc = err, {}
+    # Only rank 0 scores the kNN, so only it can fail there: every rank must still take the same decision,
+    # or the next epoch's embedding all-gather would meet a rank that is training.
+    if all_reduce_max_flag(error is not None):
+        warnings.warn(f"online kNN monitor disabled: {error or 'it failed on rank 0'}", stacklevel=1)
         return False
     if acc:
         tracker.log_metrics(acc, step=step)

@@ -46,6 +46,7 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
     (["model.arch=vgg"], ["model.arch", "resnet18"]),
     (["data.dataset=cifar"], ["data.dataset", "fashion_mnist"]),
     (["optim.lr"], ["optim.lr", "section.key=value"]),  # malformed override
+    (["optim.lr=1e-3", "optim.min_lr=1e-2"], ["optim.min_lr", "above optim.lr"]),
 ])
 def test_bad_config_fails_naming_key_and_allowed_values(override: list[str], must_mention: list[str]) -> None:
     with pytest.raises(ValueError) as err:

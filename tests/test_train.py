@@ -173,3 +173,29 @@ def test_launcher_reports_a_bad_config_without_a_traceback(tmp_path: Path) -> No
     assert rc == 2
     assert "error: config key 'optim.name' = 'lars' is not allowed; choose one of: adamw | sgd" in out
     assert "Traceback" not in out
+
+
+def test_resume_refuses_another_world_size_and_prefers_the_runs_own_newest_checkpoint(tmp_path: Path) -> None:
+    from hypersolid_scale.config import load_config
+
+    run_dir = tmp_path / "run"
+    args = [*TINY, f"run_dir={run_dir}", "data.max_train_samples=128", "max_steps=4", "checkpoint.every_n_steps=2",
+            "checkpoint.keep_last=0"]
+    assert main(args) == 0
+    newest = ck.list_checkpoints(run_dir)[-1]
+    assert ck.load_checkpoint(newest)["step"] == 4
+    # A save killed mid-write leaves a temporary file; a checkpoint.path given at first launch must not win
+    # over the run's own newer checkpoints after a requeue.
+    stale = newest.with_name(newest.name + ".1234.tmp")
+    stale.write_bytes(b"partial")
+    cfg = load_config(None, [*args, f"checkpoint.path={ck.list_checkpoints(run_dir)[0]}"])
+    assert ck.resolve_resume(cfg)["step"] == 4
+    assert not stale.exists()
+
+    # The same checkpoint as if written by 2 processes: resuming on 1 is refused with the way out named.
+    state = torch.load(newest, weights_only=True)
+    state["world_size"] = 2
+    ck.atomic_save(state, newest)
+    with pytest.raises(ValueError, match=r"written by 2 process\(es\), this run has 1.*checkpoint.resume=force"):
+        main([a.replace("max_steps=4", "max_steps=6") for a in args])
+    assert main([a.replace("max_steps=4", "max_steps=6") for a in args] + ["checkpoint.resume=force"]) == 0
