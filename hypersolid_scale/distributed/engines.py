@@ -52,6 +52,14 @@ def _world_size() -> int:
 # ----------------------------------------------------------------------------------------------------------
 
 
+
+def bf16_autocast(enabled: bool, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast on ``device`` when enabled; parameters stay fp32 under every engine."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
 class DDPEngine:
     """Plain PyTorch: optional SyncBatchNorm, DDP when world size > 1, optional torch.compile, bf16 autocast."""
 
@@ -77,9 +85,7 @@ class DDPEngine:
         return self.optimizer.param_groups
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if not self.bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return bf16_autocast(self.bf16, self.device)
 
     def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
         with self.autocast():
@@ -202,9 +208,7 @@ class DeepSpeedEngine:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         # fp32 parameters + bf16 autocast, the DDP recipe (see ``deepspeed_config`` for why not DeepSpeed's bf16).
-        if not self.bf16:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return bf16_autocast(self.bf16, self.device)
 
     def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
         with self.autocast():
