@@ -52,7 +52,6 @@ def _world_size() -> int:
 # ----------------------------------------------------------------------------------------------------------
 
 
-
 def bf16_autocast(enabled: bool, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 autocast on ``device`` when enabled; parameters stay fp32 under every engine."""
     if not enabled:
