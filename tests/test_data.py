@@ -16,7 +16,7 @@ from _data_helpers import (assert_same_mean, check_pil_against, fashion_mnist_or
 from hypersolid_scale.data import (PRESETS, DataConfig, build_eval_datasets, build_train_loader, in_channels,
                                    num_classes, resolve_preset)
 from hypersolid_scale.data.builtin import fashion_mnist_dir, load_digits, read_idx
-from hypersolid_scale.data.tensor_aug import TensorMultiCrop, sample_crop_boxes
+from hypersolid_scale.data.tensor_aug import COL_CROP, COL_FLIP, TensorMultiCrop, keyed_uniforms, sample_crop_boxes
 from hypersolid_scale.data.transforms import build_eval_transform, build_pil_multicrop
 
 CPU = torch.device("cpu")
@@ -103,7 +103,7 @@ def test_pil_and_tensor_paths_agree_on_sizes_dtype_and_normalisation() -> None:
     img = np.full((40, 48, 3), (200, 100, 30), np.uint8)
     expect = (np.array([200, 100, 30]) / 255.0 - np.array(preset.mean)) / np.array(preset.std)
     pil_views = build_pil_multicrop(preset)(Image.fromarray(img))
-    tensor_views = TensorMultiCrop(preset)(torch.from_numpy(img).permute(2, 0, 1)[None])
+    tensor_views = TensorMultiCrop(preset)(torch.from_numpy(img).permute(2, 0, 1)[None], torch.tensor([0]), 0)
     for views in (pil_views, [v[0] for v in tensor_views]):
         assert [tuple(v.shape) for v in views] == [(3, 32, 32)] * 2 + [(3, 16, 16)] * 2
         for v in views:
@@ -112,9 +112,9 @@ def test_pil_and_tensor_paths_agree_on_sizes_dtype_and_normalisation() -> None:
 
 
 def test_crop_sampler_matches_torchvision() -> None:
-    gen = torch.Generator().manual_seed(0)
     for scale, (h, w) in (((0.05, 0.4), (64, 64)), ((0.4, 1.0), (30, 50))):
-        ours = sample_crop_boxes(4000, h, w, scale, gen)
+        u = keyed_uniforms(0, 0, torch.arange(4000), view=0)[:, COL_CROP:COL_FLIP]
+        ours = sample_crop_boxes(u, h, w, scale)
         ours_area = (ours[:, 2] * ours[:, 3] / (h * w)).numpy()
         ref = np.array([np.prod(T.RandomResizedCrop.get_params(torch.empty(1, h, w), scale, (3 / 4, 4 / 3))[2:])
                         for _ in range(4000)]) / (h * w)
@@ -128,7 +128,8 @@ def test_tensor_path_has_the_statistics_of_the_pil_path() -> None:
     images = probe_images(160, 64)
     records = pil_records(preset, images)
     rec: dict = {}
-    TensorMultiCrop(preset, seed=3)(torch.from_numpy(images).permute(0, 3, 1, 2), record=rec)
+    TensorMultiCrop(preset, seed=3)(torch.from_numpy(images).permute(0, 3, 1, 2), torch.arange(len(images)), 0,
+                                    record=rec)
     views = ["global_0", "global_1", "local", "local"]
     other: dict = {"global_0": {}, "global_1": {}, "local": {}}
     for key, src in (("area", "area"), ("flipped", "flip"), ("jitter", "jitter"), ("gray", "gray"),

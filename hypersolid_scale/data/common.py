@@ -1,4 +1,5 @@
-"""Pieces shared by every loader: epoch/position bookkeeping for resume, seeds, manifests."""
+"""Pieces shared by every loader: the epoch order and its split by rank, keyed random streams, epoch/position
+bookkeeping for resume, seeds, manifests."""
 
 from __future__ import annotations
 
@@ -26,13 +27,76 @@ def batches_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int
     return n
 
 
+def epoch_permutation(num_samples: int, *, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """The order of `epoch`: a permutation of range(num_samples) that depends only on (seed, epoch)."""
+    if not shuffle:
+        return np.arange(num_samples, dtype=np.int64)
+    return np.random.default_rng(mix_seed(seed, epoch)).permutation(num_samples).astype(np.int64)
+
+
+def split_global_batches(order: np.ndarray, *, rank: int, world_size: int, batch_size: int) -> np.ndarray:
+    """This rank's rows of every global batch of `order`, concatenated (DESIGN §3b).
+
+    Global batch t = order[t*B : (t+1)*B] with B = world_size * batch_size; rank r takes its rows
+    [r*b, (r+1)*b). So rank r's batch t is the returned slice [t*b, (t+1)*b), and concatenating the
+    batches t of ranks 0..P-1 gives global batch t whatever P is. The remainder of the epoch is dropped.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n_batches = batches_per_epoch(len(order), world_size, batch_size)
+    rows = np.asarray(order[:n_batches * world_size * batch_size]).reshape(n_batches, world_size, batch_size)
+    return np.ascontiguousarray(rows[:, rank]).reshape(-1)
+
+
 def rank_indices(num_samples: int, *, rank: int, world_size: int, batch_size: int, seed: int, epoch: int,
                  shuffle: bool = True) -> np.ndarray:
-    """This rank's sample indices for `epoch`: a seeded permutation, strided by rank, cut to full batches."""
-    order = np.random.default_rng(mix_seed(seed, epoch)).permutation(num_samples) if shuffle \
-        else np.arange(num_samples)
-    per_rank = batches_per_epoch(num_samples, world_size, batch_size) * batch_size
-    return order[rank::world_size][:per_rank]
+    """This rank's sample indices for `epoch`, batch after batch (see `split_global_batches`)."""
+    order = epoch_permutation(num_samples, seed=seed, epoch=epoch, shuffle=shuffle)
+    return split_global_batches(order, rank=rank, world_size=world_size, batch_size=batch_size)
+
+
+# ------------------------------------------------------------------ keyed random streams ------------
+# Augmentation randomness is a pure function of (seed, epoch, sample index, view), never of a
+# generator's history, so it cannot depend on the world size, the rank or the worker count. The hash
+# below is written with plain integer operators only, so that one definition serves Python ints,
+# int64 torch tensors (the batched tensor path) and numba (the FFCV decoder): every intermediate stays
+# below 2**49, so nothing overflows int64 anywhere.
+M32 = 0xFFFFFFFF
+
+
+def hash32(x: Any) -> Any:
+    """A 32-bit integer hash (Wellons' "triple32" mixer) of 0 <= x < 2**32, elementwise on tensors.
+
+    Each x * c mod 2**32 is computed as x*c_lo + ((x*c_hi mod 2**16) << 16) with 16-bit halves of c.
+    """
+    x = x ^ (x >> 17)
+    x = (x * 0xD4BB + (((x * 0xED5A) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    x = x ^ (x >> 11)
+    x = (x * 0x1B51 + (((x * 0xAC4C) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x8BAB + (((x * 0x3184) & 0xFFFF) << 16)) & 0xFFFFFFFF
+    x = x ^ (x >> 14)
+    return x
+
+
+# Stream domains: one sample's draws for different purposes never share a stream.
+DOMAIN_TENSOR_VIEW = 1  # tensor path: crop, flip and photometric uniforms of one view
+DOMAIN_FFCV_CROP = 2  # FFCV decoder: crop + flip of one view
+
+
+def stream_key(seed: int, epoch: int, view: int, domain: int) -> int:
+    """The 32-bit key of the stream of (seed, epoch, view, domain); combine with `sample_hash`."""
+    h = hash32(0x9E3779B9 ^ (int(seed) & M32))
+    for word in ((int(seed) >> 32) & M32, int(epoch) & M32, int(view) & M32, int(domain) & M32):
+        h = hash32(h ^ word)
+    return int(h)
+
+
+def sample_hash(key: Any, index: Any) -> Any:
+    """32-bit hash of (stream key, sample index); index is an int or an int64 tensor of indices >= 0."""
+    return hash32(hash32(key ^ (index & M32)) ^ ((index >> 32) & M32))
 
 
 class ResumableEpochs:

@@ -1,39 +1,67 @@
 """FFCV: `.beton` files (image + label) -> multi-crop batches on the training device.
 
-One FFCV pipeline per view reads the same `image` field, each with its own RandomResizedCrop decoder at
-the view's size and scale, then a horizontal flip, then goes to the device. The photometric part of the
-preset (color jitter, grayscale, blur, solarization, normalisation) runs per sample but batched on the
+One FFCV pipeline per view reads the same `image` field, each with its own random-resized-crop + flip
+decoder at the view's size and scale, then goes to the device. The photometric part of the preset
+(color jitter, grayscale, blur, solarization, normalisation) runs per sample but batched on the
 device (`tensor_aug.BatchPhotometric`, kornia kernels), with the preset's probabilities per view.
-Under DDP the loader uses FFCV's `distributed=True` ordering (a DistributedSampler over the seeded
-permutation): every rank gets the same number of batches.
-
 FFCV stores RGB images only; a one-channel preset keeps the first channel on the device.
+
+What does not depend on the world size, the rank or the number of FFCV threads (DESIGN §3b):
+- The order. FFCV gets an explicit per-rank order (`_EpochOrder`): the epoch's global order depends only
+  on (seed, epoch) (`random`: the seeded permutation of `common.epoch_permutation`; `sequential`:
+  0..N-1; `quasi_random`: FFCV's page-aware order, seeded by (seed, epoch) and computed for the global
+  batch P*b, so it also depends on that global batch size), cut into global batches of P*b; rank r
+  takes rows [r*b, (r+1)*b) of each. The ranks' batches t, concatenated, are the global batch t.
+- The crop and flip. FFCV's own RandomResizedCrop decoder and RandomHorizontalFlip draw from numba's
+  per-thread generators, which FFCV never seeds (os entropy): their draws depend on the thread and on
+  what it drew before, so they are not reproducible even between two runs. `KeyedRandomResizedCropFlip`
+  re-seeds the decoding thread's generator before each sample from (seed, epoch, sample index, view)
+  and then runs FFCV's own crop sampler and resize; the flip is drawn from the same stream.
+- The photometric draws: `BatchPhotometric` keyed by (seed, epoch, sample index, view).
+So for the same seed and global batch, P ranks with batch b give, concatenated, exactly the views and
+labels of one process with batch P*b (same device type; a view is bit-identical); a restored position
+(epoch, batches done) resumes with the same views, and FFCV starts directly at the restored batch.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 
-from hypersolid_scale.data.common import ResumableEpochs, mix_seed
+from hypersolid_scale.data.common import (DOMAIN_FFCV_CROP, ResumableEpochs, epoch_permutation, hash32, mix_seed,
+                                          split_global_batches, stream_key)
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.tensor_aug import BatchPhotometric
 
 try:
     from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.fields.rgb_image import IMAGE_MODES, get_random_crop
+    from ffcv.libffcv import imdecode, resize_crop
     from ffcv.loader import Loader, OrderOption
     from ffcv.pipeline import PipelineSpec
+    from ffcv.pipeline.compiler import Compiler
     from ffcv.reader import Reader
-    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToDevice, ToTensor, ToTorchImage
+    from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
+    from ffcv.traversal_order.base import TraversalOrder
+    from ffcv.traversal_order.quasi_random import QuasiRandom, generate_order_inner
     from ffcv.writer import DatasetWriter
+    from numba import objmode
+    from numba.core.errors import NumbaWarning
 
+    # The decoder reads the epoch's key once per batch in object mode (`_epoch_key`) inside FFCV's
+    # nogil pipeline; numba warns that this block holds the GIL, which is intended and cheap.
+    warnings.filterwarnings("ignore", message="Code running in object mode won't allow parallel execution",
+                            category=NumbaWarning)
     FFCV_IMPORT_ERROR: Optional[BaseException] = None
 except ImportError as _e:  # the optional extra is not installed
     FFCV_IMPORT_ERROR = _e
+    RandomResizedCropRGBImageDecoder = TraversalOrder = object  # type: ignore[misc,assignment]
 
 _HOW_TO_INSTALL = ("FFCV is not installed: apt-get install pkg-config libopencv-dev libturbojpeg0-dev, then "
                    "pip install numpy cython pkgconfig && pip install --no-build-isolation ffcv")
@@ -91,7 +119,158 @@ def check_beton(path: str) -> int:
     return int(reader.num_samples)
 
 
-_ORDERS = {"random": "RANDOM", "quasi_random": "QUASI_RANDOM", "sequential": "SEQUENTIAL"}
+ORDERS = ("random", "quasi_random", "sequential")
+
+
+class _EpochOrder(TraversalOrder):  # type: ignore[misc,valid-type]
+    """FFCV traversal order: this rank's rows of every global batch of the epoch, from batch `start` on.
+
+    FFCV accepts a TraversalOrder instance and calls it with the loader; `sample_order(epoch)` is then
+    what FFCV iterates, cut into batches of b.
+    """
+
+    def __init__(self, mode: str, *, num_samples: int, seed: int, rank: int, world_size: int,
+                 batch_size: int) -> None:
+        if mode not in ORDERS:
+            raise ValueError(f"data.ffcv_order={mode!r} is not one of {ORDERS}")
+        self.mode, self.num_samples, self.seed = mode, num_samples, seed
+        self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
+        self.start = 0  # first batch of the epoch to produce (a restored position)
+        self._cache: tuple[int, np.ndarray] = (-1, np.empty(0, np.int64))
+
+    def __call__(self, loader: Any) -> "_EpochOrder":
+        TraversalOrder.__init__(self, loader)
+        if self.mode == "quasi_random":
+            # FFCV's page table (raises for a file with no pages); the order itself is made below.
+            q = QuasiRandom(loader)
+            self._pages, self._page_sizes = q.page_to_samples_array, q.page_sizes
+        return self
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        """The epoch's order of all samples; depends on (seed, epoch) (and P*b for quasi_random)."""
+        if self.mode != "quasi_random":
+            return epoch_permutation(self.num_samples, seed=self.seed, epoch=epoch, shuffle=self.mode == "random")
+        out = np.zeros(self.num_samples, dtype=np.int64)
+        # A fresh copy of the page table every time: FFCV's generator shuffles it in place, which would
+        # make an epoch's order depend on the epochs drawn before it.
+        generate_order_inner(mix_seed(self.seed, epoch) % 2**31, self._pages.copy(), self._page_sizes, out,
+                             2 * self.world_size * self.batch_size)
+        return out
+
+    def rank_order(self, epoch: int) -> np.ndarray:
+        """This rank's whole epoch: batch t is [t*b, (t+1)*b)."""
+        if self._cache[0] != epoch:
+            self._cache = (epoch, split_global_batches(self.global_order(epoch), rank=self.rank,
+                                                       world_size=self.world_size, batch_size=self.batch_size))
+        return self._cache[1]
+
+    def sample_order(self, epoch: int) -> Sequence[int]:
+        return self.rank_order(epoch)[self.start * self.batch_size:]
+
+
+# Stream key of the current epoch per decoder, read by the compiled decoder at every batch: numba
+# freezes a closure's values at compile time, and recompiling every pipeline every epoch is slow.
+_EPOCH_KEYS: dict[int, int] = {}
+_DECODER_IDS = itertools.count()
+
+
+def _epoch_key(decoder_id: int) -> int:
+    return _EPOCH_KEYS[decoder_id]
+
+
+def _flip_in_place(img: np.ndarray) -> None:
+    """Mirror an (H, W, C) image left-right."""
+    w = img.shape[1]
+    for y in range(img.shape[0]):
+        for x in range(w // 2):
+            for c in range(img.shape[2]):
+                t = img[y, x, c]
+                img[y, x, c] = img[y, w - 1 - x, c]
+                img[y, w - 1 - x, c] = t
+
+
+class _SharedKernel:
+    """The compiled decode + crop + flip kernel, shared by the views of one loader (one compilation)."""
+
+    def __init__(self) -> None:
+        self.kernel: Optional[Callable] = None
+        self.reader: Any = None
+
+    def get(self, memory_read: Callable) -> Callable:
+        if self.kernel is None or self.reader is not memory_read:
+            self.kernel, self.reader = _build_kernel(memory_read), memory_read
+        return self.kernel
+
+
+def _build_kernel(mem_read: Callable) -> Callable:
+    """The body of FFCV's ResizedCropRGBImageDecoder.generate_code, plus the per-sample seeding and the
+    flip; the view's crop scale, aspect ratios and flip probability are arguments."""
+    my_range = Compiler.get_iterator()
+    imdecode_c = Compiler.compile(imdecode)
+    resize_crop_c = Compiler.compile(resize_crop)
+    get_crop_c = Compiler.compile(get_random_crop)
+    hash_c = Compiler.compile(hash32)
+    flip_c = Compiler.compile(_flip_in_place)
+    jpg = IMAGE_MODES["jpg"]
+
+    def kernel(batch_indices, destination, temp_storage, metadata, storage_state,  # type: ignore[no-untyped-def]
+               key, scale, ratio, flip_prob):
+        for dst_ix in my_range(len(batch_indices)):
+            source_ix = np.int64(batch_indices[dst_ix])
+            np.random.seed(hash_c(hash_c(key ^ (source_ix & 0xFFFFFFFF)) ^ ((source_ix >> 32) & 0xFFFFFFFF)))
+            field = metadata[source_ix]
+            image_data = mem_read(field["data_ptr"], storage_state)
+            height = np.uint32(field["height"])
+            width = np.uint32(field["width"])
+            if field["mode"] == jpg:
+                temp_buffer = temp_storage[dst_ix]
+                imdecode_c(image_data, temp_buffer, height, width, height, width, 0, 0, 1, 1, False, False)
+                selected_size = 3 * height * width
+                temp_buffer = temp_buffer.reshape(-1)[:selected_size]
+                temp_buffer = temp_buffer.reshape(height, width, 3)
+            else:
+                temp_buffer = image_data.reshape(height, width, 3)
+            i, j, h, w = get_crop_c(height, width, scale, ratio)
+            resize_crop_c(temp_buffer, i, i + h, j, j + w, destination[dst_ix])
+            if np.random.random() < flip_prob:
+                flip_c(destination[dst_ix])
+        return destination[:len(batch_indices)]
+
+    kernel.is_parallel = True  # type: ignore[attr-defined]
+    return Compiler.compile(kernel)
+
+
+class KeyedRandomResizedCropFlip(RandomResizedCropRGBImageDecoder):  # type: ignore[misc,valid-type]
+    """FFCV's RandomResizedCrop decoder + a horizontal flip, with draws keyed per sample.
+
+    Before decoding sample i the thread's numba generator is seeded with a hash of
+    (seed, epoch, i, view); FFCV's crop sampler (torchvision's algorithm) and then the flip draw from it.
+    """
+
+    def __init__(self, output_size: tuple[int, int], *, scale: tuple[float, float], ratio: tuple[float, float],
+                 flip_prob: float, seed: int, view: int, shared: Optional[_SharedKernel] = None) -> None:
+        super().__init__(output_size, scale=scale, ratio=ratio)
+        self.flip_prob, self.seed, self.view = float(flip_prob), int(seed), int(view)
+        self.shared = shared if shared is not None else _SharedKernel()
+        self.decoder_id = next(_DECODER_IDS)
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        _EPOCH_KEYS[self.decoder_id] = stream_key(self.seed, epoch, self.view, DOMAIN_FFCV_CROP)
+
+    def generate_code(self) -> Callable:
+        kernel, decoder_id = self.shared.get(self.memory_read), self.decoder_id
+        scale, ratio = np.array(self.scale, dtype=np.float64), np.array(self.ratio, dtype=np.float64)
+        flip_prob = self.flip_prob
+
+        def decode(batch_indices, my_storage, metadata, storage_state):  # type: ignore[no-untyped-def]
+            with objmode(key="int64"):  # once per batch: the current epoch's key
+                key = _epoch_key(decoder_id)
+            destination, temp_storage = my_storage
+            return kernel(batch_indices, destination, temp_storage, metadata, storage_state, key, scale, ratio,
+                          flip_prob)
+
+        return decode
 
 
 class FFCVLoader(ResumableEpochs):
@@ -104,27 +283,28 @@ class FFCVLoader(ResumableEpochs):
         require_ffcv()
         self.num_samples = check_beton(path)
         self.path, self.preset, self.rank, self.world_size, self.seed = path, preset, rank, world_size, seed
+        self.batch_size = batch_size
         self.device = torch.device(device)
         self.augment = BatchPhotometric(preset, self.device, seed)
-        if order == "quasi_random" and world_size > 1:
-            # FFCV's QUASI_RANDOM has no distributed mode; RANDOM is exact and rank-aware.
-            order = "random"
+        self._order = _EpochOrder(order, num_samples=self.num_samples, seed=seed, rank=rank,
+                                  world_size=world_size, batch_size=batch_size)
         label_pipe = [IntDecoder(), ToTensor(), Squeeze(), ToDevice(self.device, non_blocking=True)]
         pipelines: dict[str, Any] = {"image": None, "label": label_pipe}
-        self.view_names = []
+        self.view_names, self._decoders = [], []
+        shared = _SharedKernel()
         for i, (size, scale) in enumerate(zip(preset.view_sizes(), preset.view_scales())):
             name = f"view_{i}"
             self.view_names.append(name)
-            pipelines[name] = PipelineSpec(
-                "image", decoder=RandomResizedCropRGBImageDecoder((size, size), scale=scale, ratio=(3 / 4, 4 / 3)),
-                transforms=[RandomHorizontalFlip(flip_prob=preset.hflip_prob), ToTensor(),
-                            ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=False)])
+            decoder = KeyedRandomResizedCropFlip((size, size), scale=scale, ratio=(3 / 4, 4 / 3),
+                                                 flip_prob=preset.hflip_prob, seed=seed, view=i, shared=shared)
+            self._decoders.append(decoder)
+            pipelines[name] = PipelineSpec("image", decoder=decoder, transforms=[
+                ToTensor(), ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=False)])
         # FFCV's Loader sets torch's intra-op threads to its worker count; keep the trainer's setting.
         threads = torch.get_num_threads()
         self.loader = Loader(path, batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
-                             order=getattr(OrderOption, _ORDERS[order]), distributed=world_size > 1,
-                             seed=seed % (2**31), pipelines=pipelines, drop_last=True,
-                             batches_ahead=batches_ahead)
+                             order=self._order, distributed=False, seed=seed % (2**31), pipelines=pipelines,
+                             drop_last=True, batches_ahead=batches_ahead)
         torch.set_num_threads(threads)
         self._len = len(self.loader)
         self._out_names = list(self.loader.pipeline_specs.keys())
@@ -132,28 +312,32 @@ class FFCVLoader(ResumableEpochs):
     def __len__(self) -> int:
         return self._len
 
-    def raw_batches(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
-        """Batches after FFCV (crop + flip, uint8 (B, 3, H, W) on the device), before photometric."""
+    def raw_batches(self, start: int = 0) -> Iterator[tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]]:
+        """`(views, labels, indices)` of this epoch from batch `start` on, after FFCV (crop + flip, uint8
+        (B, 3, H, W) on the device), before photometric; `indices`: the samples' indices in the file (CPU)."""
+        self._order.start = start
+        for decoder in self._decoders:
+            decoder.set_epoch(self.epoch)
+        mine = torch.from_numpy(self._order.rank_order(self.epoch))
         self.loader.next_epoch = self.epoch
         threads = torch.get_num_threads()
         epoch_iter = iter(self.loader)  # FFCV resets torch's thread count here too
         torch.set_num_threads(threads)
-        for n, out in enumerate(epoch_iter):
-            if n >= self._len:
-                break
-            named = dict(zip(self._out_names, out))
-            yield [named[v] for v in self.view_names], named["label"].long()
+        b = self.batch_size
+        try:
+            for t, out in zip(range(start, self._len), epoch_iter):
+                named = dict(zip(self._out_names, out))
+                yield [named[v] for v in self.view_names], named["label"].long(), mine[t * b:(t + 1) * b]
+        finally:
+            epoch_iter.close()  # stop FFCV's prefetching thread when the epoch is cut short
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
         start = self._begin()
-        for b, (views, labels) in enumerate(self.raw_batches()):
-            if b < start:  # restored position: FFCV cannot seek, so the skipped batches are decoded
-                continue
-            self.augment.reseed(mix_seed(self.seed, self.epoch, self.rank, b))
+        for views, labels, indices in self.raw_batches(start):
             if self.preset.channels == 1:
                 views = [v[:, :1] for v in views]
             self._count()
-            yield self.augment(views), labels
+            yield self.augment(views, indices, self.epoch), labels
         self._skip = 0
 
 

@@ -15,6 +15,7 @@ from hypersolid_scale.data.builtin import ArraySplit
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed, rank_indices
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+from hypersolid_scale.data.transforms import seeded_global_rngs
 
 Batch = tuple[list[torch.Tensor], torch.Tensor]
 
@@ -42,8 +43,10 @@ class ArrayPILDataset(Dataset):
 class InMemoryMultiCropLoader(ResumableEpochs):
     """Batches of multi-crop views from uint8 images in memory, augmented a whole batch at a time.
 
-    Every batch reseeds the augmentation from (seed, epoch, rank, batch), so a resumed run produces the
-    very same views as an uninterrupted one.
+    World-size invariant (DESIGN §3b): rank r's batch t = rows [r*b, (r+1)*b) of global batch t of the
+    (seed, epoch) permutation, and every augmentation draw is keyed by (seed, epoch, sample index, view);
+    so the ranks' batches t, concatenated, are bit for bit the batch t of one process with batch P*b, and
+    a resumed run produces the very same views as an uninterrupted one.
     """
 
     def __init__(self, split: ArraySplit, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
@@ -68,23 +71,47 @@ class InMemoryMultiCropLoader(ResumableEpochs):
                                             batch_size=self.batch_size, seed=self.seed, epoch=self.epoch))
         for b in range(start, self._len):
             bi = idx[b * self.batch_size:(b + 1) * self.batch_size]
-            self.multicrop.reseed(mix_seed(self.seed, self.epoch, self.rank, b))
-            views = self.multicrop(self.images[bi])
+            views = self.multicrop(self.images[bi], bi, self.epoch)
             self._count()
             yield views, self.labels[bi]
         self._skip = 0
 
 
 def _seed_worker(worker_id: int) -> None:
-    # lightly's transforms draw from numpy and torchvision's from torch: seed both from the per-worker
-    # torch seed, which the DataLoader derives from its seeded generator.
+    # (WebDataset loader) lightly's transforms draw from numpy and torchvision's from torch: seed both
+    # from the per-worker torch seed, which the DataLoader derives from its seeded generator.
     s = torch.initial_seed() % 2**32
     np.random.seed(s)
     random.seed(s)
 
 
+class KeyedSamples(Dataset):
+    """Items `indices[k]` of `dataset`, each fetched with the global RNGs seeded by (seed, epoch, index).
+
+    lightly's and torchvision's transforms draw from Python's `random`, numpy's and torch's global
+    generators; seeding all three per sample (and restoring them afterwards) makes a sample's views a
+    function of (seed, epoch, index) only, whichever process or DataLoader worker computes it.
+    """
+
+    def __init__(self, dataset: Dataset, indices: np.ndarray, *, seed: int, epoch: int) -> None:
+        self.dataset, self.indices, self.seed, self.epoch = dataset, indices, int(seed), int(epoch)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> Any:
+        i = int(self.indices[k])
+        with seeded_global_rngs(self.seed, self.epoch, i):
+            return self.dataset[i]
+
+
 class MapStyleMultiCropLoader(ResumableEpochs):
-    """A map-style dataset of (views, label) samples (PIL multi-crop inside), split by rank, in workers."""
+    """A map-style dataset of (views, label) samples (PIL multi-crop inside), split by rank, in workers.
+
+    World-size and worker-count invariant (DESIGN §3b): the sample set and order of a batch follow
+    `rank_indices`, and each sample's transform runs with the RNGs seeded by (seed, epoch, index)
+    (`KeyedSamples`), so neither the rank, the world size nor the number of workers changes a view.
+    """
 
     def __init__(self, dataset: Dataset, *, rank: int, world_size: int, seed: int, batch_size: int,
                  num_workers: int, max_samples: Optional[int] = None) -> None:
@@ -104,11 +131,12 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         idx = rank_indices(self.num_samples, rank=self.rank, world_size=self.world_size,
                            batch_size=self.batch_size, seed=self.seed, epoch=self.epoch)
         mine = idx[start * self.batch_size:self._len * self.batch_size]
-        subset = torch.utils.data.Subset(self.dataset, mine.tolist())
-        gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
-        loader = DataLoader(subset, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                            worker_init_fn=_seed_worker, generator=gen, drop_last=True,
-                            persistent_workers=False)
+        samples = KeyedSamples(self.dataset, mine, seed=self.seed, epoch=self.epoch)
+        # The generator only seeds the workers' base seed; passing one keeps the DataLoader from
+        # drawing it from the trainer's global torch RNG.
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        loader = DataLoader(samples, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
+                            generator=gen, drop_last=True, persistent_workers=False)
         for views, labels in loader:
             self._count()
             yield views, labels

@@ -4,9 +4,14 @@ Used in two places: (1) the FFCV loader, after FFCV has decoded, cropped and fli
 `BatchPhotometric` on the training device; (2) the in-memory builtin datasets run `TensorMultiCrop`
 (crop + flip + photometric) on whole batches, which is what makes the CPU quickstart fast.
 
-Every random decision is drawn per sample, with the preset's probability, from a seeded generator,
-in the order of lightly's DINOViewTransform: crop -> flip -> color jitter (p, random order of the four
-jitters) -> grayscale -> blur (per view type) -> solarize (global_1 only) -> normalize.
+Every random decision is drawn per sample, with the preset's probabilities, in the order of lightly's
+DINOViewTransform: crop -> flip -> color jitter (p, random order of the four jitters) -> grayscale ->
+blur (per view type) -> solarize (global_1 only) -> normalize.
+
+Randomness (DESIGN §3b): a view's decisions for a sample are fixed columns of one row of uniforms that
+depends only on (seed, epoch, sample index, view) (`keyed_uniforms`, a counter-based hash), never on a
+generator's history. So a sample gets the same view whatever batch, rank, world size or resume position
+it is processed in; masked subsets (e.g. the jittered samples) index rows of that matrix.
 Pass ``record={}`` to get the per-sample decisions back (used by the parity tests).
 """
 
@@ -19,17 +24,39 @@ import kornia
 import torch
 import torch.nn.functional as F
 
+from hypersolid_scale.data.common import DOMAIN_TENSOR_VIEW, hash32, sample_hash, stream_key
 from hypersolid_scale.data.presets import MultiCropPreset
 
 _GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2, as torchvision/PIL "L"
 
+# Column layout of one view's row of uniforms.
+CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop tries
+COL_CROP = 0  # 2 * CROP_ATTEMPTS + 2 columns: areas, log-aspects, then (x, y) position
+COL_FLIP = COL_CROP + 2 * CROP_ATTEMPTS + 2
+COL_JITTER = COL_FLIP + 1  # apply?
+COL_JITTER_FACTORS = COL_JITTER + 1  # brightness, contrast, saturation, hue
+COL_JITTER_ORDER = COL_JITTER_FACTORS + 4  # 4 keys, argsorted into the order of the jitters
+COL_GRAY = COL_JITTER_ORDER + 4
+COL_BLUR = COL_GRAY + 1
+COL_SIGMA = COL_BLUR + 1
+COL_SOLARIZE = COL_SIGMA + 1
+NUM_COLUMNS = COL_SOLARIZE + 1
 
-def _rand(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.rand(n, generator=gen, device=gen.device).to(device)
 
+def keyed_uniforms(seed: int, epoch: int, indices: torch.Tensor, view: int,
+                   columns: int = NUM_COLUMNS) -> torch.Tensor:
+    """(n, columns) float32 uniforms in [0, 1): row i depends only on (seed, epoch, indices[i], view).
 
-def _uniform(n: int, lo: float, hi: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    return lo + (hi - lo) * _rand(n, gen, device)
+    24-bit resolution, like torch.rand's float32; computed on `indices.device`, bit-identical on any device.
+    """
+    if indices.ndim != 1 or indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"indices must be a 1-D integer tensor of sample indices, got {indices.dtype} "
+                         f"of shape {tuple(indices.shape)}")
+    key = stream_key(seed, epoch, view, DOMAIN_TENSOR_VIEW)
+    rows = sample_hash(key, indices.long())  # (n,)
+    cols = hash32(torch.arange(columns, device=indices.device, dtype=torch.int64) + 0x632BE5AB)  # (columns,)
+    bits = hash32(rows[:, None] ^ cols[None, :])  # (n, columns) in [0, 2**32)
+    return (bits >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
@@ -41,31 +68,34 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
 
 
 def sample_crop_boxes(
-    n: int, height: int, width: int, scale: tuple[float, float], gen: torch.Generator,
-    ratio: tuple[float, float] = (3 / 4, 4 / 3), attempts: int = 10,
+    u: torch.Tensor, height: int, width: int, scale: tuple[float, float],
+    ratio: tuple[float, float] = (3 / 4, 4 / 3), attempts: int = CROP_ATTEMPTS,
 ) -> torch.Tensor:
     """torchvision's RandomResizedCrop.get_params, vectorised: (n, 4) float boxes (x0, y0, w, h) in pixels.
 
-    Same algorithm: up to 10 tries of (area ~ U(scale) * H * W, log-aspect ~ U(log ratio)), the first
-    that fits wins; otherwise a center crop with the aspect ratio clamped to `ratio`.
+    `u`: (n, 2 * attempts + 2) uniforms in [0, 1): the attempts' areas, their log-aspects, then the
+    position. Same algorithm: up to `attempts` tries of (area ~ U(scale) * H * W, log-aspect ~
+    U(log ratio)), the first that fits wins; otherwise a center crop with the aspect ratio clamped to `ratio`.
     """
+    n = u.shape[0]
+    if u.ndim != 2 or u.shape[1] < 2 * attempts + 2:
+        raise ValueError(f"need (n, {2 * attempts + 2}) uniforms for {attempts} crop attempts, got {tuple(u.shape)}")
     area = float(height * width)
-    target = area * (scale[0] + (scale[1] - scale[0]) * torch.rand(n, attempts, generator=gen, device=gen.device))
-    log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * torch.rand(
-        n, attempts, generator=gen, device=gen.device)
+    target = area * (scale[0] + (scale[1] - scale[0]) * u[:, :attempts])
+    log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[:, attempts:2 * attempts]
     aspect = torch.exp(log_r)
     w = torch.round(torch.sqrt(target * aspect))
     h = torch.round(torch.sqrt(target / aspect))
     ok = (w > 0) & (h > 0) & (w <= width) & (h <= height)
-    first = torch.where(ok.any(dim=1), ok.float().argmax(dim=1), torch.full((n,), -1, device=gen.device))
-    u = torch.rand(n, 2, generator=gen, device=gen.device)
-    boxes = torch.empty(n, 4, device=gen.device)
+    first = torch.where(ok.any(dim=1), ok.float().argmax(dim=1), torch.full((n,), -1, device=u.device))
+    pos = u[:, 2 * attempts:2 * attempts + 2]
+    boxes = torch.empty(n, 4, device=u.device)
     idx = first.clamp(min=0)
     cw = w.gather(1, idx[:, None]).squeeze(1)
     ch = h.gather(1, idx[:, None]).squeeze(1)
     # torch.randint(0, H - h + 1) equivalent.
-    boxes[:, 0] = torch.floor(u[:, 0] * (width - cw + 1))
-    boxes[:, 1] = torch.floor(u[:, 1] * (height - ch + 1))
+    boxes[:, 0] = torch.floor(pos[:, 0] * (width - cw + 1))
+    boxes[:, 1] = torch.floor(pos[:, 1] * (height - ch + 1))
     boxes[:, 2] = cw
     boxes[:, 3] = ch
     fallback = first < 0
@@ -109,29 +139,33 @@ def crop_resize_flip(
     return out.clamp_(0.0, 1.0)
 
 
-class BatchPhotometric:
-    """Color jitter, grayscale, blur, solarization and normalisation of a batch of views, per sample."""
+def _lerp(lo: float, hi: float, u: torch.Tensor) -> torch.Tensor:
+    return lo + (hi - lo) * u
 
-    def __init__(self, preset: MultiCropPreset, device: torch.device, seed: int = 0) -> None:
+
+class BatchPhotometric:
+    """Color jitter, grayscale, blur, solarization and normalisation of a batch of views, per sample.
+
+    Draws come from `keyed_uniforms(seed, epoch, indices, view)`, so they follow the samples.
+    """
+
+    def __init__(self, preset: MultiCropPreset, device: torch.device | str, seed: int = 0) -> None:
         self.preset = preset
         self.device = torch.device(device)
-        self.gen = torch.Generator(device=self.device)
-        self.gen.manual_seed(seed)
+        self.seed = int(seed)
         self.mean = torch.tensor(preset.mean, device=self.device).view(1, -1, 1, 1)
         self.std = torch.tensor(preset.std, device=self.device).view(1, -1, 1, 1)
 
-    def reseed(self, seed: int) -> None:
-        self.gen.manual_seed(seed)
-
-    def _jitter(self, x: torch.Tensor) -> torch.Tensor:
+    def _jitter(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """torchvision ColorJitter semantics: the four jitters in a random order, drawn per sample."""
         n = x.shape[0]
         bri, con, sat, hue = self.preset.jitter_ranges()
-        fb = _uniform(n, max(0.0, 1 - bri), 1 + bri, self.gen, x.device).view(n, 1, 1, 1)
-        fc = _uniform(n, max(0.0, 1 - con), 1 + con, self.gen, x.device).view(n, 1, 1, 1)
-        fs = _uniform(n, max(0.0, 1 - sat), 1 + sat, self.gen, x.device).view(n, 1, 1, 1)
-        fh = _uniform(n, -hue, hue, self.gen, x.device)
-        order = torch.argsort(torch.rand(n, 4, generator=self.gen, device=self.gen.device), dim=1).to(x.device)
+        f = u[:, COL_JITTER_FACTORS:COL_JITTER_FACTORS + 4]
+        fb = _lerp(max(0.0, 1 - bri), 1 + bri, f[:, 0]).view(n, 1, 1, 1)
+        fc = _lerp(max(0.0, 1 - con), 1 + con, f[:, 1]).view(n, 1, 1, 1)
+        fs = _lerp(max(0.0, 1 - sat), 1 + sat, f[:, 2]).view(n, 1, 1, 1)
+        fh = _lerp(-hue, hue, f[:, 3])
+        order = torch.argsort(u[:, COL_JITTER_ORDER:COL_JITTER_ORDER + 4], dim=1, stable=True)
         rgb = x.shape[1] == 3
         for stage in range(4):
             op = order[:, stage]
@@ -152,33 +186,36 @@ class BatchPhotometric:
                 x[m] = y.clamp(0.0, 1.0)
         return x
 
-    def _blur(self, x: torch.Tensor) -> torch.Tensor:
+    def _blur(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         n, _, h, w = x.shape
         lo, hi = self.preset.blur_sigmas
-        sigma = _uniform(n, lo, hi, self.gen, x.device)
+        sigma = _lerp(lo, hi, u[:, COL_SIGMA])
         # PIL's GaussianBlur(radius=sigma) has std sigma; 3 sigma each side covers it. Reflect padding
         # needs the kernel to stay smaller than the image.
         k = min(2 * math.ceil(3 * hi) + 1, (min(h, w) - 1) | 1)
         return kornia.filters.gaussian_blur2d(x, (k, k), sigma[:, None].repeat(1, 2))
 
-    def view(self, x: torch.Tensor, index: int, record: Optional[dict] = None) -> torch.Tensor:
-        """Augment and normalise view number `index` ((B, C, H, W) float in [0, 1] or uint8)."""
+    def view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: Optional[dict] = None) -> torch.Tensor:
+        """Augment and normalise view number `index` ((B, C, H, W) float in [0, 1] or uint8).
+
+        `u`: (B, NUM_COLUMNS) uniforms of this view (`keyed_uniforms`); the photometric columns are used.
+        """
         if x.dtype == torch.uint8:
             x = x.to(self.device, non_blocking=True).float().div_(255.0)
         else:
             x = x.to(self.device).float().clone()
-        n = x.shape[0]
+        u = u.to(x.device)
         p = self.preset
-        jit = _rand(n, self.gen, x.device) < p.cj_prob
+        jit = u[:, COL_JITTER] < p.cj_prob
         if jit.any():
-            x[jit] = self._jitter(x[jit])
-        gray = _rand(n, self.gen, x.device) < p.gray_prob
+            x[jit] = self._jitter(x[jit], u[jit])
+        gray = u[:, COL_GRAY] < p.gray_prob
         if gray.any():
             x[gray] = _gray(x[gray]).expand(-1, x.shape[1], -1, -1)
-        blur = _rand(n, self.gen, x.device) < p.view_blur_probs()[index]
+        blur = u[:, COL_BLUR] < p.view_blur_probs()[index]
         if blur.any():
-            x[blur] = self._blur(x[blur])
-        sol = _rand(n, self.gen, x.device) < p.view_solarize_probs()[index]
+            x[blur] = self._blur(x[blur], u[blur])
+        sol = u[:, COL_SOLARIZE] < p.view_solarize_probs()[index]
         if sol.any():
             xs = x[sol]
             # PIL ImageOps.solarize(threshold=128) inverts pixels >= 128 (of 255).
@@ -190,8 +227,21 @@ class BatchPhotometric:
             record.setdefault("solarize", []).append(sol.cpu())
         return (x - self.mean) / self.std
 
-    def __call__(self, views: list[torch.Tensor], record: Optional[dict] = None) -> list[torch.Tensor]:
-        return [self.view(v, i, record) for i, v in enumerate(views)]
+    def __call__(self, views: list[torch.Tensor], indices: torch.Tensor, epoch: int,
+                 record: Optional[dict] = None) -> list[torch.Tensor]:
+        """views[i]: (B, C, H, W) of view i; indices: (B,) the samples' dataset indices."""
+        idx = _check_indices(indices, views[0].shape[0]).to(self.device)
+        return [self.view(v, i, keyed_uniforms(self.seed, epoch, idx, i), record) for i, v in enumerate(views)]
+
+
+def _check_indices(indices: torch.Tensor, n: int) -> torch.Tensor:
+    """The batch's dataset indices, checked where they are (the loaders keep them on the CPU: no sync)."""
+    if not isinstance(indices, torch.Tensor) or indices.shape != (n,):
+        shape = tuple(indices.shape) if isinstance(indices, torch.Tensor) else type(indices).__name__
+        raise ValueError(f"indices must be a ({n},) tensor of the batch's dataset indices, got {shape}")
+    if bool((indices < 0).any()):
+        raise ValueError(f"dataset indices must be >= 0, got {indices.min().item()}")
+    return indices
 
 
 class TensorMultiCrop:
@@ -200,25 +250,24 @@ class TensorMultiCrop:
     def __init__(self, preset: MultiCropPreset, device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.preset = preset
         self.device = torch.device(device)
-        self.photometric = BatchPhotometric(preset, self.device, seed=seed + 1)
-        self.gen = torch.Generator(device=self.device)
-        self.gen.manual_seed(seed)
+        self.seed = int(seed)
+        self.photometric = BatchPhotometric(preset, self.device, seed=seed)
 
-    def reseed(self, seed: int) -> None:
-        self.gen.manual_seed(seed)
-        self.photometric.reseed(seed + 1)
-
-    def __call__(self, images: torch.Tensor, record: Optional[dict] = None) -> list[torch.Tensor]:
-        """images: (B, C, H, W) uint8 -> list of normalised float views [global_0, global_1, local_0, ...]."""
+    def __call__(self, images: torch.Tensor, indices: torch.Tensor, epoch: int,
+                 record: Optional[dict] = None) -> list[torch.Tensor]:
+        """images: (B, C, H, W) uint8 of the samples `indices` (B,) -> list of normalised float views
+        [global_0, global_1, local_0, ...]."""
+        idx = _check_indices(indices, images.shape[0]).to(self.device)
         x = images.to(self.device).float().div_(255.0)
-        b, _, h, w = x.shape
+        _, _, h, w = x.shape
         out = []
         for i, (size, scale) in enumerate(zip(self.preset.view_sizes(), self.preset.view_scales())):
-            boxes = sample_crop_boxes(b, h, w, scale, self.gen)
-            flips = torch.rand(b, generator=self.gen, device=self.gen.device) < self.preset.hflip_prob
+            u = keyed_uniforms(self.seed, epoch, idx, i)
+            boxes = sample_crop_boxes(u[:, COL_CROP:COL_FLIP], h, w, scale)
+            flips = u[:, COL_FLIP] < self.preset.hflip_prob
             view = crop_resize_flip(x, boxes, flips, size)
             if record is not None:
                 record.setdefault("area", []).append((boxes[:, 2] * boxes[:, 3] / (h * w)).cpu())
                 record.setdefault("flip", []).append(flips.cpu())
-            out.append(self.photometric.view(view, i, record))
+            out.append(self.photometric.view(view, i, u, record))
         return out

@@ -2,12 +2,15 @@
 
 The PIL path is the semantic reference: the batched tensor path (`tensor_aug.py`) and the FFCV path are
 tested against it. `instrument` wraps the stages of a built DINOTransform so that a test can read what
-each stage did to each view without changing what it does.
+each stage did to each view without changing what it does. `seeded_global_rngs` makes a sample's
+views a function of (seed, epoch, sample index) only (DESIGN §3b).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import random
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -15,6 +18,7 @@ from lightly.transforms.dino_transform import DINOTransform
 from PIL import Image
 from torchvision import transforms as T
 
+from hypersolid_scale.data.common import mix_seed
 from hypersolid_scale.data.presets import MultiCropPreset, normalize_dict
 
 
@@ -42,6 +46,27 @@ def build_pil_multicrop(preset: MultiCropPreset) -> DINOTransform:
         solarization_prob=preset.solarize_prob,
         normalize=normalize_dict(preset),
     )
+
+
+@contextmanager
+def seeded_global_rngs(seed: int, epoch: int, index: int) -> Iterator[None]:
+    """Seed Python's `random`, numpy's and torch's (CPU) global generators from (seed, epoch, index)
+    for the duration of the block, then put their previous states back.
+
+    These are the generators lightly's (numpy) and torchvision's (torch) random transforms draw from.
+    Each gets its own derived seed, so the three streams are unrelated; restoring the states keeps the
+    caller's streams (e.g. the trainer's, when the DataLoader has no workers) untouched.
+    """
+    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    random.seed(mix_seed(seed, epoch, index, 0))
+    np.random.seed(mix_seed(seed, epoch, index, 1) % 2**32)
+    torch.default_generator.manual_seed(mix_seed(seed, epoch, index, 2))
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+        torch.set_rng_state(saved[2])
 
 
 def pil_mode(preset: MultiCropPreset) -> str:

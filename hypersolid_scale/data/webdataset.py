@@ -10,6 +10,29 @@ the shards), each rank gets exactly floor(N / (world * batch)) batches. Shards a
 shard sizes never give ranks different batch counts. With fewer shards than streams, every stream reads
 all shards and keeps every S-th sample. A sample that fails to decode is skipped and counted
 (`stats["corrupt_skipped"]`); a missing or unreadable shard raises an error naming it.
+
+What this loader promises, and what it does not (compare DESIGN §3b, which the in-memory, map-style and
+FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W streams, b = batch per rank:
+- Equal work: every rank yields exactly floor(N / (P * b)) batches of b samples per epoch.
+- Determinism for a fixed (seed, epoch, P, W, rank): the samples of each batch and their order are
+  reproducible. The shard order is shuffled by (seed, epoch) identically on every rank; stream
+  s = rank * W + worker takes shards[s::S] (or, with fewer than S shards, samples i with i % S == s of
+  every shard) and shuffles them with a buffer seeded by (seed, epoch, rank, worker). Batch t of a rank
+  is produced whole by worker t % W.
+- Coverage: streams read disjoint data. A stream whose shards hold fewer samples than its quota starts
+  over (repeats samples); one with more leaves the rest unread; so with uneven shards an epoch is not
+  exactly one pass over the data.
+- NOT world-size or worker-count invariant: which samples form a batch, and their order, depend on P and W
+  (they decide the streams), so P ranks with batch b do not reproduce one process with batch P * b, and
+  changing num_workers changes the batches.
+- Augmentations are NOT keyed per sample: lightly/torchvision transforms draw from the worker's global
+  generators, seeded through the DataLoader from (seed, epoch, rank, first batch of this iteration) and
+  the worker id (with num_workers=0: the main process's global generators, i.e. the trainer's streams).
+  They depend on the rank, the worker count and the order in which the worker processed its samples.
+- Resume at (epoch, batches done): the same samples in the same batches as the uninterrupted run (each
+  stream re-reads and drops the samples of the skipped batches without decoding them; each sample that
+  failed to decode before the restored position shifts that stream's later samples by one), but
+  different augmentation draws, since the worker seeds depend on the first batch of the iteration.
 """
 
 from __future__ import annotations
