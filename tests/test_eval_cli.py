@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -141,10 +144,12 @@ def test_unknown_training_run_gets_a_new_tagged_run(tmp_path: Path) -> None:
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     path = make_checkpoint(tmp_path / "run", mlflow_run_id="0" * 32, tracking_uri=uri)
-    assert main(["--checkpoint", str(path), "--suite", "knn", *FAST_EVAL]) == 0
+    # K=5000 > the 1437 train images: skipped, and the run is tagged with it
+    assert main(["--checkpoint", str(path), "--suite", "knn", *FAST_EVAL, "eval.knn_k=[20,5000]"]) == 0
     report = json.loads((tmp_path / "run" / "eval" / "step_00000007" / "report.json").read_text())
     run = MlflowClient(uri).get_run(report["meta"]["mlflow_run_id"])
     assert run.data.tags["eval.checkpoint"] == str(path.resolve()) and "eval/knn_k20_weighted" in run.data.metrics
+    assert run.data.tags["eval.skipped"] == "knn_k5000" and "eval/knn_k5000_weighted" not in run.data.metrics
 
 
 # ---------------------------------------------------------------------------------------------- extraction
@@ -196,3 +201,84 @@ def test_sharded_extraction_equals_single_process(tmp_path: Path) -> None:
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert torch.allclose(got["feats"], ref, atol=1e-5) and torch.equal(got["labels"], ref_y)
+
+
+# ---------------------------------------------------------------------------------------------- skipped metrics
+
+
+def _eval(tmp_path: Path, suite: str, *overrides: str) -> tuple[int, dict[str, Any], str, list[str]]:
+    """(exit code, report.json, report.md, SkippedWarning messages) of one evaluation of a tiny checkpoint."""
+    from hypersolid_scale.eval.skips import SkippedWarning
+
+    path = make_checkpoint(tmp_path / "run")
+    out = tmp_path / "report"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(["--checkpoint", str(path), "--suite", suite, "--no-mlflow", "--output-dir", str(out),
+                     *FAST_EVAL, *overrides])
+    skip_warnings = [str(w.message) for w in caught if issubclass(w.category, SkippedWarning)]
+    return code, json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), skip_warnings
+
+
+def test_dbscan_radii_over_the_edge_budget_are_skipped_and_the_rest_reported(tmp_path: Path) -> None:
+    # eps=0 holds the 360 self pairs only; eps=0.5 and 1.0 hold nearly all 360^2 pairs of a random CNN's features
+    code, report, md, warned = _eval(tmp_path, "knn,cluster", "eval.dbscan_eps=[0.0,0.5,1.0]",
+                                     "eval.dbscan_max_edges=2000")
+    assert code == 0
+    assert set(report["skipped"]) == {"dbscan_eps0.5", "dbscan_eps1"}
+    assert all("dbscan_max_edges=2000" in why for why in report["skipped"].values())
+    assert len(warned) == 1 and "0.5" in warned[0] and "1.0" in warned[0]  # one warning for the whole group
+    assert [r["nmi"] is None for r in report["dbscan"]] == [False, True, True]
+    assert {"knn_k5_weighted", "kmeans_nmi", "dbscan_best_nmi", "hdbscan_nmi"} <= set(report["metrics"])
+    assert "## Skipped" in md and "| dbscan_eps0.5 | its neighbourhood graph exceeds" in md
+
+
+def test_whole_dbscan_sweep_and_hdbscan_skipped_with_one_warning_each(tmp_path: Path) -> None:
+    code, report, md, warned = _eval(tmp_path, "knn,cluster", "eval.dbscan_eps=[0.5]", "eval.dbscan_max_edges=1000",
+                                     "eval.hdbscan_min_cluster_size=500")  # more than the 360 test points
+    assert code == 0
+    assert set(report["skipped"]) == {"dbscan", "hdbscan"} and len(warned) == 2
+    assert "dbscan_max_edges=1000" in report["skipped"]["dbscan"]
+    assert "min_cluster_size=500" in report["skipped"]["hdbscan"] and "got 360" in report["skipped"]["hdbscan"]
+    assert "dbscan" not in report and not any(k.startswith(("dbscan_", "hdbscan_")) for k in report["metrics"])
+    assert 0 <= report["metrics"]["kmeans_nmi"] <= 1 and 0 <= report["metrics"]["knn_k5_majority"] <= 100
+    assert "| hdbscan | HDBSCAN needs more than" in md
+
+
+def test_knn_k_over_the_memory_bank_and_probe_without_two_classes_are_skipped(tmp_path: Path) -> None:
+    # a memory bank of 12 train images: K=5 runs, K=20 cannot
+    code, report, _, warned = _eval(tmp_path, "knn,linear", "eval.max_train_samples=12")
+    assert code == 0 and report["meta"]["n_train"] == 12 and report["meta"]["n_test"] == 360
+    assert set(report["skipped"]) == {"knn_k20"} and "12 samples of the memory bank" in report["skipped"]["knn_k20"]
+    assert len(warned) == 1 and {"knn_k5_majority", "knn_k5_weighted", "linear_top1"} <= set(report["metrics"])
+    assert not any(k.startswith("knn_k20") for k in report["metrics"])
+    # a single train image: one class, nothing for a probe to separate and no neighbours to vote
+    code, report, md, warned = _eval(tmp_path / "one", "knn,linear,cluster", "eval.max_train_samples=1")
+    assert code == 0 and set(report["skipped"]) == {"knn_k5", "knn_k20", "linear"}
+    assert len(warned) == 2  # one for the two Ks together, one for the probe
+    assert "at least 2 classes" in report["skipped"]["linear"] and "| linear |" in md
+    assert {"kmeans_nmi", "hdbscan_nmi"} <= set(report["metrics"])
+
+
+def test_nothing_evaluated_is_an_error_exit_with_the_report_still_written(tmp_path: Path) -> None:
+    code, report, md, _ = _eval(tmp_path, "knn", "eval.max_train_samples=3")
+    assert code != 0 and report["metrics"] == {} and set(report["skipped"]) == {"knn_k5", "knn_k20"}
+    assert "## Skipped" in md and "| knn_k20 | K=20 exceeds the 3 samples" in md
+
+
+def test_launch_eval_exit_codes(tmp_path: Path) -> None:
+    """The script's exit status: 0 with a skipped metric, non-zero with a message when nothing ran."""
+    path = make_checkpoint(tmp_path / "run")
+    script = Path(__file__).resolve().parents[1] / "launch" / "eval.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), "--checkpoint", str(path), "--no-mlflow", "--suite", "knn",
+                               *FAST_EVAL, *args], capture_output=True, text=True, env=env, timeout=300)
+
+    ok = run("eval.max_train_samples=10")  # K=20 skipped, K=5 computed
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "knn_k20: K=20 exceeds" in ok.stdout and "k5_weighted" in ok.stdout
+    none = run("eval.max_train_samples=3")
+    assert none.returncode not in (0, 1)  # 1 would be an uncaught exception
+    assert "nothing could be evaluated" in none.stderr and "Traceback" not in none.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -22,6 +23,8 @@ from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
 from hypersolid_scale.eval.linear import linear_probe
 from hypersolid_scale.eval.neighborhood import interpolation_profile
 from hypersolid_scale.eval.search import as_unit_float32
+from hypersolid_scale.eval.skips import NotApplicable, SkipLog, SkippedWarning
+from hypersolid_scale.eval.suites import nothing_evaluated, run_suites
 
 
 @pytest.fixture(scope="module")
@@ -164,10 +167,17 @@ def test_dbscan_from_graph_labels_equal_sklearn(min_samples: int) -> None:
 def test_dbscan_edge_budget_skips_large_eps_loudly() -> None:
     x = np.random.default_rng(7).standard_normal((2000, 4))
     y = np.arange(2000) % 3
-    with pytest.warns(UserWarning, match="skipped"):
-        sweep = dbscan_sweep(x, y, eps=[0.01, 0.05, 0.5], min_samples=5, max_edges=100_000)
-    assert sweep[0]["nmi"] is not None and sweep[-1]["nmi"] is None and "dbscan_max_edges" in sweep[-1]["skipped"]
-    with pytest.raises(ValueError, match="dbscan_max_edges"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sweep = dbscan_sweep(x, y, eps=[0.01, 0.05, 0.4, 0.5], min_samples=5, max_edges=100_000)
+    assert [str(w.message) for w in caught if w.category is SkippedWarning] == [
+        "DBSCAN eps=0.4, 0.5 skipped: its neighbourhood graph exceeds dbscan_max_edges=100000"]  # ONE warning
+    assert [r["nmi"] is None for r in sweep] == [False, False, True, True]
+    assert "dbscan_max_edges" in sweep[-1]["skipped"] and "skipped" not in sweep[0]
+    # the radii that fit give the scores of an unlimited budget
+    full = dbscan_sweep(x, y, eps=[0.01, 0.05], min_samples=5)
+    assert [r["nmi"] for r in full] == [r["nmi"] for r in sweep[:2]]
+    with pytest.raises(NotApplicable, match="dbscan_max_edges=1000 even at the smallest eps"):
         dbscan_sweep(x, y, eps=[0.5], max_edges=1000)
 
 
@@ -197,7 +207,7 @@ def test_knn_weighted_vote_and_accuracy_dict(digits: tuple) -> None:
     p = knn_predict(x_tr, y_tr, x_te, ks=(20,), temperature=0.07)
     np.testing.assert_array_equal(p["k20_weighted"], votes.argmax(1))
     assert acc["knn_k20_weighted"] == pytest.approx(100 * np.mean(votes.argmax(1) == y_te))
-    with pytest.raises(ValueError, match="exceeds"):
+    with pytest.raises(NotApplicable, match="exceeds"):
         knn_predict(x_tr[:10], y_tr[:10], x_te, ks=(20,))
 
 
@@ -235,3 +245,81 @@ def test_eval_config_rejects_bad_values() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert EvalConfig().knn_k == [5, 20]
+
+
+# ---------------------------------------------------------------------------------------------- skipped metrics
+
+
+def test_metrics_raise_not_applicable_on_data_they_cannot_use(digits: tuple) -> None:
+    x_tr, y_tr, x_te, y_te = digits
+    one = np.zeros(len(x_tr), np.int64)  # a single class
+    with pytest.raises(NotApplicable, match="at least 2 classes, this split has 1"):
+        linear_probe(x_tr, one, x_te, y_te, weight_decays=[1e-3], device="cpu")
+    with pytest.raises(NotApplicable, match="unlabelled"):
+        linear_probe(x_tr, y_tr - 1, x_te, y_te, weight_decays=[1e-3], device="cpu")
+    with pytest.raises(NotApplicable, match="2 <= k <= n"):
+        kmeans(x_tr, one)
+    with pytest.raises(NotApplicable, match="2 <= k <= n"):
+        kmeans(x_tr[:5], y_tr[:5], k=10)
+    with pytest.raises(NotApplicable, match="more than min_cluster_size=10 points, got 10"):
+        hdbscan_cluster(x_tr[:10], y_tr[:10], min_cluster_size=10)
+    with pytest.raises(NotApplicable, match="different-class pairs"):
+        interpolation_profile(x_tr, one, n_pairs=5)
+    with pytest.raises(NotApplicable, match=">= 2 classes"):
+        G.class_metrics(x_tr, one)
+    with pytest.raises(NotApplicable, match="negative labels"):
+        knn_accuracy(x_tr, y_tr, x_te, y_te - 1)
+    assert issubclass(NotApplicable, ValueError)  # callers that catch ValueError (the online monitor) still do
+
+
+def test_skip_log_records_and_warns_once_per_entry_group() -> None:
+    log = SkipLog()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with log.guard("a"):
+            raise NotApplicable("reason a")
+        with log.guard("b"):
+            pass  # nothing to skip
+        log.add({"c1": "same", "c2": "same"})
+        log.add({})
+        with pytest.raises(ValueError, match="a real error"), log.guard("d"):
+            raise ValueError("a real error")  # not NotApplicable: propagates, nothing recorded
+    assert log.reasons == {"a": "reason a", "c1": "same", "c2": "same"}
+    assert [str(w.message) for w in caught] == ["a skipped: reason a", "c1, c2 skipped: same"]
+    assert all(w.category is SkippedWarning and w.filename == __file__ for w in caught)
+
+
+def test_run_suites_on_single_class_data_keeps_what_can_be_computed(tmp_path, digits: tuple) -> None:
+    from hypersolid_scale.eval.report import write_report
+
+    x_tr, _, x_te, _ = digits
+    one_tr, one_te = torch.zeros(len(x_tr), dtype=torch.long), torch.zeros(len(x_te), dtype=torch.long)
+    ev = EvalConfig(knn_k=[5], linear_weight_decays=[1e-3], dbscan_eps=[0.05], max_pairs=20_000, interp_pairs=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = run_suites((torch.from_numpy(x_tr), one_tr), (torch.from_numpy(x_te), one_te), ev, tmp_path)
+    skipped = set(report["skipped"])
+    assert skipped == {"linear", "kmeans", "geometry_classes", "interpolation", "plot_similarity_density",
+                       "plot_interpolation_profile"}
+    assert len([w for w in caught if w.category is SkippedWarning]) == len(skipped)  # one warning each
+    m = report["metrics"]
+    assert m["knn_k5_majority"] == 100.0  # one class: every vote is right
+    assert m["anisotropy"] == pytest.approx(G.anisotropy(x_te)) and "embedding_rank" in m
+    assert "d_prime" not in m and "linear_top1" not in m and "kmeans_nmi" not in m
+    assert "dbscan_best_nmi" in m and "hdbscan_nmi" in m  # clustering scores need no second class
+    assert {p.split("/")[-1] for p in report["plots"]} == {"centroid_cosine.png", "dbscan_eps.png"}
+    assert not nothing_evaluated(report)
+    json_path, md_path = write_report(report, tmp_path)
+    assert json.loads(json_path.read_text())["skipped"]["linear"].startswith("the linear probe")
+    assert "| kmeans | K-Means needs" in md_path.read_text()
+
+
+def test_nothing_evaluated_only_when_no_metric_and_no_plot(tmp_path) -> None:
+    x = torch.randn(8, 4)
+    ev = EvalConfig(suites=["knn", "linear"], knn_k=[20], linear_weight_decays=[1e-3])
+    with pytest.warns(SkippedWarning):
+        report = run_suites((x, torch.zeros(8, dtype=torch.long)), (x, torch.zeros(8, dtype=torch.long)), ev,
+                             tmp_path)
+    assert report["metrics"] == {} and set(report["skipped"]) == {"knn_k20", "linear"}
+    assert nothing_evaluated(report)
+    assert not nothing_evaluated({"metrics": {}, "plots": ["a.png"]})

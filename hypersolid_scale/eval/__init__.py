@@ -1,7 +1,9 @@
 """Evaluation of learned representations: kNN, linear probe, clustering, latent geometry, plots.
 
 Each part is a plain function over an (n, d) feature matrix and its labels; ``cli.main`` (behind
-``launch/eval.py``) loads a checkpoint, embeds the train and test splits and runs the chosen suites.
+``launch/eval.py``) loads a checkpoint, embeds the train and test splits and runs the chosen suites
+(``suites.run_suites``: a metric that cannot run on the data raises ``NotApplicable`` and is reported
+as skipped).
 The trainer's online monitor uses ``extract_embeddings`` and ``knn_accuracy``.
 """
 
@@ -12,9 +14,11 @@ from hypersolid_scale.eval.geometry import geometry_metrics
 from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
 from hypersolid_scale.eval.linear import linear_probe
 from hypersolid_scale.eval.neighborhood import interpolation_profile
+from hypersolid_scale.eval.skips import NotApplicable
 
 __all__ = [
     "EvalConfig",
+    "NotApplicable",
     "cached_embeddings",
     "dbscan_sweep",
     "extract_embeddings",

@@ -8,6 +8,11 @@ Steps: load the checkpoint and rebuild its model -> embed the train and test spl
 transform (sharded over ranks under torchrun, cached on disk) -> on rank 0, run the chosen suites on
 the cached features -> ``report.json``, ``report.md`` and PNGs in the output directory -> MLflow: the
 training run recorded in the checkpoint when it can be found, else a new run tagged with the checkpoint.
+
+A metric that cannot run on this data is skipped with a warning and listed with its reason in the report
+(``hypersolid_scale.eval.suites``); the exit status is 0 unless every requested metric was skipped
+(``EXIT_NOTHING_EVALUATED``). Bad input (missing or corrupt checkpoint, weights of another architecture,
+an unknown or model-changing override) is an exception with a message that says what to fix.
 """
 
 from __future__ import annotations
@@ -15,20 +20,23 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from torch.utils.data import Dataset, Subset
 
-from hypersolid_scale.eval import clustering, geometry, neighborhood, plots
+from hypersolid_scale.eval.clustering import subsample
 from hypersolid_scale.eval.config import FEATURES, SUITES, EvalConfig
 from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint, file_fingerprint
-from hypersolid_scale.eval.knn import knn_accuracy
-from hypersolid_scale.eval.linear import linear_probe
 from hypersolid_scale.eval.report import format_table, write_report
+from hypersolid_scale.eval.suites import nothing_evaluated, run_suites
+
+__all__ = ["default_output_dir", "load_model", "main", "parse_args", "run_suites"]
+
+# Exit status when every requested metric was skipped (the report is still written, with the reasons).
+EXIT_NOTHING_EVALUATED = 3
 
 # Sections a user may change at evaluation time; the model section must stay what the weights were trained as.
 OVERRIDABLE = ("data.", "eval.", "tracking.")
@@ -81,87 +89,19 @@ def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module,
     return model, cfg, ckpt
 
 
+def capped(ds: Dataset, max_n: int | None, seed: int) -> Dataset:
+    """A seeded random subset of at most ``max_n`` samples (a random one: datasets may be sorted by class)."""
+    n = len(ds)  # type: ignore[arg-type]
+    if max_n is None or n <= max_n:
+        return ds
+    return Subset(ds, subsample(n, max_n, seed).tolist())
+
+
 def default_output_dir(checkpoint: Path) -> Path:
     """``<run_dir>/eval/<step_x>`` for checkpoints inside ``<run_dir>/checkpoints``, else next to the file."""
     if checkpoint.parent.name == "checkpoints":
         return checkpoint.parent.parent / "eval" / checkpoint.stem
     return checkpoint.parent / f"eval_{checkpoint.stem}"
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Suites on features
-# ----------------------------------------------------------------------------------------------------------
-
-
-def run_suites(train: tuple[torch.Tensor, torch.Tensor], test: tuple[torch.Tensor, torch.Tensor],
-               ev: EvalConfig, out_dir: str | Path, device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Run ``ev.suites`` on (feats, labels) of the train and test splits. Clustering, geometry and plots
-    use the test split (the paper measures them on held-out embeddings)."""
-    out_dir = Path(out_dir)
-    (x_tr, y_tr), (x_te, y_te) = train, test
-    metrics: dict[str, Any] = {}
-    timings: dict[str, float] = {}
-    report: dict[str, Any] = {"metrics": metrics, "timings_s": timings, "plots": []}
-    suites = list(ev.suites)
-    sub = clustering.subsample(len(x_te), ev.cluster_max_samples, ev.seed)
-    xc, yc = x_te[sub], y_te[sub]
-
-    def timed(name: str) -> Any:
-        class _T:
-            def __enter__(self) -> None:
-                self.t = time.perf_counter()
-
-            def __exit__(self, *exc: Any) -> None:
-                timings[name] = time.perf_counter() - self.t
-        return _T()
-
-    if "knn" in suites:
-        with timed("knn"):
-            metrics.update(knn_accuracy(x_tr, y_tr, x_te, y_te, ks=tuple(ev.knn_k), temperature=ev.knn_temperature))
-    if "linear" in suites:
-        with timed("linear"):
-            metrics.update(linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=ev.linear_weight_decays,
-                                        val_fraction=ev.linear_val_fraction, optimizer=ev.linear_optimizer,
-                                        max_iter=ev.linear_max_iter, seed=ev.seed, device=device))
-    if "cluster" in suites:
-        with timed("kmeans"):
-            km = clustering.kmeans(xc, yc, k=ev.kmeans_k, niter=ev.kmeans_niter, seed=ev.seed)
-            metrics.update({f"kmeans_{k}": v for k, v in km.items() if k != "noise_fraction"})  # K-Means has no noise
-        with timed("dbscan"):
-            sweep = clustering.dbscan_sweep(xc, yc, eps=ev.dbscan_eps, min_samples=ev.dbscan_min_samples,
-                                            max_edges=ev.dbscan_max_edges)
-            report["dbscan"] = sweep
-            best = max((r for r in sweep if r["nmi"] is not None), key=lambda r: r["nmi"], default=None)
-            if best is not None:
-                metrics.update({f"dbscan_best_{k}": v for k, v in best.items() if k != "edges"})
-        with timed("hdbscan"):
-            hsub = clustering.subsample(len(xc), ev.hdbscan_max_samples, ev.seed)
-            hd = clustering.hdbscan_cluster(xc[hsub], yc[hsub], min_cluster_size=ev.hdbscan_min_cluster_size)
-            hd["n_samples"] = len(hsub)
-            metrics.update({f"hdbscan_{k}": v for k, v in hd.items()})
-    if "geometry" in suites or "plots" in suites:
-        with timed("geometry"):
-            if "geometry" in suites:
-                metrics.update(geometry.geometry_metrics(x_te, y_te, max_pairs=ev.max_pairs, seed=ev.seed,
-                                                         selectivity_z=ev.selectivity_z))
-            profile = neighborhood.interpolation_profile(x_te, y_te, n_pairs=ev.interp_pairs,
-                                                         n_steps=ev.interp_steps, seed=ev.seed)
-            report["interpolation"] = profile
-            if "geometry" in suites:
-                metrics.update(neighborhood.profile_summary(profile))
-    if "plots" in suites:
-        with timed("plots"):
-            pos, neg = geometry.pair_similarities(x_te, y_te, max_pairs=ev.max_pairs, seed=ev.seed)
-            paths = [plots.plot_similarity_density(pos, neg, out_dir / "similarity_density.png"),
-                     plots.plot_centroid_heatmap(geometry.centroid_cosine(x_te, y_te), out_dir / "centroid_cosine.png"),
-                     plots.plot_interpolation_profile(report["interpolation"], out_dir / "interpolation_profile.png")]
-            if "dbscan" in report:
-                paths.append(plots.plot_dbscan_sweep(report["dbscan"], out_dir / "dbscan_eps.png"))
-            else:
-                warnings.warn("the DBSCAN plot needs the 'cluster' suite; add it to --suite to get dbscan_eps.png",
-                              stacklevel=2)
-            report["plots"] = [str(p) for p in paths]
-    return report
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -192,6 +132,8 @@ def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkp
     step = int(ckpt["step"])
     numeric = {f"eval/{k}": float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
     tracker.log_metrics(numeric, step=step)
+    if report.get("skipped"):  # the reasons are in report.md/report.json; the tag makes skipped runs searchable
+        tracker.set_tags({"eval.skipped": ", ".join(report["skipped"])[:5000]})
     for r in report.get("dbscan", []):  # the sweep as a curve: x = eps in thousandths
         if r["nmi"] is not None:
             tracker.log_metrics({"eval/dbscan_nmi_vs_eps": r["nmi"], "eval/dbscan_ari_vs_eps": r["ari"]},
@@ -232,11 +174,15 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir = Path(ev.cache_dir) if ev.cache_dir else run_dir / "eval_cache"
         ckpt_fp = file_fingerprint(checkpoint)
         data_dict = asdict(cfg.data)
-        train_ds, test_ds = build_eval_datasets(cfg.data)
+        full = dict(zip(("train", "test"), build_eval_datasets(cfg.data)))
+        caps = {"train": ev.max_train_samples, "test": ev.max_test_samples}
         t0 = time.perf_counter()
         splits = {}
-        for split, ds in (("train", train_ds), ("test", test_ds)):
-            fp = embedding_fingerprint(ckpt_fp, data_dict, split, ev.features, len(ds))
+        for split, full_ds in full.items():
+            ds = capped(full_ds, caps[split], ev.seed)
+            # A subset is drawn with eval.seed, so the seed joins the cache key (which holds the sample count).
+            key = data_dict if ds is full_ds else {**data_dict, "eval_subset_seed": ev.seed}
+            fp = embedding_fingerprint(ckpt_fp, key, split, ev.features, len(ds))
             x, y, hit = cached_embeddings(model, ds, cache_dir=cache_dir, fingerprint=fp, batch_size=ev.batch_size,
                                           device=device, which=ev.features, num_workers=ev.num_workers,
                                           desc=f"embed {split}")
@@ -259,9 +205,14 @@ def main(argv: list[str] | None = None) -> int:
             write_report(report, out_dir)  # now with the MLflow run id
         title = (f"{checkpoint} (step {ckpt['step']}, {cfg.model.arch}, {cfg.data.dataset}, "
                  f"{ev.features} features, n_train={report['meta']['n_train']}, n_test={report['meta']['n_test']})")
-        print(format_table(report["metrics"], title=title))
+        print(format_table(report["metrics"], title=title, skipped=report["skipped"]))
         print(f"[eval] report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
               + (f"; MLflow run {report['meta']['mlflow_run_id']}" if "mlflow_run_id" in report["meta"] else ""))
+        if nothing_evaluated(report):
+            print(f"[eval] error: nothing could be evaluated: every metric of the suites {list(ev.suites)} was "
+                  f"skipped on this data (reasons above and in {out_dir / 'report.md'}); choose other suites or "
+                  "eval.* settings", file=sys.stderr)
+            return EXIT_NOTHING_EVALUATED
         return 0
     finally:
         cleanup()

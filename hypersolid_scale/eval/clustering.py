@@ -27,6 +27,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from hypersolid_scale.eval.search import as_unit_float32, chunks, flat_ip_index
+from hypersolid_scale.eval.skips import NotApplicable, SkippedWarning
 
 # scikit-learn's DBSCAN requires eps > 0: eps = 0 of the sweep runs at this value (exact duplicates only).
 _EPS_FLOOR = 1e-6
@@ -59,8 +60,8 @@ def kmeans(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, 
     """Spherical K-Means (FAISS) with ``k`` clusters (default: number of classes), scored against labels."""
     x, y = as_unit_float32(feats), _labels(labels)
     k = int(k if k is not None else len(np.unique(y)))
-    if not 2 <= k <= x.shape[0]:
-        raise ValueError(f"K-Means needs 2 <= k <= n; got k={k} for n={x.shape[0]}")
+    if not 2 <= k <= x.shape[0]:  # one class, or fewer points than clusters: nothing to partition
+        raise NotApplicable(f"K-Means needs 2 <= k <= n; got k={k} for n={x.shape[0]} points")
     gpu = use_gpu if use_gpu is not None else (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0)
     # FAISS warns below 39 points per centroid; small test sets are still valid inputs.
     km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, spherical=True, gpu=bool(gpu), verbose=False,
@@ -97,9 +98,10 @@ def cosine_radius_graph(feats: torch.Tensor | np.ndarray, eps_max: float, *, max
             all_d = np.concatenate(dists)
             fits = [e for e in sorted(eps_grid, reverse=True)
                     if e < eps_cap and (all_d <= e).sum() * n / done <= max_edges]
-            if not fits:
-                raise ValueError(f"the DBSCAN graph exceeds dbscan_max_edges={max_edges} even at the smallest "
-                                 f"eps of the sweep; raise eval.dbscan_max_edges or lower eval.cluster_max_samples")
+            if not fits:  # typical of (nearly) collapsed embeddings, e.g. a randomly initialised network
+                raise NotApplicable(f"the DBSCAN graph exceeds dbscan_max_edges={max_edges} even at the smallest "
+                                    f"eps of the sweep ({min(eps_grid, default=eps_max)}); raise "
+                                    "eval.dbscan_max_edges or lower eval.cluster_max_samples to run it")
             eps_cap = fits[0]
             for i in range(len(dists)):
                 m = dists[i] <= eps_cap
@@ -147,7 +149,8 @@ def dbscan_sweep(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.nda
     """DBSCAN (cosine distance) for each eps, from one sparse neighbourhood graph.
 
     Returns one dict per eps: ``{"eps", "nmi", "ari", "n_clusters", "noise_fraction", "edges"}``; an eps
-    above what ``max_edges`` allows has ``"skipped"`` with the reason and None scores (and a warning).
+    above what ``max_edges`` allows has ``"skipped"`` with the reason and None scores (one warning names
+    them all). Raises ``NotApplicable`` when not even the smallest eps fits.
     """
     y = _labels(labels)
     eps = sorted(float(e) for e in eps)
@@ -156,11 +159,14 @@ def dbscan_sweep(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.nda
     graph, eps_cap = cosine_radius_graph(feats, max(eps), max_edges=max_edges, eps_grid=eps)
     coo = graph.tocoo()
     results: list[dict[str, float | str | None]] = []
+    reason = f"its neighbourhood graph exceeds dbscan_max_edges={max_edges}"
+    over = [e for e in eps if e > eps_cap]
+    if over:
+        warnings.warn(f"DBSCAN eps={', '.join(map(str, over))} skipped: {reason}", SkippedWarning, stacklevel=2)
     for e in eps:
         if e > eps_cap:
-            warnings.warn(f"DBSCAN eps={e} skipped: its graph exceeds dbscan_max_edges={max_edges}", stacklevel=2)
             results.append({"eps": e, "nmi": None, "ari": None, "n_clusters": None, "noise_fraction": None,
-                            "skipped": f"graph over dbscan_max_edges={max_edges}"})
+                            "skipped": reason})
             continue
         m = coo.data <= max(e, _EPS_FLOOR)
         pred = dbscan_from_graph(coo.row[m], coo.col[m], graph.shape[0], min_samples)
@@ -178,7 +184,7 @@ def hdbscan_cluster(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.
     """
     x, y = as_unit_float32(feats), _labels(labels)
     if x.shape[0] <= min_cluster_size:
-        raise ValueError(f"HDBSCAN needs more than min_cluster_size={min_cluster_size} points, got {x.shape[0]}")
+        raise NotApplicable(f"HDBSCAN needs more than min_cluster_size={min_cluster_size} points, got {x.shape[0]}")
     dist = (1.0 - x @ x.T).astype(np.float64)  # (n, d) @ (d, n)
     np.clip(dist, 0.0, 2.0, out=dist)
     np.fill_diagonal(dist, 0.0)

@@ -35,6 +35,9 @@ class EvalConfig:
     num_workers: int = 2
     cache_dir: str | None = None  # default: <run_dir>/eval_cache
     seed: int = 0
+    # Offline evaluation on a seeded random subset of each split (quick looks, CI); None = the whole split.
+    max_train_samples: int | None = None
+    max_test_samples: int | None = None
     # kNN (also used by the trainer's online monitor)
     knn_k: list[int] = field(default_factory=lambda: [5, 20])  # paper: 200 for ImageNet-1k/Food-101
     knn_temperature: float = 0.07  # weighted vote: exp(cos / T)
@@ -93,6 +96,9 @@ class EvalConfig:
                      "monitor_max_train", "dbscan_max_edges"):
             if getattr(self, name) < 1:
                 raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 1")
+        for name in ("max_train_samples", "max_test_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 1 (or null for the whole split)")
         if self.interp_steps < 3:
             raise ValueError(f"eval.interp_steps={self.interp_steps} must be >= 3")
         if self.every_n_epochs < 0 or self.num_workers < 0:

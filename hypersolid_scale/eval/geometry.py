@@ -17,6 +17,7 @@ import scipy.sparse as sp
 import torch
 
 from hypersolid_scale.eval.search import as_unit_float32, chunks
+from hypersolid_scale.eval.skips import NotApplicable
 
 
 def _np(x: torch.Tensor | np.ndarray, dtype: type = np.float32) -> np.ndarray:
@@ -31,7 +32,7 @@ def anisotropy(feats: torch.Tensor | np.ndarray) -> float:
     x = as_unit_float32(feats).astype(np.float64)
     n = x.shape[0]
     if n < 2:
-        raise ValueError("anisotropy needs at least two embeddings")
+        raise NotApplicable("anisotropy needs at least two embeddings")
     s = x.sum(0)
     return float((s @ s - (x * x).sum()) / (n * (n - 1)))
 
@@ -64,7 +65,7 @@ def mean_pairwise_angle(feats: torch.Tensor | np.ndarray, *, max_pairs: int = 2_
     """
     x = as_unit_float32(feats)
     if x.shape[0] < 2:
-        raise ValueError("a pairwise angle needs at least two embeddings")
+        raise NotApplicable("a pairwise angle needs at least two embeddings")
     sub = _subset(x.shape[0], subset_size(max_pairs), np.random.default_rng(seed))
     return float(np.degrees(np.arccos(_upper_cos(x[sub]))).mean())
 
@@ -154,7 +155,7 @@ def pair_similarities(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | n
     rng = np.random.default_rng(seed)
     classes, counts = np.unique(y, return_counts=True)
     if len(classes) < 2 or counts.max() < 2:
-        raise ValueError("pair similarities need >= 2 classes and a class with >= 2 samples")
+        raise NotApplicable("pair similarities need >= 2 classes and a class with >= 2 samples")
 
     def n_pos(q: int) -> int:
         c = np.minimum(counts, q)
@@ -181,7 +182,7 @@ def sensitivity_index(pos: np.ndarray, neg: np.ndarray) -> float:
     pos, neg = np.asarray(pos, np.float64), np.asarray(neg, np.float64)
     pooled = math.sqrt((pos.var() + neg.var()) / 2.0)
     if pooled == 0.0:
-        raise ValueError("d' is undefined when both similarity distributions have zero variance")
+        raise NotApplicable("d' is undefined when both similarity distributions have zero variance")
     return float((pos.mean() - neg.mean()) / pooled)
 
 
@@ -207,22 +208,37 @@ def dimension_selectivity(feats: torch.Tensor | np.ndarray, labels: torch.Tensor
     return {name: float(100.0 * np.mean((n_classes >= lo) & (n_classes <= hi))) for name, lo, hi in SELECTIVITY_BINS}
 
 
-def geometry_metrics(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                     max_pairs: int = 2_000_000, seed: int = 0, selectivity_z: float = 1.0) -> dict[str, float]:
-    """Every metric of the paper's geometry table, plus dimension selectivity, as one flat dict."""
-    pos, neg = pair_similarities(feats, labels, max_pairs=max_pairs, seed=seed)
-    out = {
+def embedding_metrics(feats: torch.Tensor | np.ndarray, *, max_pairs: int = 2_000_000,
+                      seed: int = 0) -> dict[str, float]:
+    """The geometry metrics that need no labels (anisotropy, ranks, sparsity, angles, correlation)."""
+    return {
         "anisotropy": anisotropy(feats),
         "feature_correlation": feature_correlation(feats),
         "center_vector_norm": center_vector_norm(feats),
-        "centroid_rank": effective_rank(class_centroids(feats, labels)[1]),
         "embedding_rank": effective_rank(as_unit_float32(feats)),
         "sparsity": sparsity(feats),
-        "d_prime": sensitivity_index(pos, neg),
         "mean_pairwise_angle_deg": mean_pairwise_angle(feats, max_pairs=max_pairs, seed=seed),
+    }
+
+
+def class_metrics(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
+                  max_pairs: int = 2_000_000, seed: int = 0, selectivity_z: float = 1.0) -> dict[str, float]:
+    """The geometry metrics defined by the classes: d', same/different-class cosines, centroid rank,
+    dimension selectivity. ``NotApplicable`` when the labels cannot form positive and negative pairs."""
+    pos, neg = pair_similarities(feats, labels, max_pairs=max_pairs, seed=seed)
+    out = {
+        "centroid_rank": effective_rank(class_centroids(feats, labels)[1]),
+        "d_prime": sensitivity_index(pos, neg),
         "pos_cos_mean": float(pos.mean()),
         "neg_cos_mean": float(neg.mean()),
     }
     sel = dimension_selectivity(feats, labels, z=selectivity_z)
     out.update({f"selectivity_{k}": v for k, v in sel.items()})
     return out
+
+
+def geometry_metrics(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
+                     max_pairs: int = 2_000_000, seed: int = 0, selectivity_z: float = 1.0) -> dict[str, float]:
+    """Every metric of the paper's geometry table, plus dimension selectivity, as one flat dict."""
+    return {**embedding_metrics(feats, max_pairs=max_pairs, seed=seed),
+            **class_metrics(feats, labels, max_pairs=max_pairs, seed=seed, selectivity_z=selectivity_z)}

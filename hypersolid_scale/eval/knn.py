@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hypersolid_scale.eval.search import as_unit_float32, chunks, knn_search
+from hypersolid_scale.eval.skips import NotApplicable
 
 
 def _labels_np(labels: torch.Tensor | np.ndarray, n: int, name: str) -> np.ndarray:
@@ -24,8 +25,8 @@ def _labels_np(labels: torch.Tensor | np.ndarray, n: int, name: str) -> np.ndarr
     y = y.astype(np.int64).ravel()
     if y.shape[0] != n:
         raise ValueError(f"{name} has {y.shape[0]} labels for {n} feature rows; they must match")
-    if n and y.min() < 0:
-        raise ValueError(f"{name} holds negative labels; expected class indices 0..C-1")
+    if n and y.min() < 0:  # unlabelled data: there is no class to predict
+        raise NotApplicable(f"{name} holds negative labels (unlabelled samples); kNN needs class indices 0..C-1")
     return y
 
 
@@ -50,7 +51,8 @@ def knn_predict(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Tens
     n_cls = int(num_classes if num_classes is not None else y_train.max() + 1)
     k_max = ks[-1]
     if k_max > base.shape[0]:
-        raise ValueError(f"largest K={k_max} exceeds the {base.shape[0]} training samples; lower knn_k")
+        raise NotApplicable(f"largest K={k_max} exceeds the {base.shape[0]} training samples (the memory bank); "
+                            "lower knn_k")
 
     sims, idx = knn_search(base, queries, k_max, chunk=chunk, use_gpu=use_gpu)
     out = {f"k{k}_{vote}": np.empty(queries.shape[0], np.int64) for k in ks for vote in ("majority", "weighted")}

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from hypersolid_scale.eval.skips import NotApplicable, require_class_labels
+
 
 def _to_tensor(x: torch.Tensor | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     return x.detach().cpu().to(dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x), dtype=dtype)
@@ -99,6 +101,10 @@ def linear_probe(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Ten
         raise ValueError("each feature matrix needs exactly one label per row")
     if not weight_decays:
         raise ValueError("weight_decays must hold at least one value")
+    # A probe needs two classes to separate and labelled test samples to score.
+    require_class_labels(y_tr.numpy(), "the linear probe (train split)")
+    if len(y_te) == 0 or int(y_te.min()) < 0:
+        raise NotApplicable("the linear probe needs labelled test samples (labels >= 0)")
     n_cls = int(max(y_tr.max(), y_te.max())) + 1
 
     # Standardise with training statistics; constant dimensions (dead units) keep std 1 to avoid 0/0.

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from hypersolid_scale.eval.search import as_unit_float32, knn_search
+from hypersolid_scale.eval.skips import NotApplicable
 
 
 def _pairs(y: np.ndarray, n_pairs: int, same: bool, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -24,7 +25,7 @@ def _pairs(y: np.ndarray, n_pairs: int, same: bool, rng: np.random.Generator) ->
         if len(a_out) >= n_pairs:
             return a_out[:n_pairs], b_out[:n_pairs]
     kind = "same-class" if same else "different-class"
-    raise ValueError(f"could not draw {n_pairs} {kind} pairs; the labels need >= 2 classes with >= 2 samples")
+    raise NotApplicable(f"could not draw {n_pairs} {kind} pairs; the labels need >= 2 classes with >= 2 samples")
 
 
 def interpolation_profile(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,

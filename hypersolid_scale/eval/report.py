@@ -1,4 +1,7 @@
-"""The evaluation report: a console table, ``report.json`` (everything) and ``report.md`` (for humans)."""
+"""The evaluation report: a console table, ``report.json`` (everything) and ``report.md`` (for humans).
+
+Metrics that could not run on the data are listed with their reason (``report["skipped"]``) in all three.
+"""
 
 from __future__ import annotations
 
@@ -54,7 +57,8 @@ def table_rows(metrics: dict[str, Any]) -> list[tuple[str, str, str]]:
     return [_row(k, metrics[k]) for k in sorted(metrics, key=rank)]
 
 
-def format_table(metrics: dict[str, Any], title: str = "") -> str:
+def format_table(metrics: dict[str, Any], title: str = "", skipped: dict[str, str] | None = None) -> str:
+    """The metrics as an aligned console table, followed by one line per skipped metric and its reason."""
     rows = table_rows(metrics)
     w1 = max([len(r[0]) for r in rows] + [7])
     w2 = max([len(r[1]) for r in rows] + [6])
@@ -62,6 +66,10 @@ def format_table(metrics: dict[str, Any], title: str = "") -> str:
     lines.append(f"{'section':<{w1}}  {'metric':<{w2}}  value")
     lines.append(f"{'-' * w1}  {'-' * w2}  {'-' * 12}")
     lines += [f"{s:<{w1}}  {m:<{w2}}  {v}" for s, m, v in rows]
+    if not rows:
+        lines.append("(no metric could be computed)")
+    if skipped:
+        lines += ["", f"skipped ({len(skipped)}):"] + [f"  {name}: {why}" for name, why in skipped.items()]
     return "\n".join(lines)
 
 
@@ -99,6 +107,9 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> tuple[Path, Pat
             else:
                 lines.append(f"| {r['eps']:.3f} | {r['nmi']:.4f} | {r['ari']:.4f} | {r['n_clusters']} | "
                              f"{r['noise_fraction']:.2%} |")
+    if report.get("skipped"):
+        lines += ["", "## Skipped", "", "| metric | reason |", "|---|---|"]
+        lines += [f"| {name} | {why.replace('|', '/')} |" for name, why in report["skipped"].items()]
     if report.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
     if report.get("timings_s"):

@@ -1,0 +1,141 @@
+"""The evaluation suites (kNN, linear probe, clustering, geometry, plots) on cached features.
+
+Each metric runs under its own guard: one that cannot run on this data (``NotApplicable``: a DBSCAN
+radius over the edge budget, HDBSCAN on too few points, a K larger than the memory bank, a probe
+without two classes, ...) lands in ``report["skipped"]`` as ``name -> reason`` with one warning, and
+every other metric is still computed. Any other exception is a real error and propagates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hypersolid_scale.eval import clustering, geometry, neighborhood, plots
+from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.eval.knn import knn_accuracy
+from hypersolid_scale.eval.linear import linear_probe
+from hypersolid_scale.eval.skips import SkipLog
+
+Split = tuple[torch.Tensor, torch.Tensor]
+
+
+def nothing_evaluated(report: dict[str, Any]) -> bool:
+    """True when every requested metric and plot was skipped."""
+    return not report.get("metrics") and not report.get("plots")
+
+
+def run_suites(train: Split, test: Split, ev: EvalConfig, out_dir: str | Path,
+               device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Run ``ev.suites`` on (feats, labels) of the train and test splits. Clustering, geometry and plots
+    use the test split (the paper measures them on held-out embeddings).
+
+    Returns ``{"metrics": {name: value}, "timings_s": {suite: s}, "plots": [paths], "skipped": {name: reason},
+    "dbscan": [sweep rows] (cluster suite), "interpolation": profile (geometry/plots suites)}``.
+    """
+    out_dir = Path(out_dir)
+    (x_tr, y_tr), (x_te, y_te) = train, test
+    metrics: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    skips = SkipLog()
+    report: dict[str, Any] = {"metrics": metrics, "timings_s": timings, "plots": [], "skipped": skips.reasons}
+    suites = list(ev.suites)
+
+    @contextmanager
+    def timed(name: str) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            timings[name] = time.perf_counter() - t
+
+    if "knn" in suites:
+        with timed("knn"):
+            _knn(x_tr, y_tr, x_te, y_te, ev, metrics, skips)
+    if "linear" in suites:
+        with timed("linear"), skips.guard("linear"):
+            metrics.update(linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=ev.linear_weight_decays,
+                                        val_fraction=ev.linear_val_fraction, optimizer=ev.linear_optimizer,
+                                        max_iter=ev.linear_max_iter, seed=ev.seed, device=device))
+    if "cluster" in suites:
+        _cluster(x_te, y_te, ev, report, skips, timed)
+    if "geometry" in suites or "plots" in suites:
+        with timed("geometry"):
+            if "geometry" in suites:
+                with skips.guard("geometry"):
+                    metrics.update(geometry.embedding_metrics(x_te, max_pairs=ev.max_pairs, seed=ev.seed))
+                with skips.guard("geometry_classes"):
+                    metrics.update(geometry.class_metrics(x_te, y_te, max_pairs=ev.max_pairs, seed=ev.seed,
+                                                          selectivity_z=ev.selectivity_z))
+            with skips.guard("interpolation"):
+                report["interpolation"] = neighborhood.interpolation_profile(
+                    x_te, y_te, n_pairs=ev.interp_pairs, n_steps=ev.interp_steps, seed=ev.seed)
+                if "geometry" in suites:
+                    metrics.update(neighborhood.profile_summary(report["interpolation"]))
+    if "plots" in suites:
+        with timed("plots"):
+            report["plots"] = [str(p) for p in _plots(x_te, y_te, ev, report, out_dir, skips)]
+    return report
+
+
+def _knn(x_tr: torch.Tensor, y_tr: torch.Tensor, x_te: torch.Tensor, y_te: torch.Tensor, ev: EvalConfig,
+         metrics: dict[str, Any], skips: SkipLog) -> None:
+    """kNN for every K the memory bank (the train split) can serve; the larger Ks are skipped together."""
+    ks = sorted({int(k) for k in ev.knn_k})
+    fit = [k for k in ks if k <= len(x_tr)]
+    skips.add({f"knn_k{k}": f"K={k} exceeds the {len(x_tr)} samples of the memory bank (train split); "
+                            "lower eval.knn_k" for k in ks if k not in fit})
+    if fit:
+        with skips.guard("knn"):
+            metrics.update(knn_accuracy(x_tr, y_tr, x_te, y_te, ks=tuple(fit), temperature=ev.knn_temperature))
+
+
+def _cluster(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str, Any], skips: SkipLog,
+             timed: Callable[[str], AbstractContextManager[None]]) -> None:
+    """K-Means, the DBSCAN eps sweep and HDBSCAN on at most ``cluster_max_samples`` test embeddings."""
+    metrics = report["metrics"]
+    sub = clustering.subsample(len(x), ev.cluster_max_samples, ev.seed)
+    xc, yc = x[sub], y[sub]
+    with timed("kmeans"), skips.guard("kmeans"):
+        km = clustering.kmeans(xc, yc, k=ev.kmeans_k, niter=ev.kmeans_niter, seed=ev.seed)
+        metrics.update({f"kmeans_{k}": v for k, v in km.items() if k != "noise_fraction"})  # K-Means has no noise
+    with timed("dbscan"), skips.guard("dbscan"):
+        sweep = clustering.dbscan_sweep(xc, yc, eps=ev.dbscan_eps, min_samples=ev.dbscan_min_samples,
+                                        max_edges=ev.dbscan_max_edges)
+        report["dbscan"] = sweep
+        # dbscan_sweep has already warned once about the radii it left out: record them without a second warning.
+        skips.reasons.update({f"dbscan_eps{r['eps']:g}": str(r["skipped"]) for r in sweep if "skipped" in r})
+        best = max((r for r in sweep if r["nmi"] is not None), key=lambda r: r["nmi"], default=None)
+        if best is not None:
+            metrics.update({f"dbscan_best_{k}": v for k, v in best.items() if k != "edges"})
+    with timed("hdbscan"), skips.guard("hdbscan"):
+        hsub = clustering.subsample(len(xc), ev.hdbscan_max_samples, ev.seed)
+        hd = clustering.hdbscan_cluster(xc[hsub], yc[hsub], min_cluster_size=ev.hdbscan_min_cluster_size)
+        hd["n_samples"] = len(hsub)
+        metrics.update({f"hdbscan_{k}": v for k, v in hd.items()})
+
+
+def _plots(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str, Any], out_dir: Path,
+           skips: SkipLog) -> list[Path]:
+    """The four PNGs of the paper's figures; each one whose input could not be computed is skipped."""
+    paths: list[Path] = []
+    with skips.guard("plot_similarity_density"):
+        pos, neg = geometry.pair_similarities(x, y, max_pairs=ev.max_pairs, seed=ev.seed)
+        paths.append(plots.plot_similarity_density(pos, neg, out_dir / "similarity_density.png"))
+    paths.append(plots.plot_centroid_heatmap(geometry.centroid_cosine(x, y), out_dir / "centroid_cosine.png"))
+    if "interpolation" in report:
+        paths.append(plots.plot_interpolation_profile(report["interpolation"], out_dir / "interpolation_profile.png"))
+    else:
+        skips.add({"plot_interpolation_profile": "the interpolation profile was skipped"})
+    if "dbscan" in report:
+        paths.append(plots.plot_dbscan_sweep(report["dbscan"], out_dir / "dbscan_eps.png"))
+    elif "cluster" in ev.suites:
+        skips.add({"plot_dbscan_eps": "the DBSCAN sweep was skipped"})
+    else:
+        skips.add({"plot_dbscan_eps": "it needs the 'cluster' suite; add it to --suite"})
+    return paths
