@@ -6,6 +6,28 @@ One process per device (torchrun or srun). The loss sees the GLOBAL batch (its r
 detached embeddings of every rank) and hands each rank P x its share of the gradient, so the engine's
 gradient averaging reproduces single-process training on the concatenated batch (DESIGN §3).
 
+No host synchronisation per step. Reading a CUDA value on the host (``float(t)``, ``bool(t)``, ``.item()``)
+waits for the GPU to finish everything queued, which starves it while the host prepares the next step. So
+``train_step`` returns its statistics as one packed device tensor (the loss's statistics, reduced across
+ranks in the loss's single collective, plus lr and grad norm), and Python floats are made only on logging
+steps (every ``tracking.log_every_n_steps`` and step 1) and at epoch summaries, one transfer each. Step
+time and throughput are measured over the window between two logging steps, where the host has waited
+for the GPU, rather than per step, where the host clock only sees kernel launches. Values the host must act
+on every step (the preemption vote across ranks) are copied to pinned memory without blocking and read
+one step later (``HostValue``), by which time the GPU has long produced them.
+
+Non-finite values: a serious trainer cannot afford a sync before every ``optimizer.step()``, so the check
+is deferred, and what it protects is the checkpoint. Every step records, on the device, whether its
+statistics (loss, its terms, the grad norm, and the loss's count of non-finite embedding values, all
+identical on every rank) are finite, and remembers the first step that was not (``NonFiniteGuard``). The
+record is read at every logging step, at epoch ends and before EVERY checkpoint save; a bad record raises
+``NonFiniteLossError`` naming that step. So a checkpoint is never written after a non-finite step: the
+parameters that the optimizer may have updated with bad gradients in between are only in memory and die
+with the process, and the newest checkpoint on disk is the last good state. (A device-side skip of the
+update, e.g. zeroing gradients with ``torch.where``, would still move AdamW's moments and step count and
+DeepSpeed ZeRO keeps its own gradient buffers; since training stops anyway, it would protect nothing that
+the deferred check does not.)
+
 Exit codes: 0 finished; 75 (EX_TEMPFAIL) preempted by SIGUSR1/SIGTERM after writing a checkpoint, requeue
 me; anything else is an error (a non-finite loss raises and leaves the last good checkpoint intact).
 """
@@ -35,15 +57,13 @@ from hypersolid_scale.distributed import barrier
 from hypersolid_scale.distributed.engines import Engine, build_engine, build_optimizer
 from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, cleanup, gather_objects,
                                               init_distributed, resolve_backend)
-from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.losses import HypersolidLoss, PackedStats
 from hypersolid_scale.models import build_model
+from hypersolid_scale.step_monitor import NonFiniteLossError  # noqa: F401  (raised by the guard; caught from here)
+from hypersolid_scale.step_monitor import EpochMeter, NonFiniteGuard, StopVote, loggable
 from hypersolid_scale.tracking import Tracker, make_tracker
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpoint written, requeue the job
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN/inf; nothing was stepped, the last checkpoint on disk is the last good state."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -117,6 +137,11 @@ class Run:
     total_steps: int
     bf16: bool
     backend: str
+    guard: NonFiniteGuard | None = None
+
+    def __post_init__(self) -> None:
+        if self.guard is None:
+            self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
 
 
 def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
@@ -145,8 +170,11 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)
     backend = resolve_backend(cfg.dist.backend, device) if info.world_size > 1 else "none"
-    return Run(cfg, info, device, engine, HypersolidLoss.from_config(cfg.loss).to(device), loader,
-               lr_schedule(cfg, steps_per_epoch), steps_per_epoch, total, bf16, backend)
+    # Sync-free loss: non-finite input is caught by the guard, and every rank's batch has the same size
+    # (data.batch_size_per_gpu, full batches only), so the all_gather needs no size exchange.
+    loss_fn = HypersolidLoss.from_config(cfg.loss, check_finite=False, same_rows_per_rank=True).to(device)
+    return Run(cfg, info, device, engine, loss_fn, loader, lr_schedule(cfg, steps_per_epoch), steps_per_epoch,
+               total, bf16, backend)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -158,7 +186,9 @@ def save(run: Run, step: int, tracker: Tracker) -> Path | None:
     """Collective: every rank contributes its RNG state (and ZeRO shard); rank 0 writes the file.
 
     ``epoch`` is the loader's epoch (in progress, or just finished when its position is at the end).
+    Raises :class:`NonFiniteLossError` instead of saving if any step so far was not finite.
     """
+    run.guard.check()  # never a checkpoint after a non-finite step
     tracker.flush()  # the metrics up to this step are durable before the checkpoint that claims them
     loader_state = run.loader.state_dict()
     optim_state = run.engine.optimizer_state()
@@ -277,29 +307,30 @@ def log_monitor(run: Run, tracker: Tracker, bar: tqdm, epoch: int, step: int) ->
 # ----------------------------------------------------------------------------------------------------------
 
 
-def train_step(run: Run, views: list[torch.Tensor], step: int) -> dict[str, float]:
-    """Forward all views, global-batch loss, backward, (clip,) step. Returns the step's statistics."""
-    lr = float(run.lr[min(step, len(run.lr) - 1)])
+def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
+    """Forward all views, global-batch loss, backward, (clip,) step: no host synchronisation.
+
+    Returns the step's statistics on the device (the loss's, then lr and grad_norm); read them with
+    ``.to_dict()`` only where floats are needed. The finiteness of the step is recorded in ``run.guard``.
+    """
+    lr = float(run.lr[min(step, len(run.lr) - 1)])  # a host array: no device involved
     for group in run.engine.param_groups:
         group["lr"] = lr
     feats = run.engine.forward(views)  # (B, V, D) float32
-    # Every rank must take the same decision, so the check is reduced over ranks (one flag, not the data).
-    bad_feats = all_reduce_max_flag(not bool(torch.isfinite(feats.detach()).all()))
-    loss = None if bad_feats else run.loss_fn(feats)
-    if loss is None or not torch.isfinite(loss):
-        what = "embeddings" if loss is None else ", ".join(f"{k}={v:.4g}" for k, v in run.loss_fn.stats.items())
-        raise NonFiniteLossError(
-            f"non-finite loss at step {step} ({what}); the parameters were not updated and the newest checkpoint "
-            f"in {run.cfg.run_dir}/checkpoints is the last good state. Lower optim.lr, set optim.grad_clip, or "
-            "use dist.bf16=false")
+    if feats.shape[0] != run.cfg.data.batch_size_per_gpu:
+        # The loss's all_gather trusts equal per-rank batches (no size exchange): a short batch is a bug.
+        raise RuntimeError(f"rank {run.info.rank} got a batch of {feats.shape[0]} images at step {step}, expected "
+                           f"data.batch_size_per_gpu={run.cfg.data.batch_size_per_gpu}; the training loader must "
+                           "yield full batches only")
+    loss = run.loss_fn(feats)
     run.engine.backward(loss)
     grad_norm = run.engine.step()
-    stats = {k: float(v) for k, v in run.loss_fn.stats.items()}
-    stats["loss"] = float(loss.detach())
-    stats["lr"] = lr
+    stats: dict[str, torch.Tensor | float] = {"lr": lr}
     if grad_norm is not None:
-        stats["grad_norm"] = grad_norm
-    return stats
+        stats["grad_norm"] = float(grad_norm)
+    packed = run.loss_fn.packed_stats.extend(stats)
+    run.guard.record(step, packed)
+    return packed
 
 
 def memory_gb(device: torch.device) -> float:
@@ -383,7 +414,11 @@ def train(cfg: Config) -> int:
 
 
 def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bool) -> int:
-    """Epochs of train_step with logging, checkpoints, the online monitor and preemption checks."""
+    """Epochs of train_step with logging, checkpoints, the online monitor and preemption checks.
+
+    Host synchronisations happen only on logging steps, at epoch ends and at checkpoints (see the module
+    docstring); every other step only queues work.
+    """
     cfg, device, rank0 = run.cfg, run.device, run.info.rank == 0
     global_batch = cfg.data.batch_size_per_gpu * run.info.world_size
     bar = tqdm(total=run.total_steps, initial=step, disable=not (rank0 and cfg.progress), dynamic_ncols=True,
@@ -391,38 +426,49 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
     history: list[tuple[int, float]] = []
     status, exit_code, last_saved = "FAILED", 1, (step if resumed else -1)
     monitor_enabled = cfg.eval.every_n_epochs > 0
+    stop = StopVote(device)
     try:
         while step < run.total_steps and epoch < cfg.epochs:
             run.loader.set_epoch(epoch)
             run.engine.train(True)
-            epoch_sum: dict[str, float] = {}
-            n_in_epoch, t_epoch, t_last = 0, time.perf_counter(), time.perf_counter()
-            preempted = False
+            meter = EpochMeter(run.steps_per_epoch, device)
+            preempted, t_last = False, time.perf_counter()
             for views, _labels in run.loader:
                 t_data = time.perf_counter() - t_last
                 views = [v.to(device, non_blocking=True) for v in views]
                 stats = train_step(run, views, step)
                 step += 1
-                n_in_epoch += 1
-                dt = time.perf_counter() - t_last
-                t_last = time.perf_counter()
-                stats.update(images_per_s=global_batch / dt, step_time_s=dt, data_time_s=t_data)
-                for k, v in stats.items():
-                    epoch_sum[k] = epoch_sum.get(k, 0.0) + v
-                history.append((step, stats["loss"]))
+                meter.add(stats, t_data)
                 if step % cfg.tracking.log_every_n_steps == 0 or step == 1:
-                    tracker.log_metrics({**{f"train/{k}": v for k, v in stats.items()},
+                    values = stats.to_dict()  # the logging step's one host transfer
+                    run.guard.check()
+                    values = {**loggable(values), **meter.window(global_batch)}
+                    tracker.log_metrics({**{f"train/{k}": v for k, v in values.items()},
                                          "train/epoch": epoch, "train/mem_gb": memory_gb(device)}, step=step)
+                    bar.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_s']:.0f}", ep=epoch)
                 bar.update(1)
-                bar.set_postfix(loss=f"{stats['loss']:.4f}", img_s=f"{stats['images_per_s']:.0f}", ep=epoch)
                 if cfg.checkpoint.every_n_steps and step % cfg.checkpoint.every_n_steps == 0:
                     save(run, step, tracker)
                     last_saved = step
-                if all_reduce_max_flag(_STOP["signal"] is not None):
+                if stop(_STOP["signal"] is not None):
                     preempted = True
                     break
                 if step >= run.total_steps:
                     break
+                t_last = time.perf_counter()
+            epoch_done = run.loader.state_dict().get("batches_done", 0) >= run.steps_per_epoch
+            if meter.n:
+                mean, losses = meter.summary(global_batch)  # every rank: the guard must agree everywhere
+                run.guard.check()
+                history.extend(zip(range(step - meter.n + 1, step + 1), losses))
+                if rank0:
+                    bar.write(f"epoch {epoch:3d} | step {step:7d} | loss {mean['loss']:.4f} | align "
+                              f"{mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | active pairs "
+                              f"{mean['active_pairs']:.0f} | {mean['images_per_s']:.0f} img/s | "
+                              f"{time.perf_counter() - meter.t_epoch:.0f} s")
+                    tracker.log_metrics({f"loader/{k}": v for k, v in run.loader.stats.items()}, step=step)
+            if not preempted and step < run.total_steps:
+                preempted = stop.now(_STOP["signal"] is not None)  # before a monitor that may take minutes
             if preempted:
                 if last_saved != step:
                     save(run, step, tracker)
@@ -431,14 +477,6 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                               f"{EXIT_PREEMPTED} (requeue)")
                 status, exit_code = "KILLED", EXIT_PREEMPTED
                 return exit_code
-            epoch_done = run.loader.state_dict().get("batches_done", 0) >= run.steps_per_epoch
-            if n_in_epoch and rank0:
-                mean = {k: v / n_in_epoch for k, v in epoch_sum.items()}
-                bar.write(f"epoch {epoch:3d} | step {step:7d} | loss {mean['loss']:.4f} | align "
-                          f"{mean.get('alignment', float('nan')):.4f} | repel {mean.get('repulsion', float('nan')):.4f}"
-                          f" | active pairs {mean.get('active_pairs', float('nan')):.0f} | "
-                          f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - t_epoch:.0f} s")
-                tracker.log_metrics({f"loader/{k}": v for k, v in run.loader.stats.items()}, step=step)
             if not epoch_done:  # max_steps reached mid-epoch: a last look at the representation, then stop
                 if monitor_enabled:
                     log_monitor(run, tracker, bar, epoch, step)

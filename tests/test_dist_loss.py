@@ -31,6 +31,12 @@ CASES = [
     ("negatives-mean", {"backend": "tiled", "tile_size": 6}, {"repel": "negatives", "pooling": "mean"}, "spread", (4, 4)),
     ("positives-neighbors", {"backend": "neighbors", "k": 3}, {"repel": "positives"}, "collapsed", (4, 4)),
     ("strong-norm", {"backend": "dense"}, {"norm_weight": 0.3, "alpha": 0.5}, "spread", (4, 4)),
+    ("torch-search-spread", {"backend": "neighbors", "index": "torch", "k": 4, "tile_size": 5}, {}, "spread", (4, 4)),
+    ("torch-search-collapsed", {"backend": "neighbors", "index": "torch", "k": 4}, {}, "collapsed", (4, 4)),
+    ("same-size-gather", {"backend": "tiled", "tile_size": 7}, {"same_rows_per_rank": True}, "collapsed", (4, 4)),
+    # auto, called twice: the second call's backend follows the first call's GLOBAL saturated fraction
+    ("auto-twice-spread", {"backend": "auto", "k": 4, "tile_size": 5}, {}, "spread", (4, 4)),
+    ("auto-twice-collapsed", {"backend": "auto", "k": 4}, {}, "collapsed", (3, 5)),
 ]
 B, V, D = 8, 3, 16
 
@@ -56,6 +62,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         start = sum(split[:rank])
         f = feats[start : start + split[rank]].clone().requires_grad_(True)
         fn = loss_fn(case)
+        if name.startswith("auto-twice"):
+            fn(f)
         loss = fn(f)
         loss.backward()
         results[name] = {"loss": loss.detach(), "grad": f.grad, "stats": fn.stats}
@@ -86,6 +94,8 @@ def test_two_ranks_reproduce_the_single_process_loss_and_gradients(rank_results,
     name, _, _, regime, split = case
     feats = make_feats(B, V, D, regime=regime, seed=1).requires_grad_(True)
     fn = loss_fn(case)
+    if name.startswith("auto-twice"):
+        fn(feats)
     loss = fn(feats)
     loss.backward()
     for rank in range(WORLD):
@@ -93,10 +103,14 @@ def test_two_ranks_reproduce_the_single_process_loss_and_gradients(rank_results,
         start = sum(split[:rank])
         torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(got["grad"], WORLD * feats.grad[start : start + split[rank]], rtol=1e-10, atol=1e-14)
-        for key in ("alignment", "repulsion", "normalization", "active_pairs", "active_pos", "max_cos"):
-            assert got["stats"][key] == pytest.approx(fn.stats[key], rel=1e-10, abs=1e-14), key
+        for key in ("alignment", "repulsion", "normalization", "active_pairs", "active_pos", "max_cos",
+                    "saturated_rows", "backend_neighbors", "recall"):
+            if key in fn.stats:
+                assert got["stats"][key] == pytest.approx(fn.stats[key], rel=1e-10, abs=1e-14), key
     if regime == "collapsed":
         assert fn.stats["active_fraction"] > 0.5
+    if name.startswith("auto-twice"):  # each regime lands on its side of the switch
+        assert fn.stats["backend_neighbors"] == (1.0 if regime == "spread" else 0.0)
     assert feats.grad.abs().sum() > 0
 
 

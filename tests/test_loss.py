@@ -17,7 +17,14 @@ BACKENDS = [
     ("dense", {}),
     ("tiled", {"tile_size": 5}),  # odd tile: blocks straddle image boundaries and the batch end
     ("neighbors", {"index": "flat", "k": 4}),  # small k: the saturation fallback is exercised
+    ("neighbors-torch", {"index": "torch", "k": 4, "tile_size": 5}),  # the device search, run on the CPU
+    ("auto", {"k": 4, "tile_size": 5}),  # first call: tiled (a fresh switch starts there)
 ]
+
+
+def make_loss(backend: str, **kwargs) -> HypersolidLoss:
+    """``neighbors-torch`` is the neighbors backend with the torch search."""
+    return HypersolidLoss(backend=backend.split("-")[0], **kwargs)
 
 
 def loss_and_grad(fn, feats):
@@ -41,7 +48,7 @@ def loss_and_grad(fn, feats):
 )
 def test_matches_float64_reference(backend, opts, regime, shape, alpha, pooling, repel, lam):
     feats = make_feats(*shape, regime=regime, seed=hash((shape, alpha)) % 1000)
-    loss_fn = HypersolidLoss(alpha=alpha, norm_weight=lam, pooling=pooling, repel=repel, backend=backend, **opts)
+    loss_fn = make_loss(backend, alpha=alpha, norm_weight=lam, pooling=pooling, repel=repel, **opts)
     got, got_grad = loss_and_grad(loss_fn, feats)
     ref, ref_grad = loss_and_grad(
         lambda f: reference_loss(f, alpha=alpha, norm_weight=lam, pooling=pooling, repel=repel), feats
@@ -56,15 +63,17 @@ def test_backends_agree_on_a_larger_batch(regime):
     """dense == tiled == neighbors(flat) on M = 384 rows, D = 64, in both regimes."""
     feats = make_feats(96, 4, 64, regime=regime, seed=3)
     results = {}
-    for backend, opts in [("dense", {}), ("tiled", {"tile_size": 100}), ("neighbors", {"k": 16})]:
-        fn = HypersolidLoss(backend=backend, **opts)
+    for backend, opts in [("dense", {}), ("tiled", {"tile_size": 100}), ("neighbors", {"k": 16}),
+                          ("neighbors-torch", {"k": 16, "index": "torch", "tile_size": 100})]:
+        fn = make_loss(backend, **opts)
         results[backend] = (*loss_and_grad(fn, feats), fn.stats)
     ref_loss, ref_grad, ref_stats = results["dense"]
     assert ref_stats["active_pairs"] > 0
     if regime == "collapsed":
         assert ref_stats["active_fraction"] > 0.9
         assert results["neighbors"][2]["saturated_rows"] > 0  # k=16 cannot hold every active neighbour
-    for name in ("tiled", "neighbors"):
+        assert results["neighbors-torch"][2]["saturated_rows"] > 0
+    for name in ("tiled", "neighbors", "neighbors-torch"):
         loss, grad, stats = results[name]
         torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=0)
         torch.testing.assert_close(grad, ref_grad, rtol=1e-10, atol=1e-14)
@@ -120,7 +129,7 @@ def test_identical_vectors(backend, opts):
     b, v, d, scale = 3, 4, 8, 2.0
     direction = F.normalize(torch.randn(d, dtype=torch.float64), dim=0)
     feats = (scale * direction).expand(b, v, d).clone()
-    fn = HypersolidLoss(alpha=0.9, norm_weight=1e-2, backend=backend, **opts)
+    fn = make_loss(backend, alpha=0.9, norm_weight=1e-2, **opts)
     loss = fn(feats)
     m = b * v
     assert fn.stats["alignment"] == pytest.approx(0.0, abs=1e-12)
@@ -137,7 +146,7 @@ def test_orthonormal_vectors(backend, opts):
     so every view has cosine 1/sqrt(V) to it: alignment = 1 − 1/sqrt(V)."""
     b, v = 3, 4
     feats = torch.eye(b * v, dtype=torch.float64).reshape(b, v, b * v)
-    fn = HypersolidLoss(alpha=0.0, norm_weight=0.0, backend=backend, **opts)
+    fn = make_loss(backend, alpha=0.0, norm_weight=0.0, **opts)
     f = feats.clone().requires_grad_(True)
     fn(f).backward()
     assert fn.stats["repulsion"] == 0.0 and fn.stats["active_pairs"] == 0
@@ -153,7 +162,7 @@ def test_pair_exactly_at_alpha_is_inactive(backend, opts):
     u, v = e[0], 0.6 * e[0] + 0.8 * e[1]
     feats = torch.stack([torch.stack([u, e[2]]), torch.stack([v, e[3]])])  # (B=2, V=2, D=4)
     for alpha, n_active in ((0.6, 0), (0.6 - 1e-9, 2)):
-        fn = HypersolidLoss(alpha=alpha, norm_weight=0.0, backend=backend, **opts)
+        fn = make_loss(backend, alpha=alpha, norm_weight=0.0, **opts)
         got, got_grad = loss_and_grad(fn, feats)
         assert fn.stats["active_pairs"] == n_active and fn.stats["active_neg"] == n_active
         assert fn.stats["repulsion"] == pytest.approx(n_active * 1e-9 / (16 * 0.4), rel=1e-6, abs=0)
@@ -171,7 +180,9 @@ def test_pair_exactly_at_alpha_is_inactive(backend, opts):
         ({"backend": "sparse"}, "dense, tiled, neighbors"),
         ({"pooling": "min"}, "max, mean"),
         ({"repel": "some"}, "all, negatives, positives"),
-        ({"backend": "neighbors", "index": "lsh"}, "flat, ivf, hnsw"),
+        ({"backend": "neighbors", "index": "lsh"}, "flat, ivf, hnsw, torch"),
+        ({"backend": "auto", "index": "ivf"}, "approximate"),
+        ({"backend": "auto", "auto_to_neighbors": 0.3, "auto_to_tiled": 0.2}, "hysteresis"),
         ({"tile": 4}, "unknown backend option"),
         ({"norm_weight": -1}, "norm_weight"),
         ({"k": 0}, "k must be a positive"),
@@ -208,8 +219,8 @@ def test_bf16_input_decides_thresholds_in_fp32():
     feats32 = make_feats(16, 4, 32, regime="spread", seed=7, dtype=torch.float32)
     feats16 = feats32.bfloat16()
     ref = HypersolidLoss()(feats16.float())
-    for backend in ("dense", "tiled", "neighbors"):
-        fn = HypersolidLoss(backend=backend)
+    for backend in ("dense", "tiled", "neighbors", "neighbors-torch", "auto"):
+        fn = make_loss(backend, **({"index": "torch"} if backend == "neighbors-torch" else {}))
         out = fn(feats16)
         assert out.dtype == torch.float32
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
@@ -241,11 +252,62 @@ def _largest_allocation(fn, feats) -> int:
 
 # recall_every=0: the recall probe itself is O(256 · M) by design (a row sample against all columns)
 @pytest.mark.parametrize(
-    "backend,opts", [("tiled", {"tile_size": 128}), ("neighbors", {"k": 8, "tile_size": 128, "recall_every": 0})]
+    "backend,opts",
+    [
+        ("tiled", {"tile_size": 128}),
+        ("neighbors", {"k": 8, "tile_size": 128, "recall_every": 0}),
+        ("neighbors-torch", {"index": "torch", "k": 8, "tile_size": 128, "recall_every": 0}),
+        ("auto", {"k": 8, "tile_size": 128, "recall_every": 0}),
+    ],
 )
 def test_memory_bounded_backends_never_allocate_an_m_by_m_matrix(backend, opts):
     m = 1024
     feats = make_feats(m // 4, 4, 16, regime="collapsed", seed=0, dtype=torch.float32)
     full = m * m * 4  # one float32 (M × M) matrix
     assert _largest_allocation(HypersolidLoss(backend="dense"), feats) >= full  # the probe sees dense's matrix
-    assert _largest_allocation(HypersolidLoss(backend=backend, **opts), feats) <= full // 16
+    assert _largest_allocation(make_loss(backend, **opts), feats) <= full // 16
+
+
+# ----------------------------------------------------------------------------------------- device telemetry
+@pytest.mark.parametrize("backend,opts", BACKENDS, ids=[b for b, _ in BACKENDS])
+def test_packed_stats_are_the_host_view_on_the_device(backend, opts):
+    feats = make_feats(6, 3, 8, regime="collapsed", seed=4)
+    fn = make_loss(backend, recall_every=1, **opts) if "k" in opts else make_loss(backend, **opts)
+    loss = fn(feats)
+    packed = fn.packed_stats
+    assert packed.names == fn.stat_names and len(set(packed.names)) == len(packed.names)
+    assert packed.values.dim() == 1 and packed.values.dtype == torch.float64
+    assert packed.values.device == feats.device
+    host, every = fn.stats, packed.to_dict()
+    if every.get("recall_measured") == 0:  # auto's first call runs tiled: no recall to report
+        assert backend == "auto"
+        every = {k: v for k, v in every.items() if k not in ("recall", "recall_measured")}
+    assert host == every
+    assert host["loss"] == pytest.approx(float(loss), rel=1e-15)
+    assert float(packed["loss"]) == host["loss"] and host["nonfinite"] == 0
+    with pytest.raises(KeyError, match="available"):
+        packed["no_such_stat"]
+
+
+def test_recall_is_dropped_from_the_host_view_when_not_measured():
+    fn = HypersolidLoss(backend="neighbors", k=4, recall_every=2)
+    feats = make_feats(6, 3, 8, regime="spread", seed=4)
+    fn(feats)
+    assert fn.stats["recall_measured"] == 1 and "recall" in fn.stats
+    fn(feats)
+    assert "recall" not in fn.stats and fn.packed_stats.to_dict()["recall_measured"] == 0
+
+
+@pytest.mark.parametrize("backend,opts", BACKENDS, ids=[b for b, _ in BACKENDS])
+def test_unchecked_non_finite_input_is_counted_not_raised(backend, opts):
+    """check_finite=False (the trainer's setting) must not fail on NaN/inf: it reports them, on the device."""
+    feats = make_feats(4, 3, 8, regime="spread", seed=6)
+    feats[1, 0, 2] = float("nan")
+    feats[2, 1, 0] = float("inf")
+    feats[3, 2, 5] = float("-inf")
+    fn = make_loss(backend, check_finite=False, **opts)
+    loss = fn(feats)
+    assert not torch.isfinite(loss)
+    assert fn.stats["nonfinite"] == 3 + 1  # three input values, plus the loss itself
+    fn(make_feats(4, 3, 8, regime="spread", seed=6))
+    assert fn.stats["nonfinite"] == 0

@@ -1,11 +1,19 @@
-"""The FAISS ``neighbors`` backend: exactness of ``flat``, recall and bounded error of ``ivf``/``hnsw``."""
+"""The ``neighbors`` backend: exactness of ``flat`` and of the torch search, recall and bounded error of
+``ivf``/``hnsw``; the torch blockwise top-k against a dense top-k; the CUDA paths (skipped without CUDA)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from hypersolid_scale.losses import HypersolidLoss
+import torch.nn.functional as F
+
+from hypersolid_scale.losses import HypersolidLoss, topk_inner_product
+from hypersolid_scale.losses.neighbors import NeighborRepulsion
+from hypersolid_scale.losses.search import faiss_gpu_available
+from loss_reference import make_feats
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def clustered_embeddings(n_images=600, views=4, d=64, n_classes=12, seed=0) -> torch.Tensor:
@@ -88,3 +96,98 @@ def test_recall_measurement_sees_a_poor_index(feats):
     fn = HypersolidLoss(backend="neighbors", index="ivf", k=64, nprobe=1, recall_every=1)
     run(fn, feats)
     assert fn.stats["recall"] < 0.9
+
+
+# ----------------------------------------------------------------------------------------- torch search
+@pytest.mark.parametrize("m,n,k,tile", [(37, 53, 5, 8), (10, 10, 10, 3), (64, 40, 1, 64), (5, 200, 17, 7)])
+def test_topk_inner_product_equals_a_dense_topk(m, n, k, tile):
+    g = torch.Generator().manual_seed(m * n)
+    q, b = torch.randn(m, 12, generator=g, dtype=torch.float64), torch.randn(n, 12, generator=g, dtype=torch.float64)
+    scores, ids = topk_inner_product(q, b, k, tile=tile)
+    ref_scores, _ = (q @ b.T).topk(k, dim=1)
+    assert scores.shape == ids.shape == (m, k) and ids.dtype == torch.long
+    torch.testing.assert_close(scores, ref_scores, rtol=0, atol=1e-12)
+    # ids name the columns that give those scores, each at most once per row
+    torch.testing.assert_close((q[:, None, :] * b[ids]).sum(-1), scores, rtol=0, atol=1e-12)
+    assert all(len(set(row)) == k for row in ids.tolist())
+
+
+def test_topk_inner_product_rejects_bad_arguments():
+    q, b = torch.randn(4, 3), torch.randn(6, 3)
+    with pytest.raises(ValueError, match="k=7 must be between 1 and the number of base vectors"):
+        topk_inner_product(q, b, 7)
+    with pytest.raises(ValueError, match="share D"):
+        topk_inner_product(q, torch.randn(6, 2), 2)
+
+
+def test_search_routing():
+    """flat on the CPU is FAISS; torch is the torch search anywhere; flat on CUDA is the torch search."""
+    assert NeighborRepulsion(index="flat").where(torch.device("cpu")) == "faiss-cpu"
+    assert NeighborRepulsion(index="torch").where(torch.device("cpu")) == "torch"
+    assert NeighborRepulsion(index="flat").where(torch.device("cuda")) == "torch"
+    assert NeighborRepulsion(index="hnsw").where(torch.device("cuda")) == "faiss-cpu"
+
+
+@pytest.mark.parametrize("regime", ["spread", "collapsed"])
+@pytest.mark.parametrize("k", [2, 6, 64])
+def test_torch_search_is_exact_in_both_regimes(regime, k):
+    """Loss and gradient of neighbors(index=torch) equal dense in float64, whether rows saturate or not."""
+    feats = make_feats(40, 4, 16, regime=regime, seed=k)
+    ref = run(HypersolidLoss(backend="dense"), feats)
+    got = run(HypersolidLoss(backend="neighbors", index="torch", k=k, tile_size=24, recall_every=1), feats)
+    assert got[0] == pytest.approx(ref[0], rel=1e-13)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-10, atol=1e-14)
+    assert got[2]["recall"] == 1.0 and got[2]["active_pairs"] == ref[2]["active_pairs"]
+    assert got[2]["max_cos"] == pytest.approx(ref[2]["max_cos"], rel=1e-13)
+    if regime == "collapsed" and k < 64:
+        assert got[2]["saturated_rows"] > 0  # the exact fallback was exercised
+    if regime == "spread":
+        assert got[2]["saturated_rows"] < 160
+
+
+def test_torch_search_matches_faiss_flat(feats, exact):
+    loss_t, grad_t, stats_t = run(HypersolidLoss(backend="neighbors", index="torch", k=32, recall_every=1), feats)
+    loss_f, grad_f, stats_f = run(HypersolidLoss(backend="neighbors", index="flat", k=32, recall_every=1), feats)
+    assert loss_t == pytest.approx(exact[0], rel=1e-6) and loss_t == pytest.approx(loss_f, rel=1e-6)
+    torch.testing.assert_close(grad_t, exact[1], rtol=1e-4, atol=1e-7)
+    assert stats_t["saturated_rows"] == stats_f["saturated_rows"] and stats_t["recall"] == 1.0
+
+
+# ----------------------------------------------------------------------------------------- CUDA
+@cuda
+@pytest.mark.cuda
+def test_cuda_topk_matches_the_cpu():
+    g = torch.Generator().manual_seed(0)
+    q, b = F.normalize(torch.randn(300, 64, generator=g), dim=1), F.normalize(torch.randn(900, 64, generator=g), dim=1)
+    s_cpu, _ = topk_inner_product(q, b, 33, tile=128)
+    s_gpu, i_gpu = topk_inner_product(q.cuda(), b.cuda(), 33, tile=128)
+    assert s_gpu.is_cuda and i_gpu.is_cuda
+    torch.testing.assert_close(s_gpu.cpu(), s_cpu, rtol=1e-5, atol=1e-5)
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize("regime", ["spread", "collapsed"])
+@pytest.mark.parametrize("index", ["flat", "torch"])
+def test_cuda_neighbors_search_on_the_device_is_exact(regime, index):
+    """On CUDA, flat and torch search on the device; loss and gradient equal dense on the same device."""
+    feats = make_feats(128, 4, 32, regime=regime, seed=1).cuda()
+    fn = HypersolidLoss(backend="neighbors", index=index, k=8, tile_size=96, recall_every=1)
+    assert fn._neighbors.where(feats.device) == "torch"
+    got = run(fn, feats)
+    ref = run(HypersolidLoss(backend="dense"), feats)
+    assert got[0] == pytest.approx(ref[0], rel=1e-12)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-9, atol=1e-13)
+    assert got[2]["recall"] == 1.0 and got[2]["active_pairs"] == ref[2]["active_pairs"]
+    assert fn.packed_stats.values.is_cuda
+
+
+@cuda
+@pytest.mark.cuda
+@pytest.mark.skipif(not faiss_gpu_available(), reason="needs faiss-gpu")
+def test_cuda_faiss_gpu_ivf_recall_floor(feats, exact):
+    fn = HypersolidLoss(backend="neighbors", index="ivf", k=64, nprobe=8, recall_every=1)
+    assert fn._neighbors.where(torch.device("cuda")) == "faiss-gpu"
+    loss, grad, stats = run(fn, feats.cuda())
+    assert stats["recall"] >= 0.9, stats
+    assert abs(loss - exact[0]) <= 0.01 * exact[0]

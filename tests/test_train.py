@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
+from hypersolid_scale.losses import HypersolidLoss
 from hypersolid_scale.train import EXIT_PREEMPTED, NonFiniteLossError, main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +82,28 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path
     assert saved, "the step before the failure was checkpointed"
     good = ck.load_checkpoint(saved[-1])
     assert good["step"] < 20
+    assert all(torch.isfinite(v).all() for v in good["model"].values() if v.is_floating_point())
+    runs, _ = _mlflow_runs(run_dir)
+    assert runs[0].info.status == "FAILED"
+
+
+def test_a_non_finite_step_between_checks_never_reaches_a_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    """The check is deferred (no sync per step), but forced before every save: step 5 goes bad, the save at
+    step 8 must refuse, and the checkpoint at step 4 stays the newest."""
+    real_forward, calls = HypersolidLoss.forward, {"n": 0}
+
+    def poisoned(self, feats):
+        calls["n"] += 1
+        return real_forward(self, feats * float("nan") if calls["n"] == 6 else feats)  # the 6th step: index 5
+
+    monkeypatch.setattr(HypersolidLoss, "forward", poisoned)
+    run_dir = tmp_path / "run"
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 5 \(loss=nan.*nonfinite=\d+"):
+        main([*TINY, f"run_dir={run_dir}", "max_steps=12", "checkpoint.every_n_steps=4", "checkpoint.keep_last=0",
+              "tracking.log_every_n_steps=1000"])
+    assert calls["n"] == 8  # trained on until the next forced check, the save at step 8, and raised there
+    assert [ck.load_checkpoint(p)["step"] for p in ck.list_checkpoints(run_dir)] == [4]
+    good = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
     assert all(torch.isfinite(v).all() for v in good["model"].values() if v.is_floating_point())
     runs, _ = _mlflow_runs(run_dir)
     assert runs[0].info.status == "FAILED"

@@ -1,8 +1,10 @@
 """Collectives used by the loss and the evaluation code, no-ops without a process group.
 
-The repulsion's cross-rank contract (DESIGN §3) needs exactly one forward collective: an all_gather of
-the *detached* embeddings. Nothing here is differentiable on purpose: the loss builds the gradient of the
-global objective from local rows only, so no collective runs in backward.
+The repulsion's cross-rank contract (DESIGN §3) needs one forward collective for the embeddings (an
+all_gather of the *detached* rows) and one for the statistics (:func:`all_reduce_packed`). Nothing here is
+differentiable on purpose: the loss builds the gradient of the global objective from local rows only, so no
+collective runs in backward. None of these reads a device value on the host, except the row-count exchange
+of :func:`all_gather_detached` for ranks of unequal sizes.
 """
 
 from __future__ import annotations
@@ -29,10 +31,14 @@ def barrier() -> None:
         dist.barrier()
 
 
-def all_gather_detached(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+def all_gather_detached(x: torch.Tensor, *, same_size: bool = False) -> tuple[torch.Tensor, int]:
     """Concatenate ``x`` (detached) from every rank along dim 0.
 
-    Ranks may hold different numbers of rows (the tensors are padded to the largest and trimmed).
+    Ranks may hold different numbers of rows: their counts are exchanged first and read on the host (a
+    synchronisation on CUDA), then the tensors are padded to the largest and trimmed. ``same_size=True``
+    promises that every rank holds as many rows as this one (a trainer's fixed per-rank batch), which skips
+    that exchange: no host synchronisation at all. Breaking the promise is an error the collective may not
+    report, so only pass it where the sizes are equal by construction.
 
     Shape:
         x: (n_r, ...) on rank r.  Returns ``(gathered, offset)``: gathered is (sum_r n_r, ...) in rank
@@ -42,6 +48,10 @@ def all_gather_detached(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     if not is_distributed():
         return x, 0
     world = dist.get_world_size()
+    if same_size:
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=0), dist.get_rank() * x.shape[0]
     n = torch.tensor([x.shape[0]], device=x.device, dtype=torch.long)
     sizes = [torch.zeros_like(n) for _ in range(world)]
     dist.all_gather(sizes, n)
@@ -55,6 +65,28 @@ def all_gather_detached(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     gathered = torch.cat([p[:c] for p, c in zip(parts, counts)], dim=0)
     offset = sum(counts[: dist.get_rank()])
     return gathered, offset
+
+
+def all_reduce_packed(sums: torch.Tensor, maxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum of ``sums`` and element-wise maximum of ``maxes`` over all ranks, in ONE collective.
+
+    A loss step's statistics need both reductions; instead of two all-reduces, one all_gather of the
+    concatenated vector (a few numbers per rank) is reduced locally. The ranks are added in rank order on
+    every rank, so all ranks get bit-identical results (decisions taken from them agree). Nothing is read on
+    the host. Both inputs are 1-D tensors of the same dtype and device; the outputs are new tensors.
+    """
+    if sums.dim() != 1 or maxes.dim() != 1 or sums.dtype != maxes.dtype or sums.device != maxes.device:
+        raise ValueError(f"all_reduce_packed needs two 1-D tensors of one dtype and device, got "
+                         f"{tuple(sums.shape)} {sums.dtype} {sums.device} and {tuple(maxes.shape)} {maxes.dtype} "
+                         f"{maxes.device}")
+    if not is_distributed():
+        return sums.detach().clone(), maxes.detach().clone()
+    packed = torch.cat([sums.detach(), maxes.detach()])
+    parts = [torch.empty_like(packed) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, packed)
+    table = torch.stack(parts)  # (world, n_sums + n_maxes)
+    ns = sums.numel()
+    return table[:, :ns].sum(dim=0), table[:, ns:].amax(dim=0)
 
 
 def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("dense", "tiled", "neighbors")
+BACKENDS = ("dense", "tiled", "neighbors", "auto")
 POOLINGS = ("max", "mean")
 REPEL_MODES = ("all", "negatives", "positives")
-INDEXES = ("flat", "ivf", "hnsw")
+# flat: exact (FAISS IndexFlatIP on CPU, the torch blockwise top-k on CUDA); torch: the torch top-k on any device;
+# ivf / hnsw: approximate FAISS indexes (ivf runs on the GPU when faiss-gpu is installed).
+INDEXES = ("flat", "ivf", "hnsw", "torch")
+EXACT_INDEXES = ("flat", "torch")
 
 
 @dataclass
@@ -21,13 +24,17 @@ class LossConfig:
     norm_weight: float = 1e-6  # lambda of the L2 normalization term; 0 disables it
     pooling: str = "max"  # target per image: "max" (paper) | "mean" (ablation)
     repel: str = "all"  # which pairs are repelled: "all" (paper) | "negatives" | "positives"
-    backend: str = "dense"  # "dense" (reference) | "tiled" (exact, bounded memory) | "neighbors" (FAISS)
-    tile_size: int = 4096  # tiled: rows/columns per block
-    index: str = "flat"  # neighbors: "flat" (exact) | "ivf" | "hnsw" (approximate)
+    # "dense" (reference) | "tiled" (exact, bounded memory) | "neighbors" (candidate search) |
+    # "auto" (tiled or neighbors per step, from the previous step's saturated-row fraction; DESIGN §3c)
+    backend: str = "dense"
+    tile_size: int = 4096  # tiled, and the torch search: rows/columns per block
+    index: str = "flat"  # neighbors: "flat" | "torch" (exact) | "ivf" | "hnsw" (approximate)
     k: int = 64  # neighbors: candidates searched per row
     nprobe: int = 16  # neighbors/ivf: inverted lists visited per query
     ef_search: int = 64  # neighbors/hnsw: search breadth
     recall_every: int = 100  # neighbors: measure recall against exact search every N calls (0: never)
+    auto_to_neighbors: float = 0.05  # auto: switch tiled -> neighbors when the saturated fraction drops below
+    auto_to_tiled: float = 0.20  # auto: switch neighbors -> tiled when the saturated fraction rises above
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field and what it accepts."""
@@ -48,3 +55,13 @@ class LossConfig:
                 raise ValueError(f"loss.{name} must be a positive integer, got {getattr(self, name)}")
         if self.recall_every < 0:
             raise ValueError(f"loss.recall_every must be >= 0 (0 disables), got {self.recall_every}")
+        if not 0.0 <= self.auto_to_neighbors < self.auto_to_tiled <= 1.0:
+            raise ValueError(
+                f"loss.auto_to_neighbors={self.auto_to_neighbors} and loss.auto_to_tiled={self.auto_to_tiled} "
+                "must satisfy 0 <= auto_to_neighbors < auto_to_tiled <= 1 (the gap between them is the hysteresis)"
+            )
+        if self.backend == "auto" and self.index not in EXACT_INDEXES:
+            raise ValueError(
+                f"loss.backend=auto switches between exact backends, but loss.index={self.index!r} is approximate; "
+                f"use loss.index={' or '.join(EXACT_INDEXES)}, or loss.backend=neighbors for an approximate index"
+            )

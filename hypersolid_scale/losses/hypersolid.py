@@ -13,6 +13,15 @@ own rows. The similarity matrix is symmetric, so the gradient of the global repu
 its row part. The returned tensor carries the true global loss as its value and P × (the gradient of the
 global loss w.r.t. the local rows) as its gradient, so DDP's or DeepSpeed's averaging over P ranks yields
 exactly the single-process gradient of the concatenated batch. No collective runs in backward.
+
+Telemetry stays on the device: every scalar the global loss and the statistics need goes into one vector,
+reduced across ranks in one collective; the result, with the derived statistics, is :attr:`packed_stats`
+(a :class:`~hypersolid_scale.losses.stats.PackedStats`). Built as the trainer builds it
+(``check_finite=False``, ``same_rows_per_rank=True``), a call with ``dense``, ``tiled`` or ``auto`` on its
+tiled side reads nothing on the host; ``neighbors`` reads which rows saturated (one transfer that sizes its
+exact fallback; a FAISS search on the host copies the embeddings too). ``auto`` takes its decision from
+the previous call's statistics, copied to the host without blocking (see :mod:`.auto`). The ``stats``
+property is the host view: one transfer.
 """
 
 from __future__ import annotations
@@ -23,12 +32,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypersolid_scale.distributed import all_gather_detached, all_reduce_max, all_reduce_sum, get_world_size
+from hypersolid_scale.distributed import all_gather_detached, get_world_size
+from hypersolid_scale.distributed.gather import all_reduce_packed
+from hypersolid_scale.losses.auto import BackendSwitch
 from hypersolid_scale.losses.config import LossConfig
 from hypersolid_scale.losses.neighbors import NeighborRepulsion
-from hypersolid_scale.losses.repulsion import PairLayout, dense_repulsion, tiled_repulsion
+from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats, dense_repulsion, tiled_repulsion
+from hypersolid_scale.losses.stats import PackedStats
 
-_BACKEND_OPTIONS = {"tile_size", "index", "k", "nprobe", "ef_search", "recall_every"}
+_BACKEND_OPTIONS = {"tile_size", "index", "k", "nprobe", "ef_search", "recall_every", "auto_to_neighbors",
+                    "auto_to_tiled"}
+BASE_STATS = ("loss", "alignment", "repulsion", "normalization", "mean_norm", "active_pairs", "active_pos",
+              "active_neg", "active_fraction", "max_cos", "nonfinite")
+SEARCH_STATS = ("candidates", "saturated_rows", "saturated_fraction", "recall", "recall_measured")
+# RepulsionStats fields summed across ranks (max_cos is reduced by maximum)
+_SUMMED = tuple(name for name in RepulsionStats.__dataclass_fields__ if name != "max_cos")
 
 
 class HypersolidLoss(nn.Module):
@@ -39,17 +57,26 @@ class HypersolidLoss(nn.Module):
         norm_weight: λ of the L2 normalization term (0 disables it). Paper: 1e-6.
         pooling: how the per-image target is built from its views: "max" (paper) or "mean".
         repel: which pairs are repelled: "all" (paper), "negatives" or "positives".
-        backend: "dense" (reference), "tiled" (exact, O(tile²) memory) or "neighbors" (FAISS candidates).
-        **backend_options: tile_size; for neighbors: index ("flat" | "ivf" | "hnsw"), k, nprobe,
-            ef_search, recall_every.
+        backend: "dense" (reference), "tiled" (exact, O(tile²) memory), "neighbors" (candidate search) or
+            "auto" (tiled or neighbors per step, DESIGN §3c).
+        check_finite: raise ``ValueError`` on NaN/inf input. That check reads a device value on the host
+            (a GPU synchronisation); the trainer turns it off and reads the ``nonfinite`` statistic instead.
+        same_rows_per_rank: every rank holds as many rows as this one (the trainer's fixed per-rank batch),
+            so the all_gather skips its row-count exchange, a host synchronisation. Default False.
+        **backend_options: tile_size; for neighbors: index ("flat" | "torch" | "ivf" | "hnsw"), k, nprobe,
+            ef_search, recall_every; for auto: auto_to_neighbors, auto_to_tiled.
 
     Shape:
         feats: (B, V, D) — B images on this process, V ≥ 2 views each, ordered as the model emits them.
         Output: scalar, the loss of the global batch (identical on every rank).
 
-    After each call ``self.stats`` holds floats: loss, alignment, repulsion, normalization, mean_norm,
-    active_pairs, active_pos, active_neg, active_fraction, max_cos, and for ``neighbors`` candidates,
-    saturated_rows and (when measured) recall. Pair counts are ordered pairs of the global batch.
+    After each call :attr:`packed_stats` holds, on the device, for the global batch: loss, alignment,
+    repulsion, normalization, mean_norm, active_pairs, active_pos, active_neg, active_fraction, max_cos,
+    nonfinite (non-finite input values + 1 if the loss is not finite); for ``neighbors`` and ``auto`` also
+    candidates, saturated_rows, saturated_fraction, recall, recall_measured (ranks that measured recall this
+    call; recall is 1 when there was nothing to find); for ``auto`` also backend_neighbors (1: this call ran
+    ``neighbors``). Pair counts are ordered pairs. :attr:`stats` is the same as Python floats (one transfer),
+    without recall/recall_measured when recall was not measured.
     """
 
     def __init__(
@@ -59,6 +86,9 @@ class HypersolidLoss(nn.Module):
         pooling: str = "max",
         repel: str = "all",
         backend: str = "dense",
+        *,
+        check_finite: bool = True,
+        same_rows_per_rank: bool = False,
         **backend_options,
     ) -> None:
         super().__init__()
@@ -71,24 +101,24 @@ class HypersolidLoss(nn.Module):
             alpha=alpha, norm_weight=norm_weight, pooling=pooling, repel=repel, backend=backend, **backend_options
         )
         self.cfg.validate()
+        self.check_finite, self.same_rows_per_rank = bool(check_finite), bool(same_rows_per_rank)
+        c = self.cfg
         self._neighbors = (
-            NeighborRepulsion(
-                index=self.cfg.index,
-                k=self.cfg.k,
-                nprobe=self.cfg.nprobe,
-                ef_search=self.cfg.ef_search,
-                recall_every=self.cfg.recall_every,
-                tile_size=self.cfg.tile_size,
-            )
-            if backend == "neighbors"
+            NeighborRepulsion(index=c.index, k=c.k, nprobe=c.nprobe, ef_search=c.ef_search,
+                              recall_every=c.recall_every, tile_size=c.tile_size)
+            if backend in ("neighbors", "auto")
             else None
         )
-        self.stats: dict[str, float] = {}
+        self.switch = BackendSwitch(c.auto_to_neighbors, c.auto_to_tiled) if backend == "auto" else None
+        names = BASE_STATS + (SEARCH_STATS if backend in ("neighbors", "auto") else ())
+        self.stat_names: tuple[str, ...] = names + (("backend_neighbors",) if backend == "auto" else ())
+        self._packed: PackedStats | None = None
 
     @classmethod
-    def from_config(cls, cfg: LossConfig) -> "HypersolidLoss":
+    def from_config(cls, cfg: LossConfig, **runtime: bool) -> "HypersolidLoss":
+        """``runtime``: check_finite / same_rows_per_rank (how the caller runs it, not hyperparameters)."""
         values = {f.name: getattr(cfg, f.name) for f in fields(LossConfig)}
-        return cls(**values)
+        return cls(**values, **runtime)
 
     @property
     def alpha(self) -> float:
@@ -96,6 +126,23 @@ class HypersolidLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self.cfg).items())
+
+    @property
+    def packed_stats(self) -> PackedStats:
+        """The last call's statistics, on the device (names: :attr:`stat_names`)."""
+        if self._packed is None:
+            raise RuntimeError("no statistics yet: call the loss first")
+        return self._packed
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """The last call's statistics as Python floats: ONE device-to-host transfer (a sync on CUDA)."""
+        if self._packed is None:
+            return {}
+        out = self._packed.to_dict()
+        if "recall_measured" in out and out["recall_measured"] == 0:
+            del out["recall"], out["recall_measured"]
+        return out
 
     def _check(self, feats: torch.Tensor) -> None:
         if not isinstance(feats, torch.Tensor) or feats.dim() != 3:
@@ -108,19 +155,21 @@ class HypersolidLoss(nn.Module):
             raise ValueError(f"feats has an empty dimension: shape (B={b}, V={v}, D={d})")
         if not feats.is_floating_point():
             raise ValueError(f"feats must be floating point, got dtype {feats.dtype}")
-        if not torch.isfinite(feats.detach()).all():
+        if self.check_finite and not torch.isfinite(feats.detach()).all():
             raise ValueError("feats contains NaN or Inf: check the model outputs (learning rate, mixed precision)")
 
-    def _repulsion_rows(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout):
-        if self.cfg.backend == "dense":
+    def _repulsion_rows(self, backend: str, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout):
+        if backend == "dense":
             return dense_repulsion(x_rows, x_all, layout, self.alpha)
-        if self.cfg.backend == "tiled":
-            return tiled_repulsion(x_rows, x_all, layout, self.alpha, self.cfg.tile_size)
+        if backend == "tiled":
+            k = self.cfg.k if self.switch is not None else None  # auto compares on the saturated fraction
+            return tiled_repulsion(x_rows, x_all, layout, self.alpha, self.cfg.tile_size, saturation_k=k)
         return self._neighbors(x_rows, x_all, layout, self.alpha)
 
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         self._check(feats)
         device_type = feats.device.type
+        backend = self.switch.choose() if self.switch is not None else self.cfg.backend
         # Thresholds are decided in fp32 or better, even under bf16/fp16 autocast (DESIGN §2).
         with torch.autocast(device_type=device_type, enabled=False):
             f = feats.float() if feats.dtype in (torch.float16, torch.bfloat16) else feats
@@ -138,59 +187,48 @@ class HypersolidLoss(nn.Module):
 
             # Repulsion: local rows against the gathered (detached) global batch.
             x_rows = x.reshape(b * v, d)
-            x_all, offset = all_gather_detached(x_rows)
+            x_all, offset = all_gather_detached(x_rows, same_size=self.same_rows_per_rank)
             m_g = x_all.shape[0]
-            rep_sum, st = self._repulsion_rows(x_rows, x_all, PairLayout(offset, v, self.cfg.repel))
+            rep_sum, st = self._repulsion_rows(backend, x_rows, x_all, PairLayout(offset, v, self.cfg.repel))
 
-            # One all-reduce for every scalar the global loss and the telemetry need.
-            has_recall = st.recall is not None
-            packed = torch.tensor(
-                [
-                    float(align_sum.detach()),
-                    float(rep_sum.detach()),
-                    float(norm_sum.detach()),
-                    st.active_pos,
-                    st.active_neg,
-                    st.candidates,
-                    st.saturated_rows,
-                    st.recall if has_recall else 0.0,
-                    float(has_recall),
-                ],
-                dtype=torch.float64,
-                device=f.device,
-            )
-            tot = all_reduce_sum(packed).tolist()
-            max_cos = float(all_reduce_max(torch.tensor([st.max_cos], device=f.device))[0])
+            # One collective for every scalar the global loss and the telemetry need (sums, and max_cos).
+            nonfinite = (~torch.isfinite(f.detach())).sum()
+            sums = torch.stack([align_sum.detach().double(), rep_sum.detach().double(), norm_sum.detach().double(),
+                                nonfinite.double(), *(getattr(st, name).double() for name in _SUMMED)])
+            tot, mx = all_reduce_packed(sums, st.max_cos.double().reshape(1))
+            g = dict(zip(("align", "rep", "norm", "nonfinite", *_SUMMED), tot.unbind(0)))
 
             alpha, lam = self.alpha, float(self.cfg.norm_weight)
             rep_scale = 1.0 / (m_g * m_g * (1.0 - alpha))
-            mean_norm = tot[2] / m_g
-            alignment, repulsion = tot[0] / m_g, tot[1] * rep_scale
+            mean_norm = g["norm"] / m_g
+            alignment, repulsion = g["align"] / m_g, g["rep"] * rep_scale
             normalization = lam * (mean_norm - 1.0) ** 2
-            value = alignment + repulsion + normalization
+            value = alignment + repulsion + normalization  # float64, identical on every rank
 
             # Gradient carrier: the gradient of the global loss w.r.t. this rank's rows (DESIGN §3), times P.
-            surrogate = (
-                align_sum / m_g + 2.0 * rep_scale * rep_sum + (2.0 * lam * (mean_norm - 1.0) / m_g) * norm_sum
-            )
+            norm_coef = (2.0 * lam * (mean_norm - 1.0) / m_g).to(f.dtype)
+            surrogate = align_sum / m_g + 2.0 * rep_scale * rep_sum + norm_coef * norm_sum
             carrier = world * (surrogate - surrogate.detach())
-            loss = carrier + torch.tensor(value, dtype=carrier.dtype, device=carrier.device)
+            loss = carrier + value.to(carrier.dtype)
 
-        active = tot[3] + tot[4]
-        self.stats = {
-            "loss": value,
-            "alignment": alignment,
-            "repulsion": repulsion,
-            "normalization": normalization,
-            "mean_norm": mean_norm,
-            "active_pairs": active,
-            "active_pos": tot[3],
-            "active_neg": tot[4],
-            "active_fraction": active / max(1, m_g * (m_g - 1)),
-            "max_cos": max_cos,
-        }
-        if self.cfg.backend == "neighbors":
-            self.stats.update(candidates=tot[5], saturated_rows=tot[6])
-            if tot[8] > 0:
-                self.stats["recall"] = tot[7] / tot[8]
+            active = g["active_pos"] + g["active_neg"]
+            out = {
+                "loss": value, "alignment": alignment, "repulsion": repulsion, "normalization": normalization,
+                "mean_norm": mean_norm, "active_pairs": active, "active_pos": g["active_pos"],
+                "active_neg": g["active_neg"], "active_fraction": active / max(1, m_g * (m_g - 1)),
+                "max_cos": mx[0], "nonfinite": g["nonfinite"] + (~torch.isfinite(value)).double(),
+            }
+            if "candidates" in self.stat_names:
+                hits, total = g["recall_hits"], g["recall_total"]
+                out.update(candidates=g["candidates"], saturated_rows=g["saturated_rows"],
+                           saturated_fraction=g["saturated_rows"] / m_g,
+                           # global recall: found / truly active over every measuring rank's sample
+                           recall=torch.where(total > 0, hits / total.clamp(min=1.0), torch.ones_like(total)),
+                           recall_measured=g["recall_measured"])
+            if self.switch is not None:
+                out["backend_neighbors"] = torch.full_like(value, float(backend == "neighbors"))
+            packed = PackedStats(self.stat_names, torch.stack([out[name] for name in self.stat_names]))
+        self._packed = packed
+        if self.switch is not None:
+            self.switch.observe(packed["saturated_fraction"])
         return loss  # float32 for low-precision input: the loss value is never rounded to bf16

@@ -1,44 +1,44 @@
-"""``neighbors`` backend: the repulsion over candidate pairs found with FAISS.
+"""``neighbors`` backend: the repulsion over candidate pairs found by a k-nearest-neighbour search.
 
 Only pairs with cosine > α carry loss or gradient, and after the first few hundred steps each embedding has
-few such neighbours. So a k-nearest-neighbour search (inner product on unit vectors = cosine) proposes the
-candidates, their similarities are recomputed exactly in torch, and the gradient rows
-``Y_i = Σ_{j active} x_j`` are accumulated sparsely (O(nnz · D) work, O(m · D) memory).
+few such neighbours. So a search (inner product on unit vectors = cosine) proposes k candidates per row,
+their similarities are recomputed exactly in torch, and the gradient rows ``Y_i = Σ_{j active} x_j`` are
+accumulated from the candidates only (O(m · k · D) work, O(m · D) memory).
+
+Where the search runs (``index``, see :mod:`hypersolid_scale.losses.search`):
+* ``flat``: exact. On CUDA the torch blockwise top-k, on the device; on the CPU FAISS ``IndexFlatIP``.
+* ``torch``: the torch blockwise top-k on any device (exact).
+* ``ivf``: approximate. FAISS GPU IVF on CUDA tensors when faiss-gpu is installed, else FAISS on the host.
+* ``hnsw``: approximate, FAISS on the host (FAISS has no GPU HNSW).
 
 Exactness (DESIGN §2):
 * same-image pairs (V − 1 per row) are known from the layout and always included, without a search;
 * a row whose k-th candidate is still above α may have missed neighbours ("saturated"); such rows are
-  recomputed with the exact blockwise path, so a ``flat`` (exact) index gives the exact loss and gradient
-  in every regime, the near-collapsed one included (where it degrades gracefully to ``tiled``'s cost);
+  recomputed with the exact blockwise path, so an exact index gives the exact loss and gradient in every
+  regime, the near-collapsed one included (where it degrades gracefully to ``tiled``'s cost);
 * ``ivf`` and ``hnsw`` are approximate: their recall against exact search is measured on a sample of rows
   every ``recall_every`` calls.
+
+Host synchronisation: the candidate work has fixed shapes (m × k), so the only device value read on the host
+is the set of saturated rows (``nonzero``), which sizes the exact fallback; a host-side search (FAISS on the
+CPU) copies the embeddings to the host as well.
 """
 
 from __future__ import annotations
 
-import math
+import warnings
 
-import faiss
 import numpy as np
 import torch
 
 from hypersolid_scale.losses.config import INDEXES
 from hypersolid_scale.losses.repulsion import LinearizedRowSum, PairLayout, RepulsionStats, blockwise_rows
+from hypersolid_scale.losses.search import faiss_gpu_available, faiss_gpu_ivf_search, faiss_search, topk_inner_product
 
 # FAISS searches in float32; a row counts as saturated when its k-th score is within this margin of alpha,
 # so float32 rounding can never hide a neighbour from a float64 recomputation.
 _SATURATION_MARGIN = 1e-4
 _RECALL_ROWS = 256
-_PAIR_CHUNK_ELEMS = 1 << 24  # elements of (pairs × D) materialised at once when recomputing similarities
-
-
-def _gpu_resources():
-    """FAISS GPU resources when faiss-gpu and a GPU are present, else None (one per process, cached)."""
-    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() == 0:
-        return None
-    if not hasattr(_gpu_resources, "res"):
-        _gpu_resources.res = faiss.StandardGpuResources()
-    return _gpu_resources.res
 
 
 class NeighborRepulsion:
@@ -60,38 +60,38 @@ class NeighborRepulsion:
         self.index_kind, self.k, self.nprobe, self.ef_search = index, int(k), int(nprobe), int(ef_search)
         self.recall_every, self.tile_size = int(recall_every), int(tile_size)
         self.calls = 0
+        self._warned = False
 
     # ------------------------------------------------------------------ search
-    def _build_index(self, xb: np.ndarray, on_gpu: bool) -> faiss.Index:
-        n, d = xb.shape
-        if self.index_kind == "hnsw":  # no GPU HNSW in FAISS: always on the CPU
-            index = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
-            index.hnsw.efSearch = max(self.ef_search, self.k + 1)
-            index.add(xb)
-            return index
-        if self.index_kind == "flat":
-            index = faiss.IndexFlatIP(d)
-        else:  # ivf: about 4·sqrt(n) lists, with enough points per list to train them
-            nlist = max(1, min(int(4 * math.sqrt(n)), n // 39))
-            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-            index.cp.niter = 10
-            rng = np.random.default_rng(0)
-            sample = xb[rng.choice(n, size=min(n, 64 * nlist), replace=False)]
-            index.train(sample)
-            index.nprobe = min(self.nprobe, nlist)
-        res = _gpu_resources() if on_gpu else None
-        if res is not None:
-            index = faiss.index_cpu_to_gpu(res, torch.cuda.current_device(), index)
-        index.add(xb)
-        return index
+    def where(self, device: torch.device) -> str:
+        """Which search runs for inputs on ``device``: "torch", "faiss-gpu" or "faiss-cpu"."""
+        if self.index_kind == "torch" or (self.index_kind == "flat" and device.type == "cuda"):
+            return "torch"
+        if self.index_kind == "ivf" and device.type == "cuda" and faiss_gpu_available():
+            return "faiss-gpu"
+        return "faiss-cpu"
 
     def search(self, x_rows: torch.Tensor, x_all: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k by inner product. Returns (scores, ids), both (m, k'), ids == -1 where nothing was found."""
-        xb = np.ascontiguousarray(x_all.detach().float().cpu().numpy())
-        xq = np.ascontiguousarray(x_rows.detach().float().cpu().numpy())
-        k = min(self.k + 1, xb.shape[0])  # +1: the query itself is in the index
-        index = self._build_index(xb, on_gpu=x_rows.is_cuda)
-        scores, ids = index.search(xq, k)
+        """Top-(k+1) by inner product (the row itself is among the columns).
+
+        Returns (scores, ids), both (m, k'), on the input's device; ids == -1 where nothing was found.
+        """
+        k = min(self.k + 1, x_all.shape[0])
+        where = self.where(x_rows.device)
+        if where == "torch":
+            return topk_inner_product(x_rows, x_all, k, tile=self.tile_size)
+        # FAISS: float32, and NaN/inf (a diverged step, caught by the trainer's check) must not reach it.
+        xq, xb = (torch.nan_to_num(t.detach().float(), nan=0.0, posinf=0.0, neginf=0.0) for t in (x_rows, x_all))
+        if where == "faiss-gpu":
+            return faiss_gpu_ivf_search(xq, xb, k, nprobe=self.nprobe)
+        if x_rows.is_cuda and not self._warned:
+            self._warned = True
+            warnings.warn(f"loss.index={self.index_kind} searches on the CPU (faiss-gpu "
+                          f"{'has no HNSW' if self.index_kind == 'hnsw' else 'is not installed'}): the embeddings "
+                          "are copied to the host every step. Use loss.index=flat for an exact search on the GPU.",
+                          stacklevel=3)
+        scores, ids = faiss_search(np.ascontiguousarray(xq.cpu().numpy()), np.ascontiguousarray(xb.cpu().numpy()),
+                                   k, self.index_kind, nprobe=self.nprobe, ef_search=self.ef_search)
         return torch.from_numpy(scores).to(x_rows.device), torch.from_numpy(ids).to(x_rows.device)
 
     # ------------------------------------------------------------------ loss
@@ -99,18 +99,26 @@ class NeighborRepulsion:
         self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
     ) -> tuple[torch.Tensor, RepulsionStats]:
         self.calls += 1
-        st = RepulsionStats()
-        xr, dev = x_rows.detach(), x_rows.device
+        with torch.no_grad():
+            value, y, st = self._value_and_rows(x_rows.detach(), x_all, layout, alpha)
+        return LinearizedRowSum.apply(x_rows, value, y), st
+
+    def _value_and_rows(self, xr: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float):
+        dev = xr.device
+        st = RepulsionStats.zeros(dev)
         m, n, v = xr.shape[0], x_all.shape[0], layout.views
         row_ids = torch.arange(layout.offset, layout.offset + m, device=dev)
         scores, ids = self.search(xr, x_all)
-        st.candidates = float((ids >= 0).sum())
+        k = ids.shape[1]
+        found = ids >= 0
+        st.candidates = found.sum().to(torch.float64)
 
         # Rows whose weakest returned candidate is still inside the exclusion zone may have more neighbours
-        # than k: recompute them exactly. When k' == n every column was searched, so nothing can be missing.
-        full = (ids >= 0).all(dim=1)
-        saturated = full & (scores[:, -1] > alpha - _SATURATION_MARGIN) & (ids.shape[1] < n)
-        st.saturated_rows = float(saturated.sum())
+        # than k: recompute them exactly. When k == n every column was searched, so nothing can be missing.
+        saturated = found.all(dim=1) & (scores[:, -1] > alpha - _SATURATION_MARGIN)
+        if k >= n:
+            saturated = torch.zeros_like(saturated)
+        st.saturated_rows = saturated.sum().to(torch.float64)
         keep = ~saturated
 
         value = torch.zeros((), dtype=torch.float64, device=dev)
@@ -122,57 +130,61 @@ class NeighborRepulsion:
         pos_sim = xr3 @ xc3.transpose(1, 2)  # (B_r, V, D) @ (B_r, D, V) -> (B_r, V, V)
         off_diag = ~torch.eye(v, dtype=torch.bool, device=dev)
         pos_act = (pos_sim > alpha) & off_diag & keep.reshape(-1, v, 1)
-        st.active_pos = float(pos_act.sum())
+        st.active_pos = pos_act.sum().to(torch.float64)
         pos_max = pos_sim.masked_fill(~off_diag, -2.0).amax(dim=2).reshape(m)  # (m,)
-        if layout.mode != "negatives" and st.active_pos:
+        if layout.mode != "negatives":
             w = pos_act.to(xr.dtype)
             value += ((pos_sim - alpha) * w).sum(dtype=torch.float64)
             y += (w @ xc3).reshape(m, -1)  # (B_r, V, V) @ (B_r, V, D)
 
-        # Negatives from the search: only candidates FAISS scores near or inside the zone are recomputed
-        # exactly (float32 scores are within the margin of the exact cosine), plus each row's best negative
-        # so that the reported max cosine is exact.
-        img = row_ids // v
-        neg = (ids >= 0) & (ids // v != img[:, None]) & keep[:, None]
-        near = neg & (scores > alpha - _SATURATION_MARGIN)
-        r_idx, c_pos = near.nonzero(as_tuple=True)
-        c_idx = ids[r_idx, c_pos].long()
-        best = torch.where(neg, scores, torch.full_like(scores, -3.0)).argmax(dim=1)  # (m,)
-        has_neg = neg.gather(1, best[:, None]).squeeze(1)
-        best_ids = ids.gather(1, best[:, None]).squeeze(1).long().clamp(min=0)
-        best_sim = torch.where(has_neg, (xr * x_all[best_ids]).sum(dim=1), torch.full_like(pos_max, -2.0))
-        row_max = torch.maximum(pos_max, best_sim)[keep]
-        if row_max.numel():
-            st.max_cos = float(row_max.max())
-        chunk = max(1, _PAIR_CHUNK_ELEMS // max(1, xr.shape[1]))
-        for p0 in range(0, r_idx.numel(), chunk):
-            r, c = r_idx[p0 : p0 + chunk], c_idx[p0 : p0 + chunk]
-            sim = (xr[r] * x_all[c]).sum(dim=1)  # (pairs,) exact cosines in the input precision
-            active = sim > alpha
-            st.active_neg += float(active.sum())
+        # Negatives from the search: every candidate's similarity recomputed exactly, in fixed-shape chunks
+        # of rows (no data-dependent shapes, so no host synchronisation).
+        neg = found & (ids // v != (row_ids // v)[:, None]) & keep[:, None]  # (m, k)
+        cand = ids.clamp(min=0)
+        neg_max = torch.full((m,), -2.0, dtype=xr.dtype, device=dev)
+        active_neg = torch.zeros((), dtype=torch.float64, device=dev)
+        # Candidates gathered at once: (rows × k × D) <= tile², the scratch bound of the tiled backend too.
+        chunk = max(1, self.tile_size * self.tile_size // max(1, k * xr.shape[1]))
+        for r0 in range(0, m, chunk):
+            r1 = min(r0 + chunk, m)
+            xc = x_all[cand[r0:r1]]  # (rows, k, D)
+            sim = (xc @ xr[r0:r1, :, None]).squeeze(2)  # (rows, k, D) @ (rows, D, 1) -> (rows, k)
+            nmask = neg[r0:r1]
+            act = (sim > alpha) & nmask
+            active_neg += act.sum()
+            neg_max[r0:r1] = sim.masked_fill(~nmask, -2.0).amax(dim=1)
             if layout.mode != "positives":
-                value += (sim[active] - alpha).sum(dtype=torch.float64)
-                y.index_add_(0, r[active], x_all[c[active]])
+                w = act.to(xr.dtype)
+                value += ((sim - alpha) * w).sum(dtype=torch.float64)
+                y[r0:r1] += (w[:, None, :] @ xc).squeeze(1)  # (rows, 1, k) @ (rows, k, D)
+        st.active_neg = active_neg
+        row_max = torch.maximum(pos_max, neg_max).masked_fill(saturated, -2.0)
+        if m:
+            st.max_cos = torch.maximum(st.max_cos, row_max.max().to(torch.float64))
 
-        if saturated.any():
-            sat = saturated.nonzero(as_tuple=True)[0]
+        sat = saturated.nonzero().squeeze(1)  # the one host read of this backend: it sizes the fallback
+        if sat.numel() == m:  # every row (near collapse): the contiguous rows take tiled's fast blocks
+            v_sat, y_sat = blockwise_rows(xr, row_ids, x_all, layout, alpha, self.tile_size, st,
+                                          first_row=layout.offset)
+            value += v_sat
+            y += y_sat
+        elif sat.numel():
             v_sat, y_sat = blockwise_rows(xr[sat], row_ids[sat], x_all, layout, alpha, self.tile_size, st)
             value += v_sat
-            y[sat] += y_sat
+            y.index_add_(0, sat, y_sat)
 
         if self.recall_every and (self.calls - 1) % self.recall_every == 0:
-            st.recall = self._recall(xr, x_all, row_ids, layout, alpha, ids, saturated)
-        return LinearizedRowSum.apply(x_rows, value, y), st
+            self._recall(xr, x_all, row_ids, layout, alpha, ids, saturated, st)
+        return value, y, st
 
-    @torch.no_grad()
-    def _recall(self, xr, x_all, row_ids, layout, alpha, ids, saturated) -> float:
-        """Fraction of truly active (allowed) pairs that the search found, on a fixed-size row sample.
+    def _recall(self, xr, x_all, row_ids, layout, alpha, ids, saturated, st: RepulsionStats) -> None:
+        """Found vs truly active (allowed) pairs on a strided sample of rows, into ``st`` (device tensors).
 
         Positives count as found (they come from the layout), and so do saturated rows (computed exactly).
         """
         m, n, v = xr.shape[0], x_all.shape[0], layout.views
-        g = torch.Generator().manual_seed(self.calls)
-        sample = torch.randperm(m, generator=g)[: min(m, _RECALL_ROWS)].to(xr.device)
+        stride = max(1, -(-m // _RECALL_ROWS))
+        sample = torch.arange((self.calls - 1) % stride, m, stride, device=xr.device)  # varies between calls
         sim = xr[sample] @ x_all.T  # (s, D) @ (D, M_g)
         cols = torch.arange(n, device=xr.device)
         rows = row_ids[sample]
@@ -180,9 +192,10 @@ class NeighborRepulsion:
         same = rows[:, None] // v == cols[None, :] // v
         allowed = {"all": not_self, "negatives": ~same, "positives": same & not_self}[layout.mode]
         truth = (sim > alpha) & allowed
-        found = torch.zeros((truth.shape[0], n + 1), dtype=torch.bool, device=xr.device)  # last: discard slot
+        hit = torch.zeros((truth.shape[0], n + 1), dtype=torch.bool, device=xr.device)  # last: discard slot
         s_ids = ids[sample].long()
-        found.scatter_(1, torch.where(s_ids >= 0, s_ids, torch.full_like(s_ids, n)), True)
-        found = found[:, :n] | same | saturated[sample][:, None]
-        n_true = int(truth.sum())
-        return 1.0 if n_true == 0 else float((truth & found).sum()) / n_true
+        hit.scatter_(1, torch.where(s_ids >= 0, s_ids, torch.full_like(s_ids, n)), True)
+        hit = hit[:, :n] | same | saturated[sample][:, None]
+        st.recall_hits = (truth & hit).sum().to(torch.float64)
+        st.recall_total = truth.sum().to(torch.float64)
+        st.recall_measured = torch.ones((), dtype=torch.float64, device=xr.device)

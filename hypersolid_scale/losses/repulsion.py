@@ -16,6 +16,10 @@ matrix is symmetric (DESIGN §3).
   ``autograd.Function`` hands Y back in backward, so backward costs nothing extra and no block is kept
   alive: peak memory is one block plus Y (the size of the embeddings), never an (M × M) matrix.
 
+No backend reads a device value on the host: telemetry accumulates in device tensors
+(:class:`RepulsionStats`), so a CUDA step is never stalled here (the loop bounds are host integers). On the
+CPU, where reading a tensor costs nothing, ``tiled`` skips the rows of a block with no active pair.
+
 Thresholds are always decided in float32 or better (DESIGN §2): callers upcast bf16/fp16 input.
 """
 
@@ -46,14 +50,29 @@ class PairLayout:
 
 @dataclass
 class RepulsionStats:
-    """Telemetry of one call, for this process's rows (ordered pairs; summed across ranks by the caller)."""
+    """Telemetry of one call for this process's rows, as 0-dim float64 device tensors (ordered pairs).
 
-    active_pos: float = 0.0  # same-image pairs with cosine > alpha
-    active_neg: float = 0.0  # different-image pairs with cosine > alpha
-    max_cos: float = -1.0  # largest off-diagonal cosine seen
-    candidates: float = 0.0  # neighbors: pairs whose similarity was computed
-    saturated_rows: float = 0.0  # neighbors: rows whose k-th candidate was still above alpha
-    recall: float | None = None  # neighbors: recall of active pairs against exact search, when measured
+    Summed across ranks by the caller (``max_cos``: maximum).
+    """
+
+    active_pos: torch.Tensor  # same-image pairs with cosine > alpha
+    active_neg: torch.Tensor  # different-image pairs with cosine > alpha
+    max_cos: torch.Tensor  # largest off-diagonal cosine seen (-1 when there is no pair)
+    candidates: torch.Tensor  # neighbors: pairs returned by the search
+    saturated_rows: torch.Tensor  # rows that may have more active neighbours than k (see ``saturation_k``)
+    recall_hits: torch.Tensor  # neighbors, on a measuring call: sampled active pairs the search found
+    recall_total: torch.Tensor  # ... and all sampled active pairs
+    recall_measured: torch.Tensor  # 1 on a call that measured recall, else 0
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> "RepulsionStats":
+        z = torch.zeros(8, dtype=torch.float64, device=device)
+        z.narrow(0, 2, 1).fill_(-1.0)  # max_cos. (``z[2] = -1.0`` would copy a host scalar: a CUDA sync)
+        return cls(*z.unbind(0))
+
+
+def _f64(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64)
 
 
 def pair_masks(rows: torch.Tensor, cols: torch.Tensor, layout: PairLayout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,15 +92,6 @@ def pair_masks(rows: torch.Tensor, cols: torch.Tensor, layout: PairLayout) -> tu
     return allowed, same
 
 
-def _block_stats(sim: torch.Tensor, not_self: torch.Tensor, same: torch.Tensor, alpha: float, st: RepulsionStats):
-    active = (sim > alpha) & not_self
-    st.active_pos += float((active & same).sum())
-    st.active_neg += float((active & ~same).sum())
-    off = sim.masked_fill(~not_self, -2.0)
-    if off.numel():
-        st.max_cos = max(st.max_cos, float(off.max()))
-
-
 def dense_repulsion(
     x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
 ) -> tuple[torch.Tensor, RepulsionStats]:
@@ -97,9 +107,15 @@ def dense_repulsion(
     allowed, same = pair_masks(rows, cols, layout)
     sim = x_rows @ x_all.T  # (m, D) @ (D, M_g) -> (m, M_g)
     value = (torch.relu(sim - alpha) * allowed).sum()
-    st = RepulsionStats()
+    st = RepulsionStats.zeros(x_rows.device)
     with torch.no_grad():
-        _block_stats(sim.detach(), rows[:, None] != cols[None, :], same, alpha, st)
+        s = sim.detach()
+        not_self = rows[:, None] != cols[None, :]
+        active = (s > alpha) & not_self
+        st.active_pos = _f64((active & same).sum())
+        st.active_neg = _f64((active & ~same).sum())
+        if s.numel():
+            st.max_cos = torch.maximum(st.max_cos, _f64(s.masked_fill(~not_self, -2.0).max()))
     return value, st
 
 
@@ -112,6 +128,9 @@ def blockwise_rows(
     alpha: float,
     tile: int,
     st: RepulsionStats,
+    *,
+    first_row: int | None = None,
+    row_counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact row part for arbitrary rows, one (tile × tile) block at a time.
 
@@ -119,45 +138,62 @@ def blockwise_rows(
         x_rows: (m, D), row_ids: (m,) their global indices, x_all: (M_g, D).
         Returns ``(value, Y)``: value is a float64 scalar, Y is (m, D) with Y_i = Σ_{j active, allowed} x_j.
 
-    Elementwise passes over a block cost about as much as its matmul on a CPU, so blocks that cannot
-    contain the diagonal or a same-image pair (most of them: images are contiguous rows) skip those masks.
+    ``first_row``: when the rows are the contiguous global rows ``first_row, first_row + 1, ...``, pass it:
+    blocks that cannot contain the diagonal or a same-image pair (most of them: images are contiguous rows)
+    are then recognised from host integers and skip those masks. ``row_counts`` (m,), if given, receives
+    each row's number of active pairs (self excluded, positives included, whatever the repel mode).
+    Statistics are added into ``st``.
     """
     m, n, v = x_rows.shape[0], x_all.shape[0], layout.views
+    dev = x_rows.device
     y = torch.zeros_like(x_rows)
-    value = torch.zeros((), dtype=torch.float64, device=x_rows.device)
-    col_ids = torch.arange(n, device=x_rows.device)
-    pos = neg = 0.0
+    value = torch.zeros((), dtype=torch.float64, device=dev)
+    col_ids = torch.arange(n, device=dev)
+    pos = torch.zeros((), dtype=torch.float64, device=dev)
+    act_total = torch.zeros((), dtype=torch.float64, device=dev)
+    max_cos = st.max_cos
     for r0 in range(0, m, tile):
-        xr, rid = x_rows[r0 : r0 + tile], row_ids[r0 : r0 + tile]
+        r1 = min(r0 + tile, m)
+        xr, rid = x_rows[r0:r1], row_ids[r0:r1]
         rimg = rid // v
-        r_lo, r_hi = int(rimg.min()), int(rimg.max())
         for c0 in range(0, n, tile):
-            xc, cid = x_all[c0 : c0 + tile], col_ids[c0 : c0 + tile]
+            c1 = min(c0 + tile, n)
+            xc, cid = x_all[c0:c1], col_ids[c0:c1]
             sim = xr @ xc.T  # (tile, D) @ (D, tile) -> (tile, tile)
             active = sim > alpha
-            c_lo, c_hi = int(cid[0]) // v, int(cid[-1]) // v
-            if r_hi < c_lo or c_hi < r_lo:  # no image in common: no self pair, no positive
-                n_act = float(active.sum())
-                neg += n_act
-                st.max_cos = max(st.max_cos, float(sim.max()))
+            disjoint = first_row is not None and (
+                (first_row + r1 - 1) // v < c0 // v or (c1 - 1) // v < (first_row + r0) // v
+            )
+            if disjoint:  # no image in common: no self pair, no positive
+                act_total += active.sum()
+                max_cos = torch.maximum(max_cos, _f64(sim.max()))
                 use = active if layout.mode != "positives" else None
             else:
                 not_self = rid[:, None] != cid[None, :]
                 same = rimg[:, None] == (cid // v)[None, :]
                 active &= not_self
                 act_same = active & same
-                n_pos, n_act = float(act_same.sum()), float(active.sum())
-                pos, neg = pos + n_pos, neg + n_act - n_pos
-                off = sim.masked_fill(~not_self, -2.0)
-                st.max_cos = max(st.max_cos, float(off.max()))
+                pos += act_same.sum()
+                act_total += active.sum()
+                max_cos = torch.maximum(max_cos, _f64(sim.masked_fill(~not_self, -2.0).max()))
                 use = {"all": active, "positives": act_same, "negatives": active & ~act_same}[layout.mode]
-            if use is None or n_act == 0:
+            if row_counts is not None:
+                row_counts[r0:r1] += active.sum(dim=1)
+            if use is None:
                 continue
             w = use.to(xc.dtype)
-            value += ((sim - alpha) * w).sum(dtype=torch.float64)
-            y[r0 : r0 + tile] += w @ xc  # (tile, tile) @ (tile, D): the gradient rows
-    st.active_pos += pos
-    st.active_neg += neg
+            # On the CPU elementwise passes cost as much as the matmul: touch only the rows with a pair.
+            # On CUDA that row list would be a host read, so the whole block is processed.
+            hit = None if sim.is_cuda else use.any(dim=1).nonzero().squeeze(1)
+            if hit is None or hit.numel() == r1 - r0:
+                value += ((sim - alpha) * w).sum(dtype=torch.float64)
+                y[r0:r1] += w @ xc  # (tile, tile) @ (tile, D): the gradient rows
+            elif hit.numel():
+                value += ((sim[hit] - alpha) * w[hit]).sum(dtype=torch.float64)
+                y.index_add_(0, hit + r0, w[hit] @ xc)
+    st.active_pos = st.active_pos + pos
+    st.active_neg = st.active_neg + (act_total - pos)
+    st.max_cos = max_cos
     return value, y
 
 
@@ -180,11 +216,26 @@ class LinearizedRowSum(torch.autograd.Function):
 
 
 def tiled_repulsion(
-    x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float, tile: int = 4096
+    x_rows: torch.Tensor,
+    x_all: torch.Tensor,
+    layout: PairLayout,
+    alpha: float,
+    tile: int = 4096,
+    saturation_k: int | None = None,
 ) -> tuple[torch.Tensor, RepulsionStats]:
-    """Exact backend with O(tile² + m·D) memory. Same contract as :func:`dense_repulsion`."""
-    st = RepulsionStats()
-    m = x_rows.shape[0]
+    """Exact backend with O(tile² + m·D) memory. Same contract as :func:`dense_repulsion`.
+
+    ``saturation_k``: also count the rows with at least k active pairs, i.e. the rows a k-candidate search
+    would call saturated (``auto`` compares the backends on this number while running ``tiled``).
+    """
+    st = RepulsionStats.zeros(x_rows.device)
+    m, n = x_rows.shape[0], x_all.shape[0]
     row_ids = torch.arange(layout.offset, layout.offset + m, device=x_rows.device)
-    value, y = blockwise_rows(x_rows.detach(), row_ids, x_all, layout, alpha, tile, st)
+    counts = torch.zeros(m, dtype=torch.long, device=x_rows.device) if saturation_k is not None else None
+    value, y = blockwise_rows(
+        x_rows.detach(), row_ids, x_all, layout, alpha, tile, st, first_row=layout.offset, row_counts=counts
+    )
+    # A search of k + 1 candidates (the row itself included) over n >= k + 2 columns can miss neighbours.
+    if counts is not None and saturation_k + 1 < n:
+        st.saturated_rows = _f64((counts >= saturation_k).sum())
     return LinearizedRowSum.apply(x_rows, value, y), st
