@@ -55,11 +55,18 @@ class DistConfig:
     engine: str = "ddp"  # ddp | deepspeed
     backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0, 1 or 2 (3 would shard the weights the loss code sees)
-    sync_bn: bool = False  # SyncBatchNorm across ranks (GPU only)
+    # BatchNorm statistics over the GLOBAL batch (DESIGN §3b): auto (whenever world size > 1) | true | false.
+    # CUDA uses torch's SyncBatchNorm, CPU/gloo hypersolid_scale.distributed.batchnorm.GlobalBatchNorm.
+    sync_bn: str = "auto"
     compile: bool = False  # torch.compile the model
     bf16: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | true | false
     device: str = "auto"  # auto | cpu | cuda
     timeout_minutes: int = 30  # process-group timeout
+
+    def __post_init__(self) -> None:
+        # YAML reads `sync_bn: true` as a boolean, which the str field stores as "True": keep accepting the
+        # spelling of the former boolean option. Anything else outside CHOICES fails in `validate`.
+        self.sync_bn = str(self.sync_bn).lower()
 
 
 @dataclass
@@ -98,6 +105,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "dist.backend": ("auto", "gloo", "nccl"),
     "dist.zero_stage": (0, 1, 2),
     "dist.bf16": ("auto", "true", "false"),
+    "dist.sync_bn": ("auto", "true", "false"),
     "dist.device": ("auto", "cpu", "cuda"),
     "checkpoint.resume": ("auto", "never", "force"),
 }

@@ -327,7 +327,7 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
     grad_norm = run.engine.step()
     stats: dict[str, torch.Tensor | float] = {"lr": lr}
     if grad_norm is not None:
-        stats["grad_norm"] = float(grad_norm)
+        stats["grad_norm"] = grad_norm
     packed = run.loss_fn.packed_stats.extend(stats)
     run.guard.record(step, packed)
     return packed

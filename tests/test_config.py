@@ -30,6 +30,22 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
     assert cfg.dist.bf16 == "true"  # YAML booleans are normalised to the documented spelling
 
 
+@pytest.mark.parametrize("yaml_value, expected", [
+    (None, "auto"), ("true", "true"), ("false", "false"), ("auto", "auto"), ("yes", "true"), ("False", "false"),
+])
+def test_sync_bn_is_auto_by_default_and_accepts_the_former_booleans(tmp_path: Path, yaml_value: str | None,
+                                                                   expected: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("seed: 0\n" if yaml_value is None else f"dist:\n  sync_bn: {yaml_value}\n")
+    assert load_config(f, []).dist.sync_bn == expected
+    if yaml_value is not None:
+        assert load_config(None, [f"dist.sync_bn={yaml_value}"]).dist.sync_bn == expected
+    # A checkpoint written while sync_bn was a boolean still reads back.
+    d = to_dict(load_config(None, []))
+    d["dist"]["sync_bn"] = expected == "true"
+    assert from_dict(d).dist.sync_bn == ("true" if expected == "true" else "false")
+
+
 @pytest.mark.parametrize("override, must_mention", [
     (["optim.lrr=1"], ["optim.lrr", "lr", "weight_decay"]),  # unknown key: lists the allowed keys
     (["nonsense=1"], ["nonsense", "optim", "run_dir"]),
@@ -41,6 +57,8 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
     (["dist.zero_stage=3"], ["dist.zero_stage", "0 | 1 | 2"]),
     (["dist.engine=ddp", "dist.zero_stage=2"], ["zero_stage", "deepspeed"]),
     (["checkpoint.resume=maybe"], ["checkpoint.resume", "auto", "never", "force"]),
+    (["dist.sync_bn=sometimes"], ["dist.sync_bn", "auto | true | false"]),
+    (["dist.sync_bn=1"], ["dist.sync_bn", "auto | true | false"]),
     (["optim.lr=-1"], ["optim.lr", "positive"]),
     (["loss.pooling=avg"], ["loss.pooling", "max", "mean"]),
     (["model.arch=vgg"], ["model.arch", "resnet18"]),

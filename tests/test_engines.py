@@ -70,6 +70,45 @@ def test_ddp_engine_load_model_state() -> None:
     _assert_params_equal(engine.model.state_dict(), loaded, "DDP engine after load_model_state")
 
 
+def _sgd_engine(model: torch.nn.Module, **kwargs):
+    from hypersolid_scale.distributed.engines import build_engine, build_optimizer
+
+    return build_engine(model, lambda p: build_optimizer("sgd", p, lr=0.1, weight_decay=0.0, momentum=0.0,
+                                                         betas=(0.9, 0.999)),
+                        engine="ddp", device=torch.device("cpu"), bf16=False, **kwargs)
+
+
+def _bn_net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+
+
+def test_sync_bn_choice_in_one_process() -> None:
+    """auto leaves a single process alone (every BatchNorm sees the whole batch); true converts anyway."""
+    from hypersolid_scale.distributed.batchnorm import GlobalBatchNorm
+
+    def kinds(setting: str) -> set[str]:
+        engine = _sgd_engine(_bn_net(), grad_clip=0.0, sync_bn=setting)
+        return {type(m).__name__ for m in engine.model.modules() if "BatchNorm" in type(m).__name__}
+
+    assert kinds("auto") == {"BatchNorm1d"} and kinds("false") == {"BatchNorm1d"}
+    assert kinds("true") == {GlobalBatchNorm.__name__}
+    with pytest.raises(ValueError, match="dist.sync_bn.*auto | true | false"):
+        _sgd_engine(_bn_net(), grad_clip=0.0, sync_bn="sometimes")
+
+
+def test_ddp_step_returns_the_grad_norm_as_a_tensor() -> None:
+    torch.manual_seed(0)
+    engine = _sgd_engine(_bn_net(), grad_clip=1e-3)
+    x = torch.randn(8, 3)
+    engine.backward(engine.model(x).pow(2).sum())
+    expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in engine.model.parameters()]))
+    norm = engine.step()
+    assert isinstance(norm, torch.Tensor) and norm.dim() == 0  # no host sync inside step()
+    torch.testing.assert_close(norm, expected)
+    assert expected > 1e-2  # far above the clip: the norm reported is the one before clipping
+    assert _sgd_engine(_bn_net(), grad_clip=0.0).step() is None
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Single-process DeepSpeed: resumed weights, bf16 with BatchNorm
 # ----------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ Model, loss and data code call these helpers and never import ``torch.distribute
 every helper works without a process group (world size 1).
 """
 
+from hypersolid_scale.distributed.batchnorm import GlobalBatchNorm, convert_global_batchnorm
 from hypersolid_scale.distributed.gather import (
     all_gather_detached,
     all_reduce_max,
@@ -15,10 +16,12 @@ from hypersolid_scale.distributed.gather import (
 )
 
 __all__ = [
+    "GlobalBatchNorm",
     "all_gather_detached",
     "all_reduce_max",
     "all_reduce_sum",
     "barrier",
+    "convert_global_batchnorm",
     "get_rank",
     "get_world_size",
     "is_distributed",

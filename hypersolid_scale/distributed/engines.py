@@ -5,9 +5,10 @@ local gradient P x its share of the global gradient (DESIGN §3), so after avera
 gradient a single process would compute on the concatenated batch. Nothing here rescales gradients.
 
 Interface (both engines): ``forward(views) -> feats (B, V, D) float32``, ``backward(loss)``,
-``step() -> grad norm or None``, ``param_groups`` (for the step-indexed lr / wd schedules),
-``model`` (the unwrapped ``HypersolidModel``), ``load_model_state(state_dict)`` (resume weights; under
-DeepSpeed it also refreshes the fp32 master copy), ``optimizer_state()`` / ``load_optimizer_state(state)``.
+``step() -> grad norm or None`` (a 0-dim tensor: read it only when logging, on CUDA a read waits for the GPU),
+``param_groups`` (for the step-indexed lr / wd schedules), ``model`` (the unwrapped ``HypersolidModel``),
+``load_model_state(state_dict)`` (resume weights; under DeepSpeed it also refreshes the fp32 master copy),
+``optimizer_state()`` / ``load_optimizer_state(state)``.
 Parameters are fp32 under every engine; bf16 means autocast in ``forward``.
 
 DeepSpeed checkpoints: we do not use DeepSpeed's checkpoint directories. The model weights are the full
@@ -30,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hypersolid_scale.distributed.batchnorm import convert_global_batchnorm
 from hypersolid_scale.distributed.env import gather_objects
 
 
@@ -47,6 +49,37 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+SYNC_BN_CHOICES = ("auto", "true", "false")
+
+
+def convert_batchnorm(model: nn.Module, sync_bn: str | bool, device: torch.device) -> nn.Module:
+    """BatchNorm over the global batch (DESIGN §3b) when ``sync_bn`` asks for it.
+
+    ``auto``: whenever the world size is > 1 (with one process every BatchNorm already sees the whole batch);
+    ``true``: always; ``false``: never (each rank then normalises over its own B/P images only).
+    CUDA gets torch's fused ``nn.SyncBatchNorm``; any other device ``GlobalBatchNorm`` (SyncBatchNorm has no
+    CPU kernel). Both keep the parameter and buffer names, so checkpoints stay interchangeable.
+    """
+    setting = str(sync_bn).lower()
+    if setting not in SYNC_BN_CHOICES:
+        raise ValueError(f"dist.sync_bn={sync_bn!r} is not allowed; choose one of: {' | '.join(SYNC_BN_CHOICES)}")
+    if setting == "false" or (setting == "auto" and _world_size() == 1):
+        return model
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return convert_global_batchnorm(model)
+
+
+def _norm_tensor(norm: Any, device: torch.device) -> torch.Tensor | None:
+    """The grad norm as a 0-dim tensor on ``device``, without a host sync (DeepSpeed reports a tensor, a float
+    or None; a float is written straight into a device tensor, not copied from a host one)."""
+    if norm is None:
+        return None
+    if isinstance(norm, torch.Tensor):
+        return norm.detach().reshape(())
+    return torch.full((), float(norm), device=device)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # DDP
 # ----------------------------------------------------------------------------------------------------------
@@ -60,17 +93,12 @@ def bf16_autocast(enabled: bool, device: torch.device) -> contextlib.AbstractCon
 
 
 class DDPEngine:
-    """Plain PyTorch: optional SyncBatchNorm, DDP when world size > 1, optional torch.compile, bf16 autocast."""
+    """Plain PyTorch: DDP when world size > 1, optional torch.compile, bf16 autocast."""
 
     kind = "ddp"
 
     def __init__(self, model: nn.Module, optimizer_fn: Any, *, device: torch.device, bf16: bool,
-                 grad_clip: float, sync_bn: bool, compile: bool) -> None:
-        if sync_bn and _world_size() > 1:
-            if device.type != "cuda":
-                raise ValueError("dist.sync_bn=true needs CUDA (SyncBatchNorm has no CPU kernel); "
-                                 "set dist.sync_bn=false for CPU runs")
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+                 grad_clip: float, compile: bool) -> None:
         self.model = model.to(device)
         self.device, self.bf16, self.grad_clip = device, bf16, grad_clip
         self.optimizer: torch.optim.Optimizer = optimizer_fn(self.model.parameters())
@@ -95,10 +123,10 @@ class DDPEngine:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def step(self) -> float | None:
+    def step(self) -> torch.Tensor | None:
         norm = None
         if self.grad_clip > 0:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+            norm = _norm_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip), self.device)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
@@ -217,10 +245,9 @@ class DeepSpeedEngine:
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
 
-    def step(self) -> float | None:
+    def step(self) -> torch.Tensor | None:
         self.engine.step()  # clips, steps and zeroes the gradients
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+        return _norm_tensor(self.engine.get_global_grad_norm(), self.device)
 
     def train(self, mode: bool = True) -> None:
         self.engine.train(mode)
@@ -267,17 +294,17 @@ Engine = DDPEngine | DeepSpeedEngine
 
 
 def build_engine(model: nn.Module, optimizer_fn: Any, *, engine: str, device: torch.device, bf16: bool,
-                 grad_clip: float, sync_bn: bool = False, compile: bool = False, zero_stage: int = 0,
+                 grad_clip: float, sync_bn: str | bool = "auto", compile: bool = False, zero_stage: int = 0,
                  batch_size_per_gpu: int = 1) -> Engine:
-    """``optimizer_fn(params) -> torch.optim.Optimizer`` is called once the model sits on its device."""
+    """``optimizer_fn(params) -> torch.optim.Optimizer`` is called once the model sits on its device.
+
+    ``sync_bn`` (auto | true | false, see :func:`convert_batchnorm`) converts the BatchNorms here, once,
+    before either engine wraps the model or builds its optimizer over the parameters.
+    """
+    if engine not in ("ddp", "deepspeed"):
+        raise ValueError(f"unknown dist.engine {engine!r}; choose ddp or deepspeed")
+    model = convert_batchnorm(model, sync_bn, device)
     if engine == "ddp":
-        return DDPEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip, sync_bn=sync_bn,
-                         compile=compile)
-    if engine == "deepspeed":
-        if sync_bn and _world_size() > 1:
-            if device.type != "cuda":
-                raise ValueError("dist.sync_bn=true needs CUDA; set dist.sync_bn=false for CPU runs")
-            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        return DeepSpeedEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip,
-                               zero_stage=zero_stage, batch_size_per_gpu=batch_size_per_gpu, compile=compile)
-    raise ValueError(f"unknown dist.engine {engine!r}; choose ddp or deepspeed")
+        return DDPEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip, compile=compile)
+    return DeepSpeedEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip,
+                           zero_stage=zero_stage, batch_size_per_gpu=batch_size_per_gpu, compile=compile)
