@@ -5,8 +5,9 @@ Run as a script under torchrun, the worker trains the same model from the same i
 global batches (rank r holding rows [r*b, (r+1)*b)) with each requested engine, and rank 0 writes the final
 parameters to ``<out>/<engine>.pt``. Without torchrun it computes the single-process reference.
 
-BatchNorm would make per-rank statistics differ from whole-batch statistics (without SyncBatchNorm, which
-has no CPU kernel), so the model here has none: the test is about the engines and the loss's contract.
+The model here has no BatchNorm on purpose: this test isolates the engines and the loss's contract.
+BatchNorm over the global batch is tested on its own (tests/test_batchnorm.py) and with everything together
+through launch/train.py (tests/test_world_invariance.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ from hypersolid_scale.models.config import ModelConfig
 class Projector(nn.Module):
     """MLP from backbone features to the loss space: (Linear-BN-ReLU) x (layers-1), then Linear.
 
-    BatchNorm1d here is converted by ``nn.SyncBatchNorm.convert_sync_batchnorm`` like any other BN layer.
+    With several processes its BatchNorm1d, like every BN layer, normalises over the global batch: the engine
+    converts it to torch's SyncBatchNorm on CUDA and to ``GlobalBatchNorm`` on CPU (``dist.sync_bn``).
 
     Shape:
         (N, in_dim) -> (N, out_dim)
