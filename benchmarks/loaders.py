@@ -1,13 +1,15 @@
-"""Loader throughput: images/s of three multi-crop loaders over the same JPEG data and workers.
+"""Loader throughput: images/s of the multi-crop loaders over the same JPEG data and workers.
 
     python benchmarks/loaders.py [--images 512] [--workers 2] [--batch 32] [--device cpu]
 
 (a) WebDataset shards + PIL multi-crop (lightly DINOTransform), (b) FFCV .beton multi-crop (FFCV
 decode/crop/flip, photometric batched on --device), (c) torchvision ImageFolder + the same PIL
-multi-crop. Data: real Fashion-MNIST images, converted once per resolution with the conversion CLI to
+multi-crop, (d) ``tensor``: TensorMultiCrop on --device over uint8 images already in memory (no decoding:
+the augmentation alone). A loader that cannot run here (FFCV not installed) is recorded as skipped.
+Data: real Fashion-MNIST images (sklearn's digits where Fashion-MNIST is not installed), converted once per resolution with the conversion CLI to
 RGB JPEGs (quality 90) at 32 px (cifar preset: 2x32 + 6x32 views) and 224 px (default preset:
 2x224 + 6x96 views). FFCV's one-time numba compilation is timed separately (warm-up epoch), then every
-loader is timed over whole epochs. Writes benchmarks/results/loaders.json and loaders.png.
+loader is timed over whole epochs. Writes loaders.json and loaders.png into --out (benchmarks/results).
 """
 
 from __future__ import annotations
@@ -31,13 +33,55 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SETUPS = {32: "cifar", 224: "default"}
 
 
-def prepare(cache: Path, size: int, images: int) -> Path:
-    out = cache / f"fmnist_{size}px_{images}"
+def ffcv_missing() -> str | None:
+    """Why FFCV cannot run here (None when it imports)."""
+    try:
+        import ffcv  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - ImportError, or a missing system library (OSError)
+        return f"ffcv does not import: {type(err).__name__}: {err}"
+    return None
+
+
+def builtin_source() -> str:
+    """Fashion-MNIST where its files are installed, else sklearn's digits (bundled with scikit-learn)."""
+    from hypersolid_scale.data.builtin import load_builtin
+
+    try:
+        load_builtin("fashion_mnist", "train")
+        return "fashion_mnist"
+    except Exception:  # noqa: BLE001 - not installed on this machine
+        return "digits"
+
+
+def prepare(cache: Path, size: int, images: int, source: str, with_ffcv: bool) -> Path:
+    out = cache / f"{source}_{size}px_{images}{'_ffcv' if with_ffcv else ''}"
     if not (out / "manifest.json").is_file():
-        convert(["--builtin", "fashion_mnist", "--out", str(out), "--limit", str(images), "--mode", "RGB",
-                 "--resize", str(size), "--image-format", "jpg", "--formats", "webdataset,ffcv,folder",
+        formats = "webdataset,ffcv,folder" if with_ffcv else "webdataset,folder"
+        convert(["--builtin", source, "--out", str(out), "--limit", str(images), "--mode", "RGB",
+                 "--resize", str(size), "--image-format", "jpg", "--formats", formats,
                  "--ffcv-mode", "jpg", "--shard-size", "128"])
     return out
+
+
+def time_tensor_path(size: int, images: int, batch: int, device: torch.device, epochs: int) -> dict:
+    """TensorMultiCrop (crop + flip + photometric, batched on `device`) over uint8 images already in memory."""
+    from hypersolid_scale.data.presets import PRESETS
+    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+
+    g = torch.Generator(device=device).manual_seed(0)
+    src = 256 if size == 224 else size  # ImageNet-style: crops of slightly larger images
+    x = torch.randint(0, 256, (images, 3, src, src), dtype=torch.uint8, generator=g, device=device)
+    mc = TensorMultiCrop(PRESETS[SETUPS[size]], device, seed=0)
+    mc(x[:batch], torch.arange(batch, device=device), 0)  # warm-up
+    n, t0 = 0, time.perf_counter()
+    for epoch in range(1, epochs + 1):
+        for start in range(0, images - batch + 1, batch):
+            mc(x[start:start + batch], torch.arange(start, start + batch, device=device), epoch)
+            n += batch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    return {"images_per_s": n / elapsed, "images": n, "seconds": elapsed, "build_s": 0.0, "warmup_s": 0.0}
 
 
 def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
@@ -65,7 +109,7 @@ def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
         n_raw, t0 = 0, time.perf_counter()
         for epoch in range(1, epochs + 1):
             loader.set_epoch(epoch)
-            for views, labels in loader.raw_batches():
+            for views, labels, _ in loader.raw_batches():
                 n_raw += len(labels)
         out["decode_crop_flip_images_per_s"] = n_raw / (time.perf_counter() - t0)
     return out
@@ -77,23 +121,27 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = sorted({r["size"] for r in results})
-    names = ["webdataset+PIL", "ffcv", "imagefolder+PIL"]
+    sizes = sorted({r["size"] for r in results}) or [224]  # nothing ran: an empty panel, still a plot
+    names = list(LOADERS)
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.5))
     for ax, size in zip(axes if len(sizes) > 1 else [axes], sizes):
         vals = [next((r["images_per_s"] for r in results if r["size"] == size and r["loader"] == n), 0) for n in names]
         raw = next((r.get("decode_crop_flip_images_per_s", 0) for r in results
                     if r["size"] == size and r["loader"] == "ffcv"), 0)
-        ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green"])
+        ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:purple"])
         ax.bar(["ffcv"], [raw], color="none", edgecolor="tab:orange", hatch="//",
                label="ffcv decode+crop+flip only")
         ax.legend(fontsize=7)
         ax.set_title(f"{size} px ({SETUPS[size]} preset, 8 views)")
+        ax.tick_params(axis="x", labelsize=7)
         ax.set_ylabel("images / s")
         for i, v in enumerate(vals):
             ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+LOADERS = ("webdataset+PIL", "ffcv", "imagefolder+PIL", "tensor")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -103,37 +151,64 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--sizes", default="32,224")
+    p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {LOADERS}; "
+                   "tensor = TensorMultiCrop on --device over uint8 images in memory (no decoding)")
+    p.add_argument("--source", default="auto", choices=["auto", "fashion_mnist", "digits"],
+                   help="builtin images to convert (auto: fashion_mnist if installed, else digits)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the main process")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cache", default=os.environ.get("HS_BENCH_CACHE", "/tmp/hs_bench_loaders"))
+    p.add_argument("--out", default=str(RESULTS), help="folder for loaders.json and loaders.png")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     # One intra-op thread in the main process (what each of 2 trainer processes on 2 cores would use):
     # more threads than free cores make torch's batched ops on the CPU spin rather than work.
     torch.set_num_threads(args.threads)
+    wanted = args.loaders.split(",")
+    unknown = sorted(set(wanted) - set(LOADERS))
+    if unknown:
+        raise SystemExit(f"unknown loader(s) {unknown}; choose among {LOADERS}")
+    no_ffcv = ffcv_missing() if "ffcv" in wanted else "not requested"
+    source = builtin_source() if args.source == "auto" else args.source
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
-        root = prepare(Path(args.cache), size, args.images)
         common = dict(preset=SETUPS[size], batch_size_per_gpu=args.batch, num_workers=args.workers)
-        for name, cfg in (
-            ("webdataset+PIL", DataConfig(dataset="webdataset", path=str(root), shuffle_buffer=256, **common)),
-            ("ffcv", DataConfig(dataset="ffcv", path=str(root), ffcv_order="random", **common)),
-            ("imagefolder+PIL", DataConfig(dataset="imagefolder", path=str(root / "folder"), **common)),
-        ):
-            r = time_loader(cfg, device, args.epochs)
-            r.update(loader=name, size=size, preset=SETUPS[size])
+        root = None
+        if set(wanted) - {"tensor"}:
+            root = prepare(Path(args.cache), size, args.images, source, with_ffcv=no_ffcv is None)
+        for name in wanted:
+            head = dict(loader=name, size=size, preset=SETUPS[size])
+            if name == "ffcv" and no_ffcv is not None:
+                print(f"{size:4d}px {name:16s} skipped: {no_ffcv}", flush=True)
+                results.append({**head, "skipped": no_ffcv})
+                continue
+            try:
+                if name == "tensor":
+                    r = time_tensor_path(size, args.images, args.batch, device, args.epochs)
+                else:
+                    cfg = {"webdataset+PIL": lambda: DataConfig(dataset="webdataset", path=str(root), shuffle_buffer=256, **common),
+                           "ffcv": lambda: DataConfig(dataset="ffcv", path=str(root), ffcv_order="random", **common),
+                           "imagefolder+PIL": lambda: DataConfig(dataset="imagefolder", path=str(root / "folder"),
+                                                                 **common)}[name]()
+                    r = time_loader(cfg, device, args.epochs)
+            except Exception as err:  # noqa: BLE001 - one loader's failure must not end the others
+                results.append({**head, "skipped": f"failed: {type(err).__name__}: {str(err)[-300:]}"})
+                print(f"{size:4d}px {name:16s} skipped: {results[-1]['skipped']}", flush=True)
+                continue
+            r.update(head)
             extra = f", decode+crop+flip only {r['decode_crop_flip_images_per_s']:.1f}/s" \
                 if "decode_crop_flip_images_per_s" in r else ""
             print(f"{size:4d}px {name:16s} {r['images_per_s']:8.1f} images/s{extra}  "
                   f"(build {r['build_s']:.1f}s, warm-up {r['warmup_s']:.1f}s)", flush=True)
             results.append(r)
-    RESULTS.mkdir(exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     meta = {"device": str(device), "workers": args.workers, "torch_threads": args.threads, "batch": args.batch,
-            "images": args.images, "cpu_count": os.cpu_count(), "machine": platform.machine(), "torch": torch.__version__,
-            "load_avg_at_end": os.getloadavg()}
-    (RESULTS / "loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    plot(results, RESULTS / "loaders.png")
-    print(f"wrote {RESULTS / 'loaders.json'} and {RESULTS / 'loaders.png'}")
+            "images": args.images, "source": source, "cpu_count": os.cpu_count(), "machine": platform.machine(),
+            "torch": torch.__version__, "load_avg_at_end": os.getloadavg()}
+    (out / "loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    plot([r for r in results if "images_per_s" in r], out / "loaders.png")
+    print(f"wrote {out / 'loaders.json'} and {out / 'loaders.png'}")
 
 
 if __name__ == "__main__":

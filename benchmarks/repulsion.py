@@ -3,9 +3,16 @@
     python benchmarks/repulsion.py                      # CPU, M in {1k, 4k, 16k, 32k, 64k}, D = 1024
     python benchmarks/repulsion.py --device cuda        # on a GPU
     python benchmarks/repulsion.py --sizes 1024 4096    # a quick subset
+    python benchmarks/repulsion.py --device cuda --dtypes fp32 bf16 --share   # + share of a ResNet-50 step
 
-Each measurement runs in its own subprocess, so peak memory is that of one backend at one size: on CPU the
-peak resident set (VmHWM, reset after the inputs are built), on CUDA ``torch.cuda.max_memory_allocated``.
+On CPU each measurement runs in its own subprocess, so peak memory is that of one backend at one size (the
+peak resident set, VmHWM, reset after the inputs are built). On CUDA they run in one process (a process
+start costs seconds there) and peak memory is ``torch.cuda.max_memory_allocated`` after a reset; an
+out-of-memory error is recorded as a skip. ``--dtypes bf16`` feeds bf16 embeddings (what the model emits
+under autocast); the loss upcasts them, so the difference is the cast and the rounding of the input.
+Loss error is relative to dense at the same size, or to tiled where dense does not fit.
+``--share`` times a ResNet-50 forward+backward at the paper's views (2 x 224 + 6 x 96, bf16 autocast,
+channels_last) and puts the repulsion's fwd+bwd time next to it (see ``share``).
 A dense run whose estimated footprint exceeds the memory budget is skipped and recorded as such rather than
 risking the machine. Two regimes: ``spread`` (embeddings of a trained encoder: few pairs inside alpha) and
 ``collapsed`` (an untrained one: almost every pair inside alpha). Writes results/repulsion.json and .png.
@@ -38,17 +45,18 @@ DENSE_BYTES_PER_PAIR = 24  # similarity, hinge, masks and autograd buffers of th
 def make_embeddings(m: int, d: int, regime: str, device: str):
     import torch
 
-    g = torch.Generator().manual_seed(0)
+    # Drawn on the device: at M = 256k the CPU would take longer to draw them than the GPU to use them.
+    g = torch.Generator(device=device).manual_seed(0)
     b = m // VIEWS
     if regime == "collapsed":
-        base = torch.randn(1, 1, d, generator=g)
-        feats = 3.0 * base + 0.05 * torch.randn(b, VIEWS, d, generator=g)
+        base = torch.randn(1, 1, d, generator=g, device=device)
+        feats = 3.0 * base + 0.05 * torch.randn(b, VIEWS, d, generator=g, device=device)
     else:  # classes -> images -> views, tuned so ~0.1–1% of pairs sit inside alpha = 0.9
-        classes = torch.randn(100, d, generator=g)
-        labels = torch.randint(0, 100, (b,), generator=g)
-        images = classes[labels] + 0.35 * torch.randn(b, d, generator=g)
-        feats = images[:, None, :] + 0.25 * torch.randn(b, VIEWS, d, generator=g)
-    return feats.to(device)
+        classes = torch.randn(100, d, generator=g, device=device)
+        labels = torch.randint(0, 100, (b,), generator=g, device=device)
+        images = classes[labels] + 0.35 * torch.randn(b, d, generator=g, device=device)
+        feats = images[:, None, :] + 0.25 * torch.randn(b, VIEWS, d, generator=g, device=device)
+    return feats
 
 
 def _rss_peak_bytes() -> int:
@@ -65,31 +73,43 @@ def _rss_bytes() -> int:
     return 0
 
 
-def worker(args) -> dict:
-    """One backend at one size and regime; prints a JSON line."""
+def available_backends() -> list[tuple[str, dict]]:
+    """BACKENDS, plus ``auto`` when this version of the loss has it (it picks a backend by batch size)."""
+    from hypersolid_scale.losses import HypersolidLoss
+
+    try:
+        HypersolidLoss(backend="auto")
+    except (ValueError, TypeError):
+        return list(BACKENDS)
+    return [*BACKENDS, ("auto", {})]
+
+
+def measure(backend_name: str, m: int, regime: str, dim: int, device: str, dtype: str = "fp32") -> dict:
+    """Forward+backward of one backend at one size, regime and input dtype; in this process."""
     import torch
 
     from hypersolid_scale.losses import HypersolidLoss
 
-    opts = dict(dict(BACKENDS)[args.backend])
-    backend = args.backend.split("-")[0]
-    feats = make_embeddings(args.m, args.dim, args.regime, args.device)
+    opts = dict(dict(available_backends())[backend_name])
+    backend = backend_name.split("-")[0]
+    feats = make_embeddings(m, dim, regime, device).to(torch.bfloat16 if dtype == "bf16" else torch.float32)
     if backend == "neighbors":
         opts["recall_every"] = 1  # every call: the recall of this very step is reported
     fn = HypersolidLoss(backend=backend, **opts)
-    reps = 3 if args.m <= 4096 else 1
+    reps = 3 if m <= 4096 else 1
 
     def step():
         f = feats.clone().requires_grad_(True)
         loss = fn(f)
         loss.backward()
-        if args.device == "cuda":
+        if device == "cuda":
             torch.cuda.synchronize()
         return float(loss.detach())
 
-    if args.m <= 4096:
-        step()  # warm-up (FAISS/BLAS initialisation)
-    if args.device == "cuda":
+    if m <= 8192:
+        step()  # warm-up (FAISS/BLAS initialisation, CUDA kernels); larger sizes run after warm smaller ones
+    if device == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
@@ -100,32 +120,121 @@ def worker(args) -> dict:
         t0 = time.perf_counter()
         loss = step()
         times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated() if args.device == "cuda" else _rss_peak_bytes()) - base
-    out = {
-        "backend": args.backend,
-        "m": args.m,
-        "dim": args.dim,
-        "regime": args.regime,
-        "device": args.device,
-        "seconds": sorted(times)[len(times) // 2],
-        "peak_bytes": int(peak),
-        "loss": loss,
-        "repulsion": fn.stats["repulsion"],
-        "active_fraction": fn.stats["active_fraction"],
-    }
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _rss_peak_bytes()) - base
+    out = {"backend": backend_name, "m": m, "dim": dim, "regime": regime, "device": device, "dtype": dtype,
+           "seconds": sorted(times)[len(times) // 2], "peak_bytes": int(peak), "loss": loss,
+           "repulsion": fn.stats["repulsion"], "active_fraction": fn.stats["active_fraction"]}
     for key in ("recall", "saturated_rows", "candidates"):
         if key in fn.stats:
             out[key] = fn.stats[key]
     return out
 
 
-def run_one(backend: str, m: int, regime: str, args) -> dict:
+def worker(args) -> dict:
+    """One backend at one size and regime in a fresh process; prints a JSON line."""
+    return measure(args.backend, args.m, args.regime, args.dim, args.device, args.dtype)
+
+
+def run_one(backend: str, m: int, regime: str, dtype: str, args) -> dict:
+    head = {"backend": backend, "m": m, "regime": regime, "dtype": dtype}
+    if args.device == "cuda" or args.inprocess:
+        import torch
+
+        try:
+            return measure(backend, m, regime, args.dim, args.device, dtype)
+        except torch.cuda.OutOfMemoryError as err:
+            return {**head, "skipped": f"out of memory: {str(err).splitlines()[0][:200]}"}
+        except Exception as err:  # noqa: BLE001 - one failed measurement must not end the others
+            return {**head, "skipped": f"failed: {type(err).__name__}: {str(err)[-400:]}"}
+        finally:
+            torch.cuda.empty_cache()
     cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--m", str(m), "--regime", regime,
-           "--dim", str(args.dim), "--device", args.device]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+           "--dim", str(args.dim), "--device", args.device, "--dtype", dtype]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {**head, "skipped": f"timed out after {args.timeout} s"}
     if proc.returncode != 0:
-        return {"backend": backend, "m": m, "regime": regime, "skipped": f"failed: {proc.stderr.strip()[-400:]}"}
+        return {**head, "skipped": f"failed: {proc.stderr.strip()[-400:]}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def add_errors(rows: list[dict]) -> None:
+    """loss_rel_err against dense at the same (regime, M, dtype), or against tiled where dense did not run."""
+    for r in rows:
+        if "loss" not in r:
+            continue
+        key = (r["regime"], r["m"], r.get("dtype", "fp32"))
+        refs = {x["backend"]: x for x in rows if "loss" in x and (x["regime"], x["m"], x.get("dtype", "fp32")) == key}
+        ref = refs.get("dense") or refs.get("tiled")
+        if ref is not None:
+            r["reference"] = ref["backend"]
+            r["loss_rel_err"] = abs(r["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-30)
+        exact = {x["backend"]: x for x in rows if "loss" in x and x.get("dtype", "fp32") == "fp32"
+                 and (x["regime"], x["m"]) == key[:2]}
+        ref32 = exact.get("dense") or exact.get("tiled")
+        if ref32 is not None and key[2] != "fp32":  # what rounding the input to bf16 changes
+            r["loss_rel_err_vs_fp32"] = abs(r["loss"] - ref32["loss"]) / max(abs(ref32["loss"]), 1e-30)
+
+
+def share(device: str, batch: int, res: tuple[int, int], steps: int, dim: int, repulsion_backend: str,
+          global_batches: tuple[int, ...] = (128, 4096)) -> dict:
+    """Repulsion fwd+bwd vs a measured ResNet-50 fwd+bwd step (2 global + 6 local views, bf16, channels_last).
+
+    Per-GPU mapping of a data-parallel run with global batch B x 8 views on P GPUs: each GPU runs the
+    backbone on B/P images and the repulsion on rows = 8B/P local embeddings x columns = 8B global ones,
+    i.e. 1/P of the (8B x 8B) work. So repulsion(P) = t_rep(M = 8B) / P and backbone(P) = t_img x B / P,
+    with t_img the measured per-image time at the per-GPU batch that fits (``batch``).
+    """
+    import torch
+
+    from hypersolid_scale.models import ModelConfig, build_model
+
+    dev = torch.device(device)
+    model = build_model(ModelConfig(arch="resnet50", small_stem=False, proj_dim=dim)).to(dev)
+    model = model.to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
+    g = torch.Generator(device=dev).manual_seed(0)
+    views = [torch.randn(batch, 3, s, s, device=dev, generator=g).contiguous(memory_format=torch.channels_last)
+             for s in [res[0]] * 2 + [res[1]] * (VIEWS - 2)]
+
+    def backbone_step() -> None:
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=device == "cuda"):
+            z = model(views)
+        z.float().square().mean().backward()  # the loss is timed on its own below
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times = []
+    for i in range(steps + 2):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        backbone_step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i >= 2:  # two warm-up steps (cuDNN autotuning)
+            times.append(time.perf_counter() - t0)
+    t_step = sorted(times)[len(times) // 2]
+    model = opt = views = None  # free the activations' owners before the large repulsion runs
+    out: dict = {"per_gpu_batch_measured": batch, "resnet50_step_s": t_step, "resnet50_s_per_image": t_step / batch,
+                 "views": f"2x{res[0]} + {VIEWS - 2}x{res[1]}", "dim": dim, "repulsion_backend": repulsion_backend,
+                 "cases": []}
+    for global_batch in global_batches:
+        m = global_batch * VIEWS
+        rep = run_one(repulsion_backend, m, "spread", "bf16",
+                      argparse.Namespace(device=device, dim=dim, timeout=600, inprocess=True))
+        if "seconds" not in rep:
+            out["cases"].append({"global_batch": global_batch, "m": m, "skipped": rep.get("skipped", "no time")})
+            continue
+        for p in (1, 8, 32, 128):
+            if global_batch % p or global_batch // p < 1:
+                continue
+            t_rep, t_net = rep["seconds"] / p, out["resnet50_s_per_image"] * global_batch / p
+            out["cases"].append({
+                "global_batch": global_batch, "gpus": p, "rows_local": m // p, "columns_global": m,
+                "repulsion_s": t_rep, "backbone_s": t_net, "repulsion_share": t_rep / (t_rep + t_net)})
+    return out
 
 
 def memory_budget(device: str) -> int:
@@ -136,51 +245,63 @@ def memory_budget(device: str) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, shares: dict | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for col, regime in enumerate(("spread", "collapsed")):
-        for name, _ in BACKENDS:
-            pts = sorted((r["m"], r) for r in rows if r["backend"] == name and r["regime"] == regime and "seconds" in r)
-            if not pts:
-                continue
-            ms = [p[0] for p in pts]
-            axes[0, col].plot(ms, [p[1]["seconds"] for p in pts], marker="o", label=name)
-            axes[1, col].plot(ms, [p[1]["peak_bytes"] / 2**30 for p in pts], marker="o", label=name)
-        axes[0, col].set_title(f"{regime}: forward+backward time")
-        axes[1, col].set_title(f"{regime}: peak memory")
-        axes[0, col].set_ylabel("seconds")
-        axes[1, col].set_ylabel("GiB")
-        for ax in axes[:, col]:
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_xlabel("global batch M (rows = images × 8 views)")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(fontsize=8)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    regime = next((r["regime"] for r in rows if "seconds" in r), "spread")
+    series = sorted({(r["backend"], r.get("dtype", "fp32")) for r in rows if r["regime"] == regime})
+    for name, dtype in series:
+        pts = sorted((r["m"], r) for r in rows if r["backend"] == name and r.get("dtype", "fp32") == dtype
+                     and r["regime"] == regime and "seconds" in r)
+        if not pts:
+            continue
+        ms, label = [p[0] for p in pts], f"{name} {dtype}"
+        axes[0, 0].plot(ms, [p[1]["seconds"] for p in pts], marker="o", label=label)
+        axes[0, 1].plot(ms, [max(p[1]["peak_bytes"], 1) / 2**30 for p in pts], marker="o", label=label)
+        errs = [(p[0], p[1]["loss_rel_err"]) for p in pts if p[1].get("loss_rel_err", 0) > 0]
+        if errs:
+            axes[1, 0].plot(*zip(*errs), marker="o", label=label)
+    for ax, title, unit in ((axes[0, 0], "forward+backward time", "seconds"), (axes[0, 1], "peak memory", "GiB"),
+                            (axes[1, 0], "loss relative error vs dense (tiled where dense did not fit)", "rel. err")):
+        ax.set_title(f"{regime}: {title}", fontsize=9)
+        ax.set_ylabel(unit)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("M = images x 8 views")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    ax = axes[1, 1]
+    cases = [c for c in (shares or {}).get("cases", []) if "repulsion_share" in c]
+    if cases:
+        labels = [f"B={c['global_batch']}\nP={c['gpus']}" for c in cases]
+        ax.bar(labels, [100 * c["repulsion_share"] for c in cases])
+        ax.set_ylabel("% of a ResNet-50 step")
+        ax.set_title(f"repulsion share ({shares['repulsion_backend']}, per GPU: rows 8B/P x cols 8B)", fontsize=9)
+    else:
+        ax.set_axis_off()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def summarize(rows: list[dict]) -> list[str]:
-    """Markdown table + the targets of the benchmark, checked on this run's numbers."""
-    lines = ["| regime | M | backend | time (s) | peak mem (GiB) | active pairs | recall | loss rel. err vs tiled |",
-             "|---|---|---|---|---|---|---|---|"]
-    exact = {(r["regime"], r["m"]): r for r in rows if r["backend"] == "tiled" and "loss" in r}
-    for r in sorted(rows, key=lambda r: (r["regime"], r["m"], [b for b, _ in BACKENDS].index(r["backend"]))):
+    """Markdown table of this run's numbers."""
+    lines = ["| regime | M | backend | dtype | time (s) | peak mem (GiB) | active pairs | recall | loss rel. err |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["regime"], r["m"], r["backend"], r.get("dtype", ""))):
+        head = f"| {r['regime']} | {r['m']} | {r['backend']} | {r.get('dtype', 'fp32')} |"
         if "skipped" in r:
-            lines.append(f"| {r['regime']} | {r['m']} | {r['backend']} | – | – | – | – | {r['skipped'][:60]} |")
+            lines.append(f"{head} – | – | – | – | {r['skipped'][:60]} |")
             continue
-        ref = exact.get((r["regime"], r["m"]))
-        err = abs(r["loss"] - ref["loss"]) / abs(ref["loss"]) if ref else float("nan")
         rec = f"{r['recall']:.4f}" if "recall" in r else "–"
-        lines.append(
-            f"| {r['regime']} | {r['m']} | {r['backend']} | {r['seconds']:.3f} | {r['peak_bytes'] / 2**30:.2f} | "
-            f"{r['active_fraction']:.2%} | {rec} | {err:.1e} |"
-        )
+        err = f"{r['loss_rel_err']:.1e} vs {r['reference']}" if "loss_rel_err" in r else "–"
+        lines.append(f"{head} {r['seconds']:.3f} | {r['peak_bytes'] / 2**30:.2f} | {r['active_fraction']:.2%} | "
+                     f"{rec} | {err} |")
     return lines
 
 
@@ -190,44 +311,95 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768, 65536])
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--regimes", nargs="+", default=["spread", "collapsed"])
-    ap.add_argument("--backends", nargs="+", default=[b for b, _ in BACKENDS])
+    ap.add_argument("--dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    ap.add_argument("--backends", nargs="+", default=None, help="default: all, plus auto where the loss has it")
     ap.add_argument("--large-from", type=int, default=32768,
                     help="from this M on, run only --large-backends (the approximate indexes are slow to build)")
-    ap.add_argument("--large-backends", nargs="+", default=["dense", "tiled", "neighbors-flat"])
-    ap.add_argument("--timeout", type=int, default=3600, help="seconds allowed for one measurement")
+    ap.add_argument("--large-backends", nargs="+", default=["dense", "tiled", "neighbors-flat", "auto"])
+    ap.add_argument("--neighbors-max", type=int, default=1 << 30,
+                    help="largest M for the neighbors backends (FAISS on the CPU searches M x M)")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds allowed for one measurement (CPU)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="stop starting new measurements after this many seconds (0: no limit); "
+                         "the rest are recorded as skipped")
+    ap.add_argument("--share", action="store_true", help="also time the repulsion against a ResNet-50 step")
+    ap.add_argument("--share-batch", type=int, default=128, help="per-GPU images of the measured ResNet-50 step")
+    ap.add_argument("--share-res", type=int, nargs=2, default=[224, 96], help="global and local view sizes")
+    ap.add_argument("--share-steps", type=int, default=5)
+    ap.add_argument("--share-backend", default="tiled")
+    ap.add_argument("--share-global-batches", type=int, nargs="+", default=[128, 4096])
+    ap.add_argument("--inprocess", action="store_true", help="measure in this process on CPU too (faster, "
+                    "but peak memory is then that of the whole process)")
     ap.add_argument("--out", default=str(RESULTS / "repulsion"), help="output path without extension")
     # worker mode (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--backend", help=argparse.SUPPRESS)
     ap.add_argument("--m", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--regime", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="fp32", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
+    if args.device == "cuda":
+        import torch
 
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+
+    names = [b for b, _ in available_backends()]
+    backends = args.backends or names
+    unknown = sorted(set(backends) - set(names))
+    if unknown:
+        raise SystemExit(f"unknown backend(s) {unknown}; choose among {names}")
     budget = memory_budget(args.device)
-    rows = []
-    for m in args.sizes:
-        for regime in args.regimes:
-            for backend in args.backends:
-                if m >= args.large_from and backend not in args.large_backends:
-                    continue
-                est = DENSE_BYTES_PER_PAIR * m * m
-                if backend == "dense" and est > budget:
-                    row = {"backend": backend, "m": m, "regime": regime,
-                           "skipped": f"needs ~{est / 2**30:.0f} GiB > {budget / 2**30:.0f} GiB budget"}
-                else:
-                    row = run_one(backend, m, regime, args)
-                rows.append(row)
-                shown = {k: row[k] for k in ("seconds", "peak_bytes", "recall", "skipped") if k in row}
-                print(f"[{regime:9s} M={m:6d}] {backend:15s} {shown}", flush=True)
+    t_start, rows = time.monotonic(), []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": args.device, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "dim": args.dim, "views": VIEWS, "memory_budget_bytes": budget}
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    plot(rows, out.with_suffix(".png"))
+            "dim": args.dim, "views": VIEWS, "memory_budget_bytes": budget, "backends": backends}
+    if args.device == "cuda":
+        import torch
+
+        meta.update(gpu=torch.cuda.get_device_name(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+
+    def save(shares: dict | None = None) -> None:
+        """Written after every measurement: a run cut short by a time limit keeps what it measured."""
+        meta["seconds_total"] = time.monotonic() - t_start
+        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "share": shares}, indent=1))
+
+    for m in args.sizes:
+        for regime in args.regimes:
+            for dtype in args.dtypes:
+                for backend in backends:
+                    if m >= args.large_from and backend not in args.large_backends:
+                        continue
+                    est = DENSE_BYTES_PER_PAIR * m * m
+                    head = {"backend": backend, "m": m, "regime": regime, "dtype": dtype}
+                    if backend == "dense" and est > budget:
+                        row = {**head, "skipped": f"needs ~{est / 2**30:.0f} GiB > {budget / 2**30:.0f} GiB budget"}
+                    elif backend.startswith("neighbors") and m > args.neighbors_max:
+                        row = {**head, "skipped": f"M > --neighbors-max {args.neighbors_max} (CPU FAISS search)"}
+                    elif args.budget_s and time.monotonic() - t_start > args.budget_s:
+                        row = {**head, "skipped": f"time budget of {args.budget_s:.0f} s spent"}
+                    else:
+                        row = run_one(backend, m, regime, dtype, args)
+                    rows.append(row)
+                    save()
+                    shown = {k: row[k] for k in ("seconds", "peak_bytes", "recall", "skipped") if k in row}
+                    print(f"[{regime:9s} M={m:6d} {dtype}] {backend:15s} {shown}", flush=True)
+    add_errors(rows)
+    save()
+    shares = None
+    if args.share:
+        try:
+            shares = share(args.device, args.share_batch, tuple(args.share_res), args.share_steps, args.dim,
+                           args.share_backend, tuple(args.share_global_batches))
+        except Exception as err:  # noqa: BLE001 - keep the backend table even if the ResNet part fails
+            shares = {"skipped": f"failed: {type(err).__name__}: {str(err)[-400:]}"}
+        print("share:", json.dumps(shares), flush=True)
+    save(shares)
+    plot(rows, out.with_suffix(".png"), shares)
     table = "\n".join(summarize(rows))
     out.with_suffix(".md").write_text(table + "\n")
     print(table)

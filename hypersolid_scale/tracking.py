@@ -339,8 +339,19 @@ class _Outbox:
         self._backoff = min(self._backoff * 2, _MAX_BACKOFF_S)
 
 
+def _require_mlflow() -> Any:
+    """The ``mlflow`` module. Imported only when a run is really tracked: the package imports and trains
+    without MLflow installed as long as tracking is off (``tracking.enabled=false``) or not on rank 0."""
+    try:
+        import mlflow
+    except ImportError as err:
+        raise ImportError("tracking.enabled=true needs MLflow, which is not installed: `pip install mlflow`, "
+                          "or turn tracking off with tracking.enabled=false") from err
+    return mlflow
+
+
 def _client(uri: str) -> Any:
-    from mlflow import MlflowClient  # imported here: non-zero ranks never pay for importing MLflow
+    MlflowClient = _require_mlflow().MlflowClient  # non-zero ranks never pay for importing MLflow
 
     if uri.startswith(("http://", "https://")):
         for name, value in _HTTP_ENV_DEFAULTS.items():
@@ -531,6 +542,7 @@ def make_tracker(cfg: TrackingConfig, run_dir: str | os.PathLike, *, rank: int,
     validate_config(cfg)
     if rank != 0 or not cfg.enabled:
         return Tracker()
+    _require_mlflow()  # fail before any file is written, with the fix in the message
     return MlflowTracker(cfg, Path(run_dir), resume_run_id, tags)
 
 

@@ -227,6 +227,27 @@ def test_git_commit(tmp_path):
     assert git_commit(tmp_path) == head.strip()
 
 
+def test_trainer_imports_and_tracking_off_works_without_mlflow(tmp_path):
+    # A process in which `import mlflow` fails, as on a machine without it: the trainer still imports,
+    # tracking off gives the no-op tracker, tracking on fails at once with the fix in the message.
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["mlflow"] = None  # makes every `import mlflow...` raise ImportError
+        import hypersolid_scale.train
+        from hypersolid_scale.tracking import Tracker, TrackingConfig, make_tracker
+        assert type(make_tracker(TrackingConfig(enabled=False), {str(tmp_path / "off")!r}, rank=0)) is Tracker
+        try:
+            make_tracker(TrackingConfig(), {str(tmp_path / "on")!r}, rank=0)
+        except ImportError as err:
+            assert "tracking.enabled=false" in str(err), err
+            print("refused")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "refused"
+    assert not (tmp_path / "on").exists()
+
+
 # ---------------------------------------------------------------------------------------------------
 # A real tracking server that goes away mid-run
 # ---------------------------------------------------------------------------------------------------

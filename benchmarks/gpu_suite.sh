@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU benchmark suite: CUDA tests, repulsion backends, training throughput, loaders; JSON + PNG.
+#
+#     bash benchmarks/gpu_suite.sh [--device cuda|cpu] [--quick] [--out DIR]    (default out: benchmarks/results/gpu)
+#
+# Budget: under 6 minutes on one H100 (each part has its own time limit; a part that cannot run records
+# `skipped: <reason>` and the suite goes on). `--device cpu --quick` runs the same code on tiny sizes.
+# Results: DIR/summary.json (card, torch, date, command, every part's status and numbers, failure tails),
+# DIR/<part>.json, DIR/<part>.png, DIR/<part>.log.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+
+DEVICE=cuda
+QUICK=0
+OUT=benchmarks/results/gpu
+COMMAND="bash benchmarks/gpu_suite.sh $*"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE="$2"; shift 2 ;;
+    --device=*) DEVICE="${1#*=}"; shift ;;
+    --quick) QUICK=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    --out=*) OUT="${1#*=}"; shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected --device cuda|cpu, --quick, --out DIR)" >&2; exit 2 ;;
+  esac
+done
+case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_suite.sh: --device must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;; esac
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+mkdir -p "$OUT"
+SUITE_START=$(date +%s)
+
+# part NAME LIMIT_S CMD...: run one part under a time limit; record rc and seconds; never stop the suite.
+part() {
+  local name="$1" limit="$2"; shift 2
+  local t0 rc
+  t0=$(date +%s)
+  echo "== $name (limit ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  rc=$?
+  tail -n 25 "$OUT/$name.log"
+  printf '{"rc": %d, "seconds": %d, "limit_s": %d, "timed_out": %s}\n' "$rc" "$(( $(date +%s) - t0 ))" "$limit" \
+    "$([ "$rc" = 124 ] || [ "$rc" = 137 ] && echo true || echo false)" > "$OUT/$name.status.json"
+  echo "== $name: rc=$rc in $(( $(date +%s) - t0 ))s"
+}
+
+if [ "$QUICK" = 1 ]; then
+  REP_ARGS=(--sizes 256 1024 --regimes spread --dtypes fp32 bf16 --backends dense tiled neighbors-flat
+            --inprocess --share --share-batch 1 --share-res 64 32 --share-steps 1 --share-global-batches 16 64
+            --budget-s 60)
+  TT_ARGS=(--quick --budget-s 100)
+  LD_ARGS=(--images 32 --batch 16 --workers 2 --sizes 224 --loaders "webdataset+PIL,ffcv,tensor")
+  LIMITS=(240 150 200 120)
+else
+  # Dense up to where it fits (24 B/pair: 32k on 80 GB); neighbors (top-k search on the GPU) up to 128k.
+  REP_ARGS=(--sizes 8192 32768 65536 131072 262144 --regimes spread --dtypes bf16 fp32
+            --large-from 8192 --neighbors-max 131072 --share --share-batch 128 --share-steps 5 --budget-s 80)
+  TT_ARGS=(--budget-s 135 --compile-reserve-s 50)
+  LD_ARGS=(--images 1024 --batch 64 --workers 16 --sizes 224 --threads 4)
+  LIMITS=(90 120 150 50)
+fi
+[ "$DEVICE" = cpu ] && [ "$QUICK" = 0 ] && echo "note: --device cpu without --quick takes long"
+
+if [ "$DEVICE" = cuda ] && ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "skipped: --device cuda but torch.cuda.is_available() is False; the parts below will record their failure"
+fi
+
+# 1. The CUDA-marked tests (they skip themselves without a GPU).
+part cuda_tests "${LIMITS[0]}" "$PY" -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors \
+  --junitxml="$OUT/cuda_tests.xml" tests/
+# 2. Repulsion backends (+ their share of a ResNet-50 step).
+part repulsion "${LIMITS[1]}" "$PY" benchmarks/repulsion.py --device "$DEVICE" "${REP_ARGS[@]}" --out "$OUT/repulsion"
+# 3. Training throughput: trainer vs the plain reference loop (+ compile, + DeepSpeed ZeRO-2).
+part train_throughput "${LIMITS[2]}" "$PY" benchmarks/train_throughput.py --device "$DEVICE" "${TT_ARGS[@]}" --out "$OUT"
+# 4. Loaders at 224 px: WebDataset + PIL, FFCV (where it imports), the in-memory tensor path.
+part loaders "${LIMITS[3]}" "$PY" benchmarks/loaders.py --device "$DEVICE" "${LD_ARGS[@]}" \
+  --cache "${TMPDIR:-/tmp}/hs_gpu_suite_loaders" --out "$OUT"
+
+"$PY" benchmarks/gpu_summary.py --out "$OUT" --device "$DEVICE" --quick "$QUICK" --command "$COMMAND" \
+  --started "$SUITE_START"
+echo "suite done in $(( $(date +%s) - SUITE_START ))s; results in $OUT"

@@ -1,0 +1,62 @@
+"""The GPU benchmark suite, run end to end on the CPU in its quick mode (same code, tiny sizes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PART_FILES = {"repulsion": "repulsion.json", "train_throughput": "train_throughput.json", "loaders": "loaders.json"}
+
+
+def has_numbers_or_reason(row: dict, number_keys: tuple[str, ...]) -> bool:
+    return any(isinstance(row.get(k), (int, float)) for k in number_keys) or bool(row.get("skipped"))
+
+
+@pytest.mark.slow
+def test_quick_cpu_suite_writes_every_part(tmp_path):
+    out = tmp_path / "gpu"
+    proc = subprocess.run(["bash", "benchmarks/gpu_suite.sh", "--device", "cpu", "--quick", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**__import__("os").environ, "PYTHON": sys.executable})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert {"card", "torch", "date", "command", "parts"} <= set(summary)
+    assert "--quick" in summary["command"]
+    assert set(summary["parts"]) == {"cuda_tests", *PART_FILES}
+    for name, part in summary["parts"].items():
+        assert part["status"] in ("ok", "partial", "skipped", "failed"), name
+        # A part without numbers says why.
+        assert part["status"] == "ok" or part.get("skipped"), (name, part)
+        assert (out / f"{name}.png").is_file(), name
+    # No GPU here: the CUDA tests all skip themselves, and the summary says so.
+    tests = summary["parts"]["cuda_tests"]
+    assert tests["status"] == "skipped" and tests["results"]["skipped"] >= 7 and tests["results"]["passed"] == 0
+
+    for name, file in PART_FILES.items():
+        data = json.loads((out / file).read_text())
+        assert summary["parts"][name]["results"] == data
+    rep = json.loads((out / "repulsion.json").read_text())
+    assert {"meta", "rows", "share"} <= set(rep)
+    assert rep["rows"] and all(has_numbers_or_reason(r, ("seconds",)) for r in rep["rows"])
+    measured = [r for r in rep["rows"] if "seconds" in r]
+    assert {r["backend"] for r in measured} >= {"dense", "tiled"}
+    assert {r["dtype"] for r in measured} == {"fp32", "bf16"}
+    assert all(r["loss_rel_err"] < 1e-4 for r in measured if r["backend"] in ("tiled", "neighbors-flat"))
+    assert rep["share"].get("cases") or rep["share"].get("skipped")
+
+    tt = json.loads((out / "train_throughput.json").read_text())
+    assert [r["setup"] for r in tt["results"]] == ["cifar", "imagenet"]
+    for r in tt["results"]:
+        assert set(r["variants"]) == {"reference", "trainer", "reference+compile", "trainer+compile", "deepspeed"}
+        for variant, v in r["variants"].items():
+            assert has_numbers_or_reason(v, ("images_per_s",)), (r["setup"], variant, v)
+        assert r["variants"]["reference"].get("images_per_s", 0) > 0
+
+    loaders = json.loads((out / "loaders.json").read_text())
+    assert {r["loader"] for r in loaders["results"]} == {"webdataset+PIL", "ffcv", "tensor"}
+    assert all(has_numbers_or_reason(r, ("images_per_s",)) for r in loaders["results"])
