@@ -158,8 +158,9 @@ def run_reference(cfg: Any, data: DeviceImages, device: torch.device, warmup: in
     bf16 = device.type == "cuda"
 
     def step(i: int) -> torch.Tensor:
+        views = data.views(i)  # augmented outside autocast, as the trainer's loader does
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            z = forward(data.views(i))
+            z = forward(views)
         loss = paper_loss(z, cfg.loss.alpha, cfg.loss.norm_weight)
         loss.backward()
         opt.step()
@@ -290,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps, "channels_last": not args.no_channels_last}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
-    ctxs = [prepare_setup(setup, batches[setup] or int(make_config(setup, 1, device, []).data.batch_size_per_gpu),
+    ctxs = [prepare_setup(setup, batches[setup] or int(load_config(ROOT / SETUPS[setup][0], []).data.batch_size_per_gpu),
                           args, device) for setup in args.setups]
     results = [c["res"] for c in ctxs]
     # Cheap variants first, for every setup; the compiled ones (up to a minute of compilation each) last,

@@ -116,7 +116,7 @@ def test_sync_batchnorm_on_one_rank_nccl_group():
 
     assert not dist.is_initialized()
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-                            device_id=DEV)
+                            device_id=torch.device("cuda", torch.cuda.current_device()))
     try:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(small_model("resnet18", small_stem=True))
         assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
@@ -140,7 +140,13 @@ def test_deepspeed_zero2_one_rank_step():
         engine = build_engine(model, lambda p: torch.optim.AdamW(p, lr=1e-3), engine="deepspeed", device=DEV,
                               bf16=True, grad_clip=0.0, zero_stage=2, batch_size_per_gpu=8)
         before = [p.detach().clone() for p in engine.model.parameters()]
+        seen: list[bool] = []
+        hook = engine.model.backbone.register_forward_pre_hook(
+            lambda *_: seen.append(torch.is_autocast_enabled("cuda")))
         feats = engine.forward(views_for(8, [32, 32, 16, 16]))
+        hook.remove()
+        # DeepSpeed switches an outside autocast off inside its engine unless its config enables its own.
+        assert seen and all(seen), "bf16 autocast did not reach the model inside the DeepSpeed engine"
         loss = HypersolidLoss()(feats)
         engine.backward(loss)
         engine.step()
@@ -166,3 +172,18 @@ def test_tensor_multicrop_cuda_matches_cpu():
         diff = (a - b.cpu()).abs()
         # Same random decisions; only float rounding of the resampling and colour maths may differ.
         assert diff.mean() < 1e-3 and diff.max() < 5e-2
+
+
+def test_tensor_multicrop_inside_autocast_stays_float32():
+    from hypersolid_scale.data.presets import PRESETS
+    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8, generator=g).to(DEV)
+    indices = torch.arange(8, device=DEV)
+    multicrop = TensorMultiCrop(PRESETS["imagenet"], DEV, seed=1)
+    plain = multicrop(images, indices, 0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        inside = multicrop(images, indices, 0)
+    for a, b in zip(plain, inside):
+        assert b.dtype == torch.float32 and torch.equal(a, b)

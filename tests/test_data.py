@@ -196,3 +196,19 @@ def test_eval_datasets_of_fashion_mnist_and_holdout() -> None:
     tr, ho = build_eval_datasets(DataConfig(dataset="digits", eval_split="holdout", holdout_fraction=0.25))
     assert len(ho) == round(1437 * 0.25) and len(tr) + len(ho) == 1437
     assert tuple(tr[0][0].shape) == (1, 16, 16)
+
+
+def test_tensor_multicrop_inside_autocast_gives_the_same_float32_views() -> None:
+    """A caller's bf16 autocast (the training forward) must not reach the augmentations: blur under autocast
+    returns bf16 and writing it back into the float32 batch failed; the views must not depend on the caller."""
+    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (8, 3, 48, 48), dtype=torch.uint8, generator=g)
+    indices = torch.arange(8)
+    multicrop = TensorMultiCrop(PRESETS["imagenet"], "cpu", seed=1)
+    plain = multicrop(images, indices, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = multicrop(images, indices, 0)
+    for a, b in zip(plain, inside):
+        assert b.dtype == torch.float32 and torch.equal(a, b)

@@ -55,6 +55,12 @@ def test_deepspeed_config_is_derived_from_ours() -> None:
     assert cfg["gradient_accumulation_steps"] == 1
     # bf16 is autocast in the engine's forward; DeepSpeed's own bf16 mode would make the parameters bf16.
     assert not cfg.get("bf16", {}).get("enabled", False)
+    assert "torch_autocast" not in cfg
+    # bf16: DeepSpeed must let the autocast through (it switches an outside one off on CUDA), and must not
+    # reduce any gradient in bf16 (an empty list of "lower precision safe" modules keeps them fp32).
+    cfg16 = deepspeed_config(batch_size_per_gpu=64, zero_stage=2, grad_clip=1.0, bf16=True)
+    assert cfg16["torch_autocast"] == {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    assert not cfg16.get("bf16", {}).get("enabled", False)
 
 
 def test_ddp_engine_load_model_state() -> None:

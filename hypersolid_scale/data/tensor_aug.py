@@ -199,7 +199,13 @@ class BatchPhotometric:
         """Augment and normalise view number `index` ((B, C, H, W) float in [0, 1] or uint8).
 
         `u`: (B, NUM_COLUMNS) uniforms of this view (`keyed_uniforms`); the photometric columns are used.
+        Always float32, also when called inside an autocast region (the augmentations write their results
+        back into the batch, which must keep one dtype, and the views must not depend on the caller).
         """
+        with torch.autocast(self.device.type, enabled=False):
+            return self._view(x, index, u, record)
+
+    def _view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: Optional[dict]) -> torch.Tensor:
         if x.dtype == torch.uint8:
             x = x.to(self.device, non_blocking=True).float().div_(255.0)
         else:
@@ -257,6 +263,10 @@ class TensorMultiCrop:
                  record: Optional[dict] = None) -> list[torch.Tensor]:
         """images: (B, C, H, W) uint8 of the samples `indices` (B,) -> list of normalised float views
         [global_0, global_1, local_0, ...]."""
+        with torch.autocast(self.device.type, enabled=False):  # float32 views whatever the caller's autocast
+            return self._crops(images, indices, epoch, record)
+
+    def _crops(self, images: torch.Tensor, indices: torch.Tensor, epoch: int, record: Optional[dict]) -> list[torch.Tensor]:
         idx = _check_indices(indices, images.shape[0]).to(self.device)
         x = images.to(self.device).float().div_(255.0)
         _, _, h, w = x.shape

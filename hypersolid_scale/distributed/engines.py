@@ -150,7 +150,7 @@ class DDPEngine:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float) -> dict[str, Any]:
+def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float, bf16: bool = False) -> dict[str, Any]:
     """DeepSpeed's JSON config, derived from ours (one source of truth for batch and clipping).
 
     No "bf16" section: DeepSpeed's bf16 mode casts the module's parameters to bf16 but leaves BatchNorm's
@@ -158,8 +158,13 @@ def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: flo
     code that feeds fp32 images. bf16 is autocast in ``DeepSpeedEngine.forward`` instead, as under DDP:
     the parameters, gradients, master weights and optimizer state stay fp32, and the loss decides its
     thresholds in fp32 anyway (DESIGN §2).
+
+    But DeepSpeed's engine switches off an autocast entered outside it on CUDA unless its own
+    "torch_autocast" section enables one (on an H200 the forward silently ran in fp32), so with bf16 that
+    section is set, with no "lower precision safe" modules: DeepSpeed would otherwise reduce the gradients
+    of every Linear and Conv in bf16, and the gradient all-reduce must stay fp32 for N processes to equal 1.
     """
-    return {
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": batch_size_per_gpu,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": grad_clip,
@@ -170,6 +175,9 @@ def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: flo
         "steps_per_print": 2**31 - 1,  # we log ourselves
         "wall_clock_breakdown": False,
     }
+    if bf16:
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    return config
 
 
 def _free_port() -> int:
@@ -218,7 +226,7 @@ class DeepSpeedEngine:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
         self.zero_stage, self.bf16, self.device = zero_stage, bf16, device
         self.config = deepspeed_config(batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage,
-                                       grad_clip=grad_clip)
+                                       grad_clip=grad_clip, bf16=bf16)
         model = model.to(device)
         client_opt = optimizer_fn(model.parameters())
         self.engine, self.ds_optimizer, _, _ = deepspeed.initialize(
