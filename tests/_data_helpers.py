@@ -128,3 +128,53 @@ def check_pil_against(records: list[dict], other: dict[str, dict[str, np.ndarray
         assert_same_mean(f"{view} crop area", pil["area"], other[view]["area"])
         lo, hi = preset.global_crop_scale if view != "local" else preset.local_crop_scale
         assert lo - 0.03 <= pil["area"].mean() <= hi
+
+
+def convert_shards(out: Path, splits: dict[str, int], shard_size: int) -> dict:
+    """Real Fashion-MNIST images written by the product's converter (shards + manifest.json) under `out`.
+
+    splits: {split: number of samples}. The label of a sample is its index in the split (so tests can
+    tell which samples came through); num_classes = the largest split's size.
+    """
+    from hypersolid_scale.data.convert import Converter, Item
+
+    images = fashion_mnist_or_skip().images
+    n_max = max(splits.values())
+    items = {split: [Item(f"{split}_{i:05d}", i, (lambda a=images[i]: Image.fromarray(a))) for i in range(n)]
+             for split, n in splits.items()}
+    conv = Converter(str(out), formats=["webdataset"], shard_size=shard_size, image_format="png", quality=90,
+                     mode="keep", resize=None, resume=False, ffcv_mode="raw")
+    assert not conv.check_output()
+    return conv.run([str(i) for i in range(n_max)], items, "test")
+
+
+def member_offsets(path: Path) -> list[tuple[str, int, int, int]]:
+    """(name, header offset, data offset, size) of every member of a tar file, in order."""
+    with tarfile.open(path) as tar:
+        return [(m.name, m.offset, m.offset_data, m.size) for m in tar.getmembers()]
+
+
+def truncate_before_sample(path: Path, k: int) -> None:
+    """Cut a shard at the header of its k-th sample's first member: samples 0..k-1 stay whole."""
+    keys = []
+    for name, header, _, _ in member_offsets(path):
+        key = name.split(".")[0]
+        if key not in keys:
+            keys.append(key)
+            if len(keys) == k + 1:
+                path.write_bytes(path.read_bytes()[:header])
+                return
+    raise ValueError(f"{path} has fewer than {k + 1} samples")
+
+
+def truncate_inside_sample(path: Path, k: int) -> None:
+    """Cut a shard in the middle of the data of its k-th sample's first member."""
+    keys = []
+    for name, _, data, size in member_offsets(path):
+        key = name.split(".")[0]
+        if key not in keys:
+            keys.append(key)
+            if len(keys) == k + 1:
+                path.write_bytes(path.read_bytes()[:data + size // 2])
+                return
+    raise ValueError(f"{path} has fewer than {k + 1} samples")

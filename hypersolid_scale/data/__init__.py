@@ -88,7 +88,9 @@ def build_train_loader(cfg: DataConfig, *, rank: int, world_size: int, seed: int
         from hypersolid_scale.data.webdataset import WebDatasetLoader
 
         loader = WebDatasetLoader(train_path, preset, num_workers=cfg.num_workers,  # type: ignore[arg-type]
-                                  shuffle_buffer=cfg.shuffle_buffer, num_samples=cfg.max_train_samples, **common)
+                                  shuffle_buffer=cfg.shuffle_buffer, num_samples=cfg.max_train_samples,
+                                  manifest=cfg.manifest, verify_shards=cfg.verify_shards,
+                                  max_lost_fraction=cfg.max_lost_fraction, **common)
     else:  # ffcv (validated above)
         from hypersolid_scale.data.ffcv import FFCVLoader
 
@@ -130,7 +132,8 @@ def build_eval_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset]:
         if cfg.dataset == "webdataset":
             from hypersolid_scale.data.webdataset import ShardIndexDataset
 
-            return ShardIndexDataset(path, mode=pil_mode(preset), transform=tf)
+            return ShardIndexDataset(path, mode=pil_mode(preset), transform=tf, manifest=cfg.manifest,
+                                     verify=cfg.verify_shards)
         from hypersolid_scale.data.ffcv import ffcv_eval_dataset
 
         return ffcv_eval_dataset(path, preset)
@@ -146,7 +149,12 @@ def num_classes(cfg: DataConfig) -> int:
         return int(cfg.num_classes)
     if cfg.dataset in BUILTIN_DATASETS:
         return 10
-    manifest = find_manifest(cfg.path)
+    if cfg.dataset == "webdataset" and cfg.manifest:
+        from hypersolid_scale.data.shards import Manifest
+
+        manifest: Optional[dict] = Manifest.load(cfg.manifest).data
+    else:
+        manifest = find_manifest(cfg.path)
     if manifest is not None and "num_classes" in manifest:
         return int(manifest["num_classes"])
     if cfg.dataset == "imagefolder" and cfg.path:

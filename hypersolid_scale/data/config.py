@@ -20,9 +20,11 @@ class DataConfig:
     # --- what ---------------------------------------------------------------------------------------
     # builtin: "fashion_mnist" | "digits"; files: "webdataset" | "ffcv" | "imagefolder".
     dataset: str = "fashion_mnist"
-    # Training data. webdataset: a shard directory, a brace pattern ("d/shard-{000000..000009}.tar") or
-    # a conversion output root holding train/; ffcv: a .beton file or a root holding train.beton;
-    # imagefolder: a folder with one subfolder per class (or a root holding train/);
+    # Training data. webdataset: a shard directory, a conversion output root holding train/, or brace
+    # patterns of paths or URLs ("d/shard-{000000..000009}.tar", "https://host/train/shard-{0..9}.tar",
+    # "pipe:aws s3 cp s3://bucket/train/shard-{000000..000099}.tar -", s3:// and gs:// with fsspec);
+    # ffcv: a .beton file or a root holding train.beton; imagefolder: a folder with one subfolder per
+    # class (or a root holding train/);
     # fashion_mnist: a directory with the four idx files (default: Debian's dataset-fashion-mnist).
     path: Optional[str] = None
     # Held-out data of the same kind as `path` (default: the `test` split next to `path`).
@@ -56,6 +58,13 @@ class DataConfig:
     # Added to the trainer's seed: changes the augmentation/order stream without touching model init.
     seed_offset: int = 0
     shuffle_buffer: int = 2000  # webdataset: samples held for shuffling inside each worker
+    # webdataset: the conversion manifest (path or URL: pipe:, http(s), s3://...) when it is not next to
+    # local shards; shards are checked against it (sample counts; sha256 with verify_shards).
+    manifest: Optional[str] = None
+    verify_shards: bool = False  # webdataset: also hash each shard as it streams and compare with the manifest
+    # webdataset: error out when truncated/short shards lose more than this fraction of the samples a rank
+    # reads in an epoch (undecodable samples are skipped, warned and counted, not limited); 1.0 never stops.
+    max_lost_fraction: float = 0.01
     ffcv_order: str = "quasi_random"  # random | quasi_random (memory-friendly) | sequential
     ffcv_os_cache: bool = False  # True: memory-map the whole file (dataset fits in RAM)
     ffcv_batches_ahead: int = 3
@@ -74,6 +83,9 @@ class DataConfig:
             raise ValueError(f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}")
         if self.num_workers < 0:
             raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
+        if not 0.0 <= self.max_lost_fraction <= 1.0:
+            raise ValueError(f"data.max_lost_fraction must be in [0, 1] (1.0 never stops), "
+                             f"got {self.max_lost_fraction}")
         if not 0.0 < self.holdout_fraction < 1.0:
             raise ValueError(f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
         if self.num_local_views is not None and self.num_local_views < 0:

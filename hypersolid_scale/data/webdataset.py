@@ -1,24 +1,35 @@
 """WebDataset: tar shards of (image, class) samples -> multi-crop batches, split by rank and by worker.
 
-Shard format (what `python -m hypersolid_scale.data.convert` writes, and `webdataset.TarWriter`): members
-`<key>.jpg|png|webp|jpeg` and `<key>.cls` (ASCII integer). The shard list is a directory, a brace pattern
-(`d/shard-{000000..000009}.tar`) or a comma-separated list.
+Shards are read through the `webdataset` library (`wds.DataPipeline`; its tar reader; its URL opener),
+so data.path may be anything `shards.py` lists: a local directory, brace patterns, `pipe:` commands,
+http(s), and s3/gs/... through fsspec. Shard format (what `python -m hypersolid_scale.data.convert`
+and `webdataset.TarWriter` write): members `<key>.jpg|png|webp|jpeg` and `<key>.cls` (ASCII integer).
 
-Epoch definition (what makes DDP work): the sample count N comes from the manifest (or one header scan of
-the shards), each rank gets exactly floor(N / (world * batch)) batches. Shards are dealt to the
-(rank, worker) streams; a stream cycles through its shards until it has produced its quota, so uneven
-shard sizes never give ranks different batch counts. With fewer shards than streams, every stream reads
-all shards and keeps every S-th sample. A sample that fails to decode is skipped and counted
-(`stats["corrupt_skipped"]`); a missing or unreadable shard raises an error naming it.
+Epoch definition (what makes DDP work): the sample count N comes from the manifest (or one header scan
+of local shards / one streamed pass over remote ones), each rank gets exactly floor(N / (world * batch))
+batches. Shards are dealt to the (rank, worker) streams; a stream cycles through its shards until it has
+produced its quota, so uneven or damaged shards never give ranks different batch counts. With fewer
+shards than streams, every stream reads all shards and keeps every S-th sample.
+
+Data loss is never silent. A sample that fails to decode is skipped (`stats["corrupt_skipped"]`). A shard
+is checked against the manifest when it has been read to its end: fewer samples than listed ("short",
+e.g. truncated at a member boundary), a break inside a member ("truncated": the samples before it are
+used), a missing tar end marker, a sha256 mismatch (with data.verify_shards) each warn once per read and
+count (`stats`: short_shards, truncated_shards, lost_samples, checksum_mismatches). When the samples a
+rank's shards lost in an epoch exceed max_lost_fraction of the samples it reads per epoch, iteration
+raises an error naming the shards (undecodable samples are warned about one by one and do not count).
+A shard that is missing, cannot be opened or is no tar archive raises an error naming it. `stats` are
+this rank's counts; the trainer sums them over ranks before logging.
 
 What this loader promises, and what it does not (compare DESIGN §3b, which the in-memory, map-style and
 FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W streams, b = batch per rank:
 - Equal work: every rank yields exactly floor(N / (P * b)) batches of b samples per epoch.
 - Determinism for a fixed (seed, epoch, P, W, rank): the samples of each batch and their order are
-  reproducible. The shard order is shuffled by (seed, epoch) identically on every rank; stream
-  s = rank * W + worker takes shards[s::S] (or, with fewer than S shards, samples i with i % S == s of
-  every shard) and shuffles them with a buffer seeded by (seed, epoch, rank, worker). Batch t of a rank
-  is produced whole by worker t % W.
+  reproducible, whatever the URL scheme the same bytes come from. The shard order is shuffled by
+  (seed, epoch) identically on every rank; stream s = rank * W + worker takes shards[s::S] (or, with
+  fewer than S shards, samples i with i % S == s of every shard) and shuffles them with the library's
+  buffer shuffle seeded by (seed, epoch, rank, worker), flushed at the end of each pass over its shards.
+  Batch t of a rank is produced whole by worker t % W.
 - Coverage: streams read disjoint data. A stream whose shards hold fewer samples than its quota starts
   over (repeats samples); one with more leaves the rest unread; so with uneven shards an epoch is not
   exactly one pass over the data.
@@ -38,63 +49,25 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
 from __future__ import annotations
 
 import io
-import os
+import json
 import random
-import tarfile
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import torch
-from braceexpand import braceexpand
+import webdataset as wds
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, find_manifest, mix_seed
+from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.shards import (COUNTERS, IMAGE_EXTS, Event, Manifest, Sample, ShardReader,
+                                          apply_events, count_samples, expand_shards, is_local)
+from hypersolid_scale.data.shard_index import ShardIndexDataset
 from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
 
-IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-Sample = dict[str, Any]
-
-
-def expand_shards(urls: str) -> list[str]:
-    """Directory, brace pattern or comma list -> shard paths; every one must exist and be readable."""
-    if os.path.isdir(urls):
-        shards = sorted(str(p) for p in Path(urls).glob("*.tar"))
-        if not shards:
-            raise FileNotFoundError(f"no .tar shards in directory {urls!r}")
-    else:
-        shards = [s for part in urls.split(",") for s in braceexpand(part.strip())]
-    for s in shards:
-        if not os.path.isfile(s):
-            raise FileNotFoundError(f"shard {s!r} does not exist (from {urls!r})")
-        if not os.access(s, os.R_OK):
-            raise PermissionError(f"shard {s!r} is not readable")
-    return shards
-
-
-def iter_shard(path: str) -> Iterator[Sample]:
-    """Samples of one tar shard in file order: {"__key__", "<ext>": bytes, ...}."""
-    try:
-        with tarfile.open(path, mode="r|*") as tar:
-            current: Sample = {}
-            for member in tar:
-                if not member.isfile():
-                    continue
-                stem, _, ext = os.path.basename(member.name).partition(".")
-                key = os.path.join(os.path.dirname(member.name), stem)
-                if current and current["__key__"] != key:
-                    yield current
-                    current = {}
-                current["__key__"] = key
-                f = tar.extractfile(member)
-                current[ext.lower()] = f.read() if f is not None else b""
-            if current:
-                yield current
-    except (OSError, tarfile.TarError, EOFError) as e:
-        raise RuntimeError(f"cannot read shard {path!r}: {e}") from e
+__all__ = ["WebDatasetLoader", "ShardIndexDataset", "decode_image", "decode_label", "expand_shards"]
 
 
 def decode_image(sample: Sample, mode: str) -> Image.Image:
@@ -113,39 +86,34 @@ def decode_label(sample: Sample) -> int:
     return int(sample["cls"].decode().strip())
 
 
-def count_samples(shards: list[str]) -> int:
-    return sum(1 for s in shards for x in iter_shard(s) if any(e in x for e in IMAGE_EXTS))
+class _Corrupt(Exception):
+    """A sample that does not decode (the pipeline's handler skips and reports it)."""
 
-
-def manifest_count(urls: str, shards: list[str]) -> Optional[int]:
-    """Samples in `shards` according to the conversion manifest, if it lists every one of them."""
-    manifest = find_manifest(urls)
-    if manifest is None:
-        return None
-    for split_dir in {str(Path(s).parent) for s in shards}:
-        entry = manifest.get("splits", {}).get(Path(split_dir).name, {})
-        counts = {sh["name"]: sh["count"] for sh in entry.get("shards", [])}
-        if not all(Path(s).name in counts for s in shards if str(Path(s).parent) == split_dir):
-            return None
-    total = 0
-    for s in shards:
-        entry = manifest["splits"][Path(s).parent.name]
-        total += next(sh["count"] for sh in entry["shards"] if sh["name"] == Path(s).name)
-    return total
+    def __init__(self, sample: Sample, cause: Exception) -> None:
+        super().__init__(f"skipping sample {sample.get('__key__')!r} of {sample.get('__url__')!r}: "
+                         f"{type(cause).__name__}: {cause}")
+        self.url = str(sample.get("__url__"))
 
 
 class _ShardStream(IterableDataset):
-    """One epoch of samples for one rank; each DataLoader worker produces its own whole batches."""
+    """One epoch of samples for one rank; each DataLoader worker produces its own whole batches.
+
+    Items are (views, label, events): events is a JSON list of what the shard reader and the decoder
+    found since the previous item ("" when nothing), for the main process to count and warn about.
+    """
 
     def __init__(self, shards: list[str], *, rank: int, world_size: int, seed: int, epoch: int,
                  num_batches: int, batch_size: int, skip_batches: int, shuffle_buffer: int,
-                 transform: Callable, mode: str) -> None:
+                 transform: Callable, mode: str, manifest: Optional[Manifest], verify: bool,
+                 verified: frozenset[str]) -> None:
         super().__init__()
         self.shards, self.rank, self.world_size, self.seed, self.epoch = shards, rank, world_size, seed, epoch
         self.num_batches, self.batch_size, self.skip_batches = num_batches, batch_size, skip_batches
         self.shuffle_buffer, self.transform, self.mode = shuffle_buffer, transform, mode
+        self.manifest, self.verify, self.verified = manifest, verify, verified
 
-    def _raw(self, stream: int, streams: int, rng: random.Random) -> Iterator[Sample]:
+    def _cycles(self, stream: int, streams: int, rng: random.Random, reader: ShardReader,
+                decoded: dict[str, int]) -> Iterator[Sample]:
         """Undecoded samples of this stream, cycling through its shards (reshuffled every cycle).
 
         The shuffle buffer is flushed at the end of every cycle, so a cycle yields each of its samples
@@ -153,34 +121,23 @@ class _ShardStream(IterableDataset):
         """
         by_shard = len(self.shards) >= streams
         mine = self.shards[stream::streams] if by_shard else list(self.shards)
+        share = None if by_shard else (stream, streams)
         while True:
             order = list(mine)
             rng.shuffle(order)
-            cycle = (sample for shard in order for i, sample in enumerate(iter_shard(shard))
-                     if by_shard or i % streams == stream)
-            produced = 0
-            for sample in self._shuffled(cycle, rng):
+            cycle: Iterator[Sample] = (sample for url in order for sample in reader.samples(url, share))
+            if self.shuffle_buffer > 1:
+                cycle = wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)(cycle)
+            produced, tried, good = 0, decoded["tried"], decoded["good"]
+            for sample in cycle:
                 produced += 1
                 yield sample
             if produced == 0:
                 raise RuntimeError(f"shards {mine} hold no samples for stream {stream}")
+            if decoded["tried"] > tried and decoded["good"] == good:  # would cycle forever
+                raise RuntimeError(f"no sample of shards {mine} decodes (stream {stream}); check the shards")
 
-    def _shuffled(self, it: Iterator[Sample], rng: random.Random) -> Iterator[Sample]:
-        if self.shuffle_buffer <= 1:
-            yield from it
-            return
-        buf: list[Sample] = []
-        for sample in it:
-            if len(buf) < self.shuffle_buffer:
-                buf.append(sample)
-                continue
-            j = rng.randrange(len(buf))
-            buf[j], sample = sample, buf[j]
-            yield sample
-        rng.shuffle(buf)
-        yield from buf
-
-    def __iter__(self) -> Iterator[tuple[list[torch.Tensor], int, int]]:
+    def __iter__(self) -> Iterator[tuple[list[torch.Tensor], int, str]]:
         info = get_worker_info()
         wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
         # Batch b of this rank comes from worker b % nw (the DataLoader's round robin). A restored
@@ -194,44 +151,83 @@ class _ShardStream(IterableDataset):
         random.Random(mix_seed(self.seed, self.epoch)).shuffle(shards)
         self.shards = shards
         rng = random.Random(mix_seed(self.seed, self.epoch, self.rank, wid))
-        stream = self.rank * nw + wid
-        raw = self._raw(stream, self.world_size * nw, rng)
-        produced, corrupt = skip, 0
-        for _ in range(skip):
-            next(raw)
-        while produced < quota:
-            sample = next(raw)
+        reader = ShardReader(self.manifest, self.verify, self.verified)
+        decoded = {"tried": 0, "good": 0}
+
+        def decode(sample: Sample) -> tuple[Any, int]:
+            decoded["tried"] += 1
             try:
-                img = decode_image(sample, self.mode)
-                label = decode_label(sample)
+                img, label = decode_image(sample, self.mode), decode_label(sample)
             except Exception as e:  # noqa: BLE001 - any decoder failure means "skip this sample"
-                corrupt += 1
-                warnings.warn(f"skipping sample {sample.get('__key__')!r}: {type(e).__name__}: {e}")
-                continue
-            produced += 1
-            yield self.transform(img), label, corrupt
-            corrupt = 0
+                raise _Corrupt(sample, e) from e
+            decoded["good"] += 1
+            return self.transform(img), label
+
+        def skip_corrupt(exn: Exception) -> bool:
+            if not isinstance(exn, _Corrupt):
+                raise exn  # a bug in a transform is not a data problem
+            reader.events.append({"kind": "corrupt", "url": exn.url, "lost": 1.0, "message": str(exn)})
+            return True
+
+        def drop_restored(samples: Iterator[Sample]) -> Iterator[Sample]:
+            # The samples of batches done before the restored position: read, not decoded. What the
+            # reader found meanwhile was counted before the checkpoint: flagged, not counted again.
+            for _ in range(skip):
+                next(samples)
+            for ev in reader.events:
+                ev["replayed"] = True
+            yield from samples
+
+        def with_events(items: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int, str]]:
+            for views, label in items:
+                events, reader.events[:] = list(reader.events), []
+                yield views, label, json.dumps(events) if events else ""
+
+        stream = self.rank * nw + wid
+        pipeline = wds.DataPipeline(
+            lambda: self._cycles(stream, self.world_size * nw, rng, reader, decoded),
+            drop_restored,
+            wds.map(decode, handler=skip_corrupt),
+            wds.slice(quota - skip),
+            with_events,
+        )
+        return iter(pipeline)
 
 
 class WebDatasetLoader(ResumableEpochs):
-    """Multi-crop batches `(views, labels)` from WebDataset shards (PIL path, CPU tensors)."""
+    """Multi-crop batches `(views, labels)` from WebDataset shards (PIL path, CPU tensors).
+
+    manifest: the conversion manifest (path or URL) when it is not next to local shards; verify_shards:
+    also check each shard's sha256, hashed as it streams by, until it has matched once; max_lost_fraction:
+    see the module docstring.
+    """
 
     def __init__(self, urls: str, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
                  batch_size: int, num_workers: int, shuffle_buffer: int = 2000,
-                 num_samples: Optional[int] = None, transform: Optional[Callable] = None) -> None:
+                 num_samples: Optional[int] = None, transform: Optional[Callable] = None,
+                 manifest: Optional[str] = None, verify_shards: bool = False,
+                 max_lost_fraction: float = 0.01) -> None:
         super().__init__()
+        if not 0.0 <= max_lost_fraction <= 1.0:
+            raise ValueError(f"max_lost_fraction must be in [0, 1], got {max_lost_fraction}")
         self.shards = expand_shards(urls)
-        total = manifest_count(urls, self.shards)
-        if total is None:  # no manifest: one pass over the tar headers
+        self.manifest = Manifest.locate(self.shards, manifest)
+        total = self.manifest.total(self.shards) if self.manifest else None
+        if total is None:
+            if not all(is_local(s) for s in self.shards):
+                warnings.warn(f"no manifest lists every shard of {urls!r}: counting samples streams every "
+                              "shard once; set data.manifest to the conversion's manifest.json to skip that")
             total = count_samples(self.shards)
         if num_samples is not None:
             total = min(total, num_samples)
         self.num_samples = total
         self.preset, self.rank, self.world_size, self.seed = preset, rank, world_size, seed
         self.batch_size, self.num_workers, self.shuffle_buffer = batch_size, num_workers, shuffle_buffer
+        self.verify_shards, self.max_lost_fraction = verify_shards, max_lost_fraction
         self.transform = transform if transform is not None else build_pil_multicrop(preset)
         self._len = batches_per_epoch(total, world_size, batch_size)
-        self.stats = {"corrupt_skipped": 0}
+        self.stats = {k: 0.0 for k in COUNTERS}
+        self._verified: set[str] = set()  # shards whose sha256 matched the manifest: not hashed again
 
     def __len__(self) -> int:
         return self._len
@@ -241,49 +237,41 @@ class WebDatasetLoader(ResumableEpochs):
         ds = _ShardStream(self.shards, rank=self.rank, world_size=self.world_size, seed=self.seed,
                           epoch=self.epoch, num_batches=self._len, batch_size=self.batch_size,
                           skip_batches=start, shuffle_buffer=self.shuffle_buffer, transform=self.transform,
-                          mode=pil_mode(self.preset))
+                          mode=pil_mode(self.preset), manifest=self.manifest, verify=self.verify_shards,
+                          verified=frozenset(self._verified))
         gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
         loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers,
                             worker_init_fn=_seed_worker, generator=gen)
-        for views, labels, corrupt in loader:
-            self.stats["corrupt_skipped"] += int(corrupt.sum())
+        per_epoch = self._len * self.batch_size
+        lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
+        for views, labels, events in loader:
+            for text in events:
+                if text:
+                    self._record(json.loads(text), lost)
+            if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
+                raise RuntimeError(self._loss_message(lost, per_epoch))
             self._count()
             yield views, labels
         self._skip = 0
 
+    def _record(self, events: list[Event], lost: dict[str, list[Any]]) -> None:
+        for ev in events:
+            if ev["kind"] == "verified":
+                self._verified.add(ev["url"])
+                continue
+            warnings.warn(ev["message"])
+            n = apply_events({k: 0.0 for k in COUNTERS} if ev.get("replayed") else self.stats, [ev])
+            if ev["kind"] != "corrupt":
+                entry = lost.setdefault(ev["url"], [0.0, set()])
+                entry[0] += n
+                entry[1].add(ev["kind"])
 
-class ShardIndexDataset(Dataset):
-    """Random access into shards (for evaluation): one header scan, then seek + read per sample."""
-
-    def __init__(self, urls: str, mode: str = "RGB", transform: Optional[Callable] = None) -> None:
-        self.mode, self.transform = mode, transform
-        self.items: list[tuple[str, int, int, int]] = []  # (shard, offset, size, label)
-        for shard in expand_shards(urls):
-            try:
-                with tarfile.open(shard, mode="r:") as tar:
-                    members: dict[str, dict[str, tarfile.TarInfo]] = {}
-                    for m in tar.getmembers():
-                        if m.isfile():
-                            stem, _, ext = os.path.basename(m.name).partition(".")
-                            members.setdefault(os.path.join(os.path.dirname(m.name), stem), {})[ext.lower()] = m
-                    for parts in members.values():
-                        img = next((parts[e] for e in IMAGE_EXTS if e in parts), None)
-                        if img is None or "cls" not in parts:
-                            continue
-                        f = tar.extractfile(parts["cls"])
-                        label = int(f.read().decode().strip()) if f is not None else -1
-                        self.items.append((shard, img.offset_data, img.size, label))
-            except (OSError, tarfile.TarError) as e:
-                raise RuntimeError(f"cannot read shard {shard!r}: {e}") from e
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        shard, offset, size, label = self.items[i]
-        with open(shard, "rb") as f:
-            f.seek(offset)
-            img = Image.open(io.BytesIO(f.read(size)))
-            img.load()
-        img = img.convert(self.mode)
-        return (self.transform(img) if self.transform else img), label
+    def _loss_message(self, lost: dict[str, list[Any]], per_epoch: int) -> str:
+        total = sum(n for n, _ in lost.values())
+        worst = sorted(((n, url, kinds) for url, (n, kinds) in lost.items() if n > 0), reverse=True)
+        shards = "; ".join(f"{url}: {n:.0f} lost ({'/'.join(sorted(kinds))})" for n, url, kinds in worst[:10])
+        more = f"; and {len(worst) - 10} more shards" if len(worst) > 10 else ""
+        return (f"rank {self.rank} lost {total:.0f} samples in epoch {self.epoch}, {total / per_epoch:.1%} of "
+                f"the {per_epoch} it reads per epoch, over data.max_lost_fraction={self.max_lost_fraction}. "
+                f"Shards: {shards}{more}. Repair or re-convert them (python -m hypersolid_scale.data.convert), "
+                f"or raise data.max_lost_fraction to train on what is left (1.0 never stops).")
