@@ -53,7 +53,7 @@ from tqdm import tqdm
 from hypersolid_scale import checkpoint as ckpt_lib
 from hypersolid_scale.config import Config, fingerprint, flatten, load_config, save_config, to_dict
 from hypersolid_scale.data import build_train_loader, in_channels
-from hypersolid_scale.distributed import barrier
+from hypersolid_scale.distributed import all_reduce_sum, barrier
 from hypersolid_scale.distributed.engines import Engine, build_engine, build_optimizer
 from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, cleanup, gather_objects,
                                               init_distributed, resolve_backend)
@@ -333,6 +333,17 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
     return packed
 
 
+def summed_loader_stats(run: Run) -> dict[str, float]:
+    """The loader's counters (corrupt samples skipped, samples lost, short or truncated shards, ...) summed
+    over ranks: each rank reads its own shards, so rank 0's own counts would hide the others' losses.
+    Collective. Every loader reports the same keys on every rank."""
+    keys = sorted(run.loader.stats)
+    if not keys:
+        return {}
+    values = torch.tensor([float(run.loader.stats[k]) for k in keys], dtype=torch.float64, device=run.device)
+    return dict(zip(keys, all_reduce_sum(values).tolist()))
+
+
 def memory_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -461,12 +472,13 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                 mean, losses = meter.summary(global_batch)  # every rank: the guard must agree everywhere
                 run.guard.check()
                 history.extend(zip(range(step - meter.n + 1, step + 1), losses))
+                loader_stats = summed_loader_stats(run)  # collective: every rank, before rank 0 logs
                 if rank0:
                     bar.write(f"epoch {epoch:3d} | step {step:7d} | loss {mean['loss']:.4f} | align "
                               f"{mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | active pairs "
                               f"{mean['active_pairs']:.0f} | {mean['images_per_s']:.0f} img/s | "
                               f"{time.perf_counter() - meter.t_epoch:.0f} s")
-                    tracker.log_metrics({f"loader/{k}": v for k, v in run.loader.stats.items()}, step=step)
+                    tracker.log_metrics({f"loader/{k}": v for k, v in loader_stats.items()}, step=step)
             if not preempted and step < run.total_steps:
                 preempted = stop.now(_STOP["signal"] is not None)  # before a monitor that may take minutes
             if preempted:

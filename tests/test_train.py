@@ -222,3 +222,35 @@ def test_resume_refuses_another_world_size_and_prefers_the_runs_own_newest_check
     with pytest.raises(ValueError, match=r"written by 2 process\(es\), this run has 1.*checkpoint.resume=force"):
         main([a.replace("max_steps=4", "max_steps=6") for a in args])
     assert main([a.replace("max_steps=4", "max_steps=6") for a in args] + ["checkpoint.resume=force"]) == 0
+
+
+def _loader_stats_worker(rank: int, port: int, out_dir: str) -> None:
+    import json
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from hypersolid_scale.train import summed_loader_stats
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        # Each rank reads its own shards: rank 1 alone met the corrupt samples and the truncated shard.
+        stats = {"corrupt_skipped": 3.0 * rank, "lost_samples": 15.0 * rank, "short_shards": 0.0}
+        run = SimpleNamespace(loader=SimpleNamespace(stats=stats), device=torch.device("cpu"))
+        with open(f"{out_dir}/rank{rank}.json", "w") as f:
+            json.dump(summed_loader_stats(run), f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_loader_counters_are_summed_over_ranks_before_logging(tmp_path) -> None:
+    import json
+
+    import torch.multiprocessing as mp
+    from test_dist_loss import free_port
+
+    mp.spawn(_loader_stats_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got == {"corrupt_skipped": 3.0, "lost_samples": 15.0, "short_shards": 0.0}, (rank, got)
