@@ -55,7 +55,7 @@ class DistConfig:
     engine: str = "ddp"  # ddp | deepspeed
     backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0, 1 or 2 (3 would shard the weights the loss code sees)
-    # BatchNorm statistics over the GLOBAL batch (DESIGN §3b): auto (whenever world size > 1) | true | false.
+    # BatchNorm statistics over the GLOBAL batch (docs/design.md §3b): auto (whenever world size > 1) | true | false.
     # CUDA uses torch's SyncBatchNorm, CPU/gloo hypersolid_scale.distributed.batchnorm.GlobalBatchNorm.
     sync_bn: str = "auto"
     compile: bool = False  # torch.compile the model

@@ -8,7 +8,7 @@ import torch
 
 
 def reference_loss(feats: torch.Tensor, alpha=0.9, norm_weight=1e-6, pooling="max", repel="all") -> torch.Tensor:
-    """The objective of DESIGN §1 with explicit loops over pairs (small inputs only)."""
+    """The objective of docs/design.md §1 with explicit loops over pairs (small inputs only)."""
     b, v, d = feats.shape
     norms = feats.norm(dim=-1, keepdim=True)
     x = feats / norms

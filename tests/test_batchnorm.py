@@ -1,4 +1,4 @@
-"""GlobalBatchNorm (DESIGN §3b): 2 gloo ranks, each holding a DIFFERENT slice of a fixed batch, must
+"""GlobalBatchNorm (docs/design.md §3b): 2 gloo ranks, each holding a DIFFERENT slice of a fixed batch, must
 reproduce one process running nn.BatchNorm on the whole batch: outputs, input gradients, weight/bias
 gradients, running statistics (identical on every rank), eval mode; and with no process group the layer is
 nn.BatchNorm bit for bit.
@@ -123,7 +123,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     (w * y).sum().backward()
     results["all_reduce"] = {"y": y.detach(), "grad": x.grad}
 
-    # Under DDP with the loss contract of DESIGN §3 (rank loss = P x its share of the global mean), the
+    # Under DDP with the loss contract of docs/design.md §3 (rank loss = P x its share of the global mean), the
     # averaged parameter gradients must be the single-process ones, Linear before the BatchNorm included.
     model, x = ddp_data()
     ddp = nn.parallel.DistributedDataParallel(convert_global_batchnorm(model))

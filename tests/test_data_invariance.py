@@ -1,4 +1,4 @@
-"""N processes = 1 process for the data (DESIGN §3b): the ranks' batches t, concatenated, are the batch t of
+"""N processes = 1 process for the data (docs/design.md §3b): the ranks' batches t, concatenated, are the batch t of
 one process with the global batch, bit for bit; workers, resume and epochs behave; keyed random streams."""
 
 from __future__ import annotations

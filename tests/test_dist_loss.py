@@ -1,4 +1,4 @@
-"""The global-batch contract (DESIGN §3) with 2 real gloo processes, each holding a different slice.
+"""The global-batch contract (docs/design.md §3) with 2 real gloo processes, each holding a different slice.
 
 Every rank must see the single-process loss of the concatenated batch, and its local gradient must be
 exactly P × the single-process gradient of its rows, for every term and backend, in both regimes; under DDP

@@ -1,9 +1,9 @@
-"""N processes = 1 process for the whole run (DESIGN §3b), through the trainer's own code path.
+"""N processes = 1 process for the whole run (docs/design.md §3b), through the trainer's own code path.
 
 ``launch/train.py`` under torchrun trains the quickstart network (BatchNorms included) for a few SGD steps:
 2 processes x b images vs 1 process x 2b images must end with the same parameters AND BatchNorm running
 statistics, under DDP and DeepSpeed ZeRO 0, 1 and 2. That needs every piece at once: the loss's global-batch
-contract (DESIGN §3), BatchNorm over the global batch (``dist.sync_bn=auto``) and data that do not depend on
+contract (docs/design.md §3), BatchNorm over the global batch (``dist.sync_bn=auto``) and data that do not depend on
 the world size (global batch t and its augmentations are the same; rank r takes rows [r*b, (r+1)*b)).
 SGD, not Adam: Adam's update is blind to a constant factor on the gradient, the classic distributed error.
 """

@@ -35,7 +35,7 @@ def epoch_permutation(num_samples: int, *, seed: int, epoch: int, shuffle: bool 
 
 
 def split_global_batches(order: np.ndarray, *, rank: int, world_size: int, batch_size: int) -> np.ndarray:
-    """This rank's rows of every global batch of `order`, concatenated (DESIGN §3b).
+    """This rank's rows of every global batch of `order`, concatenated (docs/design.md §3b).
 
     Global batch t = order[t*B : (t+1)*B] with B = world_size * batch_size; rank r takes its rows
     [r*b, (r+1)*b). So rank r's batch t is the returned slice [t*b, (t+1)*b), and concatenating the

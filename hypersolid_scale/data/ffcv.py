@@ -6,7 +6,7 @@ decoder at the view's size and scale, then goes to the device. The photometric p
 device (`tensor_aug.BatchPhotometric`, kornia kernels), with the preset's probabilities per view.
 FFCV stores RGB images only; a one-channel preset keeps the first channel on the device.
 
-What does not depend on the world size, the rank or the number of FFCV threads (DESIGN §3b):
+What does not depend on the world size, the rank or the number of FFCV threads (docs/design.md §3b):
 - The order. FFCV gets an explicit per-rank order (`_EpochOrder`): the epoch's global order depends only
   on (seed, epoch) (`random`: the seeded permutation of `common.epoch_permutation`; `sequential`:
   0..N-1; `quasi_random`: FFCV's page-aware order, seeded by (seed, epoch) and computed for the global

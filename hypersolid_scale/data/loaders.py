@@ -43,7 +43,7 @@ class ArrayPILDataset(Dataset):
 class InMemoryMultiCropLoader(ResumableEpochs):
     """Batches of multi-crop views from uint8 images in memory, augmented a whole batch at a time.
 
-    World-size invariant (DESIGN §3b): rank r's batch t = rows [r*b, (r+1)*b) of global batch t of the
+    World-size invariant (docs/design.md §3b): rank r's batch t = rows [r*b, (r+1)*b) of global batch t of the
     (seed, epoch) permutation, and every augmentation draw is keyed by (seed, epoch, sample index, view);
     so the ranks' batches t, concatenated, are bit for bit the batch t of one process with batch P*b, and
     a resumed run produces the very same views as an uninterrupted one.
@@ -108,7 +108,7 @@ class KeyedSamples(Dataset):
 class MapStyleMultiCropLoader(ResumableEpochs):
     """A map-style dataset of (views, label) samples (PIL multi-crop inside), split by rank, in workers.
 
-    World-size and worker-count invariant (DESIGN §3b): the sample set and order of a batch follow
+    World-size and worker-count invariant (docs/design.md §3b): the sample set and order of a batch follow
     `rank_indices`, and each sample's transform runs with the RNGs seeded by (seed, epoch, index)
     (`KeyedSamples`), so neither the rank, the world size nor the number of workers changes a view.
     """

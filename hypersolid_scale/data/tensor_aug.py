@@ -8,7 +8,7 @@ Every random decision is drawn per sample, with the preset's probabilities, in t
 DINOViewTransform: crop -> flip -> color jitter (p, random order of the four jitters) -> grayscale ->
 blur (per view type) -> solarize (global_1 only) -> normalize.
 
-Randomness (DESIGN §3b): a view's decisions for a sample are fixed columns of one row of uniforms that
+Randomness (docs/design.md §3b): a view's decisions for a sample are fixed columns of one row of uniforms that
 depends only on (seed, epoch, sample index, view) (`keyed_uniforms`, a counter-based hash), never on a
 generator's history. So a sample gets the same view whatever batch, rank, world size or resume position
 it is processed in; masked subsets (e.g. the jittered samples) index rows of that matrix.

@@ -3,7 +3,7 @@
 The PIL path is the semantic reference: the batched tensor path (`tensor_aug.py`) and the FFCV path are
 tested against it. `instrument` wraps the stages of a built DINOTransform so that a test can read what
 each stage did to each view without changing what it does. `seeded_global_rngs` makes a sample's
-views a function of (seed, epoch, sample index) only (DESIGN §3b).
+views a function of (seed, epoch, sample index) only (docs/design.md §3b).
 """
 
 from __future__ import annotations

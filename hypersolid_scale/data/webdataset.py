@@ -21,7 +21,7 @@ raises an error naming the shards (undecodable samples are warned about one by o
 A shard that is missing, cannot be opened or is no tar archive raises an error naming it. `stats` are
 this rank's counts; the trainer sums them over ranks before logging.
 
-What this loader promises, and what it does not (compare DESIGN §3b, which the in-memory, map-style and
+What this loader promises, and what it does not (compare docs/design.md §3b, which the in-memory, map-style and
 FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W streams, b = batch per rank:
 - Equal work: every rank yields exactly floor(N / (P * b)) batches of b samples per epoch.
 - Determinism for a fixed (seed, epoch, P, W, rank): the samples of each batch and their order are

@@ -1,4 +1,4 @@
-"""BatchNorm over the GLOBAL batch on any device and backend, gloo on CPU included (DESIGN §3b).
+"""BatchNorm over the GLOBAL batch on any device and backend, gloo on CPU included (docs/design.md §3b).
 
 With P processes each holding B/P images, a plain BatchNorm normalises over B/P images and P processes no
 longer train the network that one process trains on the concatenated batch. torch's ``nn.SyncBatchNorm``
@@ -15,7 +15,7 @@ Both all-reduces are differentiable (:func:`all_reduce_sum_differentiable`): the
 all-reduce is a sum all-reduce of the incoming gradients (its exact adjoint), so the backward carries the
 cross-rank terms of the statistics exactly as one process would. Each rank's gradient is then the gradient
 of the sum of all ranks' losses, as with SyncBatchNorm; the engines' gradient averaging and the loss's
-P-scaling (DESIGN §3) are unchanged.
+P-scaling (docs/design.md §3) are unchanged.
 
 Running statistics follow ``nn.BatchNorm`` exactly (momentum, ``momentum=None`` cumulative average,
 ``num_batches_tracked``) with the global mean and the unbiased global variance Σ(x - mean)² / (N_g - 1);

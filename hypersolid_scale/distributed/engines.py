@@ -1,7 +1,7 @@
 """DDP and DeepSpeed behind one small interface, so ``train.py`` has a single training step.
 
 Both engines *average* gradients over ranks. The loss returns the global loss and makes each rank's
-local gradient P x its share of the global gradient (DESIGN §3), so after averaging every rank holds the
+local gradient P x its share of the global gradient (docs/design.md §3), so after averaging every rank holds the
 gradient a single process would compute on the concatenated batch. Nothing here rescales gradients.
 
 Interface (both engines): ``forward(views) -> feats (B, V, D) float32``, ``backward(loss)``,
@@ -53,7 +53,7 @@ SYNC_BN_CHOICES = ("auto", "true", "false")
 
 
 def convert_batchnorm(model: nn.Module, sync_bn: str | bool, device: torch.device) -> nn.Module:
-    """BatchNorm over the global batch (DESIGN §3b) when ``sync_bn`` asks for it.
+    """BatchNorm over the global batch (docs/design.md §3b) when ``sync_bn`` asks for it.
 
     ``auto``: whenever the world size is > 1 (with one process every BatchNorm already sees the whole batch);
     ``true``: always; ``false``: never (each rank then normalises over its own B/P images only).
@@ -117,7 +117,7 @@ class DDPEngine:
     def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
         with self.autocast():
             feats = self.wrapped(views)
-        # The loss decides its thresholds in fp32 (DESIGN §2), whatever the autocast dtype.
+        # The loss decides its thresholds in fp32 (docs/design.md §2), whatever the autocast dtype.
         return feats.float()
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -157,7 +157,7 @@ def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: flo
     running statistics fp32 (BatchNorm then refuses the mixed dtypes) and hands bf16 weights to evaluation
     code that feeds fp32 images. bf16 is autocast in ``DeepSpeedEngine.forward`` instead, as under DDP:
     the parameters, gradients, master weights and optimizer state stay fp32, and the loss decides its
-    thresholds in fp32 anyway (DESIGN §2).
+    thresholds in fp32 anyway (docs/design.md §2).
 
     But DeepSpeed's engine switches off an autocast entered outside it on CUDA unless its own
     "torch_autocast" section enables one (on an H200 the forward silently ran in fp32), so with bf16 that

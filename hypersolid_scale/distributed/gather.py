@@ -1,6 +1,6 @@
 """Collectives used by the loss and the evaluation code, no-ops without a process group.
 
-The repulsion's cross-rank contract (DESIGN §3) needs one forward collective for the embeddings (an
+The repulsion's cross-rank contract (docs/design.md §3) needs one forward collective for the embeddings (an
 all_gather of the *detached* rows) and one for the statistics (:func:`all_reduce_packed`). Nothing here is
 differentiable on purpose: the loss builds the gradient of the global objective from local rows only, so no
 collective runs in backward. None of these reads a device value on the host, except the row-count exchange

@@ -25,7 +25,7 @@ class LossConfig:
     pooling: str = "max"  # target per image: "max" (paper) | "mean" (ablation)
     repel: str = "all"  # which pairs are repelled: "all" (paper) | "negatives" | "positives"
     # "dense" (reference) | "tiled" (exact, bounded memory) | "neighbors" (candidate search) |
-    # "auto" (tiled or neighbors per step, from the previous step's saturated-row fraction; DESIGN §3c)
+    # "auto" (tiled or neighbors per step, from the previous step's saturated-row fraction; docs/design.md §3c)
     backend: str = "dense"
     tile_size: int = 4096  # tiled, and the torch search: rows/columns per block
     index: str = "flat"  # neighbors: "flat" | "torch" (exact) | "ivf" | "hnsw" (approximate)

@@ -1,4 +1,4 @@
-"""The Hypersolid objective (paper, "Method Description"; exact math in DESIGN §1 and §3).
+"""The Hypersolid objective (paper, "Method Description"; exact math in docs/design.md §1 and §3).
 
     loss = alignment + repulsion + normalization
 
@@ -8,7 +8,7 @@
                  diagonal, as the paper's mean over the (M × M) matrix does;
 * normalization: λ (mean ‖feats‖₂ − 1)² over the global batch, on the un-normalised feats.
 
-Across ranks (DESIGN §3): the detached embeddings are all-gathered once; each rank differentiates only its
+Across ranks (docs/design.md §3): the detached embeddings are all-gathered once; each rank differentiates only its
 own rows. The similarity matrix is symmetric, so the gradient of the global repulsion w.r.t. row i is twice
 its row part. The returned tensor carries the true global loss as its value and P × (the gradient of the
 global loss w.r.t. the local rows) as its gradient, so DDP's or DeepSpeed's averaging over P ranks yields
@@ -58,7 +58,7 @@ class HypersolidLoss(nn.Module):
         pooling: how the per-image target is built from its views: "max" (paper) or "mean".
         repel: which pairs are repelled: "all" (paper), "negatives" or "positives".
         backend: "dense" (reference), "tiled" (exact, O(tile²) memory), "neighbors" (candidate search) or
-            "auto" (tiled or neighbors per step, DESIGN §3c).
+            "auto" (tiled or neighbors per step, docs/design.md §3c).
         check_finite: raise ``ValueError`` on NaN/inf input. That check reads a device value on the host
             (a GPU synchronisation); the trainer turns it off and reads the ``nonfinite`` statistic instead.
         same_rows_per_rank: every rank holds as many rows as this one (the trainer's fixed per-rank batch),
@@ -170,7 +170,7 @@ class HypersolidLoss(nn.Module):
         self._check(feats)
         device_type = feats.device.type
         backend = self.switch.choose() if self.switch is not None else self.cfg.backend
-        # Thresholds are decided in fp32 or better, even under bf16/fp16 autocast (DESIGN §2).
+        # Thresholds are decided in fp32 or better, even under bf16/fp16 autocast (docs/design.md §2).
         with torch.autocast(device_type=device_type, enabled=False):
             f = feats.float() if feats.dtype in (torch.float16, torch.bfloat16) else feats
             b, v, d = f.shape
@@ -205,7 +205,7 @@ class HypersolidLoss(nn.Module):
             normalization = lam * (mean_norm - 1.0) ** 2
             value = alignment + repulsion + normalization  # float64, identical on every rank
 
-            # Gradient carrier: the gradient of the global loss w.r.t. this rank's rows (DESIGN §3), times P.
+            # Gradient carrier: the gradient of the global loss w.r.t. this rank's rows (docs/design.md §3), times P.
             norm_coef = (2.0 * lam * (mean_norm - 1.0) / m_g).to(f.dtype)
             surrogate = align_sum / m_g + 2.0 * rep_scale * rep_sum + norm_coef * norm_sum
             carrier = world * (surrogate - surrogate.detach())

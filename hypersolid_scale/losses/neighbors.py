@@ -11,7 +11,7 @@ Where the search runs (``index``, see :mod:`hypersolid_scale.losses.search`):
 * ``ivf``: approximate. FAISS GPU IVF on CUDA tensors when faiss-gpu is installed, else FAISS on the host.
 * ``hnsw``: approximate, FAISS on the host (FAISS has no GPU HNSW).
 
-Exactness (DESIGN §2):
+Exactness (docs/design.md §2):
 * same-image pairs (V − 1 per row) are known from the layout and always included, without a search;
 * a row whose k-th candidate is still above α may have missed neighbours ("saturated"); such rows are
   recomputed with the exact blockwise path, so an exact index gives the exact loss and gradient in every

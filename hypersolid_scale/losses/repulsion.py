@@ -7,7 +7,7 @@ the detached columns of the global batch (``x_all``),
 
 and returns it as a differentiable scalar whose gradient w.r.t. ``x_rows`` is the *row part* only (the
 columns are constants). :class:`~hypersolid_scale.losses.HypersolidLoss` doubles it, because the similarity
-matrix is symmetric (DESIGN §3).
+matrix is symmetric (docs/design.md §3).
 
 * ``dense``: materialises the (m, M_g) similarity matrix and lets autograd do the rest. It is the
   paper-parity reference and the easiest code to trust; its memory is O(m · M_g).
@@ -20,7 +20,7 @@ No backend reads a device value on the host: telemetry accumulates in device ten
 (:class:`RepulsionStats`), so a CUDA step is never stalled here (the loop bounds are host integers). On the
 CPU, where reading a tensor costs nothing, ``tiled`` skips the rows of a block with no active pair.
 
-Thresholds are always decided in float32 or better (DESIGN §2): callers upcast bf16/fp16 input.
+Thresholds are always decided in float32 or better (docs/design.md §2): callers upcast bf16/fp16 input.
 """
 
 from __future__ import annotations
