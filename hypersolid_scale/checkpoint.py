@@ -10,7 +10,8 @@ converted to tensors / ints), so loading never executes pickled code. Keys::
 Writes go to a temporary file in the same directory, are fsync'ed, then ``os.replace``d over the final
 name: a crash (or SIGKILL) mid-write leaves the previous checkpoints untouched and at worst a stray
 ``*.tmp`` file, which is ignored. Resuming scans the checkpoints newest first and skips unreadable ones
-with a warning.
+with a warning. Stray ``*.tmp`` files are deleted only by the holder of the run directory's lock
+(``hypersolid_scale.run_lock``), which the trainer takes before resuming.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock, holds_lock
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")
@@ -194,6 +197,30 @@ def check_compatible(ckpt: dict[str, Any], cfg_dict: dict[str, Any], fingerprint
     )
 
 
+def delete_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete the ``*.tmp`` files that saves killed mid-write left behind; returns what was deleted.
+
+    Only while holding the run directory's lock: a ``*.tmp`` in a run directory that another live process
+    holds may be the checkpoint it is writing right now. A caller without the lock (a tool, a test) takes it
+    for the duration of the cleanup, and deletes nothing if a live trainer holds it.
+    """
+    if holds_lock(run_dir):
+        stale = list(checkpoint_dir(run_dir).glob("*.tmp"))
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return stale
+    if not checkpoint_dir(run_dir).is_dir():
+        return []
+    try:
+        lock = acquire_run_lock(run_dir)
+    except RunDirLocked:
+        return []
+    try:
+        return delete_stale_tmp(run_dir)
+    finally:
+        lock.release()
+
+
 def resolve_resume(cfg: Any) -> dict[str, Any] | None:
     """The checkpoint a run should resume from, per ``cfg.checkpoint.resume``, or None to start fresh.
 
@@ -215,8 +242,7 @@ def resolve_resume(cfg: Any) -> dict[str, Any] | None:
         return None
     path: str | None = None
     if get_rank() == 0:
-        for stale in checkpoint_dir(cfg.run_dir).glob("*.tmp"):  # a save killed mid-write
-            stale.unlink(missing_ok=True)
+        delete_stale_tmp(cfg.run_dir)
         found = find_resume_checkpoint(cfg.run_dir)
         # The run's own checkpoints win over checkpoint.path: after a requeue, the run must continue from
         # its newest step, not restart from the file it was first initialised from.

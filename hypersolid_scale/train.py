@@ -4,7 +4,7 @@
 
 One process per device (torchrun or srun). The loss sees the GLOBAL batch (its repulsion gathers the
 detached embeddings of every rank) and hands each rank P x its share of the gradient, so the engine's
-gradient averaging reproduces single-process training on the concatenated batch (DESIGN §3).
+gradient averaging reproduces single-process training on the concatenated batch (docs/design.md §3).
 
 No host synchronisation per step. Reading a CUDA value on the host (``float(t)``, ``bool(t)``, ``.item()``)
 waits for the GPU to finish everything queued, which starves it while the host prepares the next step. So
@@ -29,7 +29,8 @@ DeepSpeed ZeRO keeps its own gradient buffers; since training stops anyway, it w
 the deferred check does not.)
 
 Exit codes: 0 finished; 75 (EX_TEMPFAIL) preempted by SIGUSR1/SIGTERM after writing a checkpoint, requeue
-me; anything else is an error (a non-finite loss raises and leaves the last good checkpoint intact).
+me; 2 run_dir is locked by another live training (or a bad config); anything else is an error (a
+non-finite loss raises and leaves the last good checkpoint intact).
 """
 
 from __future__ import annotations
@@ -55,15 +56,17 @@ from hypersolid_scale.config import Config, fingerprint, flatten, load_config, s
 from hypersolid_scale.data import build_train_loader, in_channels
 from hypersolid_scale.distributed import all_reduce_sum, barrier
 from hypersolid_scale.distributed.engines import Engine, build_engine, build_optimizer
-from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, cleanup, gather_objects,
-                                              init_distributed, resolve_backend)
+from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, broadcast_object, cleanup,
+                                              gather_objects, init_distributed, resolve_backend)
 from hypersolid_scale.losses import HypersolidLoss, PackedStats
 from hypersolid_scale.models import build_model
+from hypersolid_scale.run_lock import RunDirLocked, RunLock, acquire_run_lock
 from hypersolid_scale.step_monitor import NonFiniteLossError  # noqa: F401  (raised by the guard; caught from here)
 from hypersolid_scale.step_monitor import EpochMeter, NonFiniteGuard, StopVote, loggable
 from hypersolid_scale.tracking import Tracker, make_tracker
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpoint written, requeue the job
+EXIT_RUN_DIR_LOCKED = 2  # another live training holds run_dir/.lock; nothing was read or written
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -393,10 +396,33 @@ def plot_loss(history: list[tuple[int, float]], path: Path) -> Path:
 
 
 def train(cfg: Config) -> int:
-    """Set up the process group, build or resume the run, train; returns the exit code (0 or 75)."""
+    """Set up the process group, lock run_dir, build or resume the run, train; returns the exit code.
+
+    0 finished, 75 preempted (checkpoint written), 2 run_dir locked by another live training (nothing read
+    or written) or not lockable.
+    """
     info, device = init_distributed(cfg.dist.device, cfg.dist.backend, cfg.dist.timeout_minutes)
     previous_handlers = install_preemption_handlers()
+    lock: RunLock | None = None
     try:
+        # One writer per run directory, decided before anything in it is read or written (resume scan, *.tmp
+        # cleanup, config.yaml, tracking). Rank 0 decides and every rank hears it, so that no rank waits in a
+        # collective for a rank that has left.
+        refusal: str | None = None
+        if info.rank == 0:
+            try:
+                lock = acquire_run_lock(cfg.run_dir)
+            except RunDirLocked as err:
+                refusal = str(err)
+            except OSError as err:  # unwritable run_dir, or a filesystem without flock (Lustre without -o flock)
+                refusal = (f"cannot lock run_dir {cfg.run_dir} ({err}); use a writable run_dir on a filesystem "
+                           "with flock support (local disk, NFSv4, Lustre mounted with -o flock, GPFS)")
+        refusal = broadcast_object(refusal)  # type: ignore[assignment]
+        if refusal is not None:
+            if info.rank == 0:
+                print(f"error: {refusal}", file=sys.stderr, flush=True)
+            barrier()  # leave together: torchrun stops the remaining workers as soon as one has exited
+            return EXIT_RUN_DIR_LOCKED
         seed_everything(cfg.seed, cfg.deterministic)
         ckpt = ckpt_lib.resolve_resume(cfg)
         run = build(cfg, info, device)
@@ -419,6 +445,8 @@ def train(cfg: Config) -> int:
         return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
     finally:
         cleanup()
+        if lock is not None:
+            lock.release()
         _STOP["signal"] = None
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)

@@ -1,13 +1,24 @@
 """Evaluate a checkpoint: ``python launch/eval.py --checkpoint PATH [--suite ...] [data.key=value ...]``.
 
 Under ``torchrun --nproc_per_node=N`` the embedding extraction is sharded over the N processes.
-Everything else lives in ``hypersolid_scale.eval.cli``.
+Everything else lives in ``hypersolid_scale.eval.cli``. Workers end when their launcher dies.
 """
 
-import sys
-from pathlib import Path
+import os
+
+_PARENT = os.getppid()  # first thing: the launcher's pid, to notice if it dies before prctl below
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from hypersolid_scale.lifeline import EXIT_ORPHANED, die_with_parent  # noqa: E402  (stdlib only: fast)
+
+# Under torchrun / srun, the launcher's death ends this worker (SIGTERM's default action: nothing to save).
+if not die_with_parent(parent=_PARENT):
+    print("error: the launcher (torchrun / srun) exited before this worker started; exiting", file=sys.stderr)
+    sys.exit(EXIT_ORPHANED)
 
 from hypersolid_scale.eval.cli import main  # noqa: E402
 
