@@ -63,7 +63,7 @@ def run_suites(train: Split, test: Split, ev: EvalConfig, out_dir: str | Path,
                                         val_fraction=ev.linear_val_fraction, optimizer=ev.linear_optimizer,
                                         max_iter=ev.linear_max_iter, seed=ev.seed, device=device))
     if "cluster" in suites:
-        _cluster(x_te, y_te, ev, report, skips, timed)
+        _cluster(x_te, y_te, ev, report, skips, timed, device)
     if "geometry" in suites or "plots" in suites:
         with timed("geometry"):
             if "geometry" in suites:
@@ -96,17 +96,28 @@ def _knn(x_tr: torch.Tensor, y_tr: torch.Tensor, x_te: torch.Tensor, y_te: torch
 
 
 def _cluster(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str, Any], skips: SkipLog,
-             timed: Callable[[str], AbstractContextManager[None]]) -> None:
-    """K-Means, the DBSCAN eps sweep and HDBSCAN on at most ``cluster_max_samples`` test embeddings."""
+             timed: Callable[[str], AbstractContextManager[None]], device: torch.device | str) -> None:
+    """K-Means, the DBSCAN eps sweep and HDBSCAN on the test embeddings (all of them unless capped).
+
+    DBSCAN and HDBSCAN share one exact neighbour graph, built (and timed) with DBSCAN.
+    """
     metrics = report["metrics"]
     sub = clustering.subsample(len(x), ev.cluster_max_samples, ev.seed)
     xc, yc = x[sub], y[sub]
     with timed("kmeans"), skips.guard("kmeans"):
         km = clustering.kmeans(xc, yc, k=ev.kmeans_k, niter=ev.kmeans_niter, seed=ev.seed)
         metrics.update({f"kmeans_{k}": v for k, v in km.items() if k != "noise_fraction"})  # K-Means has no noise
+    hsub = clustering.subsample(len(xc), ev.hdbscan_max_samples, ev.seed)
+    hd_ms = ev.hdbscan_min_samples if ev.hdbscan_min_samples is not None else ev.hdbscan_min_cluster_size
+    graph = None
     with timed("dbscan"), skips.guard("dbscan"):
-        sweep = clustering.dbscan_sweep(xc, yc, eps=ev.dbscan_eps, min_samples=ev.dbscan_min_samples,
-                                        max_edges=ev.dbscan_max_edges)
+        eps = (ev.dbscan_eps if ev.dbscan_eps_mode == "fixed" else
+               clustering.adaptive_eps(xc, ev.dbscan_min_samples, ev.dbscan_eps_quantiles, seed=ev.seed, device=device))
+        # HDBSCAN reads the same graph unless it runs on a subsample of its own.
+        k = max(ev.dbscan_min_samples - 1, hd_ms if len(hsub) == len(xc) else 0)
+        graph = clustering.density_graph(xc, radius=max(eps), k=k, max_edges=ev.dbscan_max_edges, device=device)
+        sweep = clustering.dbscan_sweep(xc, yc, eps=eps, min_samples=ev.dbscan_min_samples,
+                                        max_edges=ev.dbscan_max_edges, graph=graph)
         report["dbscan"] = sweep
         # dbscan_sweep has already warned once about the radii it left out: record them without a second warning.
         skips.reasons.update({f"dbscan_eps{r['eps']:g}": str(r["skipped"]) for r in sweep if "skipped" in r})
@@ -114,8 +125,10 @@ def _cluster(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str,
         if best is not None:
             metrics.update({f"dbscan_best_{k}": v for k, v in best.items() if k != "edges"})
     with timed("hdbscan"), skips.guard("hdbscan"):
-        hsub = clustering.subsample(len(xc), ev.hdbscan_max_samples, ev.seed)
-        hd = clustering.hdbscan_cluster(xc[hsub], yc[hsub], min_cluster_size=ev.hdbscan_min_cluster_size)
+        shared = graph if len(hsub) == len(xc) else None
+        hd = clustering.hdbscan_cluster(xc[hsub], yc[hsub], min_cluster_size=ev.hdbscan_min_cluster_size,
+                                        min_samples=ev.hdbscan_min_samples, graph=shared,
+                                        max_edges=ev.dbscan_max_edges, device=device)
         hd["n_samples"] = len(hsub)
         metrics.update({f"hdbscan_{k}": v for k, v in hd.items()})
 
