@@ -200,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.n_train, args.n_test, args.dense_budget_gib = args.n_train // 10, args.n_test // 10, 0.05
     args.out.mkdir(parents=True, exist_ok=True)
-    ev = EvalConfig()
+    # The subsample sizes and the 11-value eps grid of the earlier table (the whole-split clustering at scale
+    # is benchmarks/clustering_scale.py).
+    ev = EvalConfig(cluster_max_samples=20000, hdbscan_max_samples=10000,
+                    dbscan_eps=[round(0.05 * i, 2) for i in range(11)])
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
     result: dict[str, Any] = {"n_train": args.n_train, "n_test": args.n_test, "device": device,
                               "platform": platform.platform(), "torch": torch.__version__, "parts": [], "quality": {}}

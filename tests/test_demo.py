@@ -75,8 +75,12 @@ def test_demo_end_to_end_on_a_reduced_budget(tmp_path: Path) -> None:
         assert 0.0 <= float(cell) <= 100.0, log
     for cell in rows["K-Means NMI"]:
         assert 0.0 <= float(cell) <= 1.0, log
-    assert rows["DBSCAN best NMI"][0] == "skipped", log
-    assert re.search(r"skipped for random init: dbscan: the DBSCAN graph exceeds dbscan_max_edges=1000000", out.stdout)
+    for cell in rows["DBSCAN best NMI"]:
+        assert cell == "skipped" or 0.0 <= float(cell) <= 1.0, log
+    # The random-init embeddings are nearly collapsed: the larger radii of the eps sweep are over the edge
+    # budget; they are skipped with their reason, and the sweep's other radii still run.
+    assert re.search(r"skipped for random init: dbscan at eps [0-9.]+ to 0.5 \(\d+ values\): .*exceeds "
+                     r"dbscan_max_edges=1000000", out.stdout), log
     times = re.search(r"wall time \(s\): prepare (\d+), train (\d+), eval trained (\d+), eval random init (\d+)",
                       out.stdout)
     assert times is not None, log
@@ -87,7 +91,8 @@ def test_demo_end_to_end_on_a_reduced_budget(tmp_path: Path) -> None:
         assert 0.0 <= report["metrics"]["knn_k20_weighted"] <= 100.0
         assert (run_dir / "eval" / name / "report.md").read_text().startswith("# Evaluation of")
     trained = json.loads((run_dir / "eval" / "trained" / "report.json").read_text())
-    assert trained["meta"]["step"] == 10 and "dbscan" in json.loads(
-        (run_dir / "eval" / "random_init" / "report.json").read_text())["skipped"]
+    init_skipped = json.loads((run_dir / "eval" / "random_init" / "report.json").read_text())["skipped"]
+    assert trained["meta"]["step"] == 10
+    assert any(k.startswith("dbscan") and "dbscan_max_edges" in v for k, v in init_skipped.items()), init_skipped
     assert float(rows["kNN@20 top-1 (%)"][1]) == pytest.approx(trained["metrics"]["knn_k20_weighted"], abs=5e-4)
     assert (sorted((REPO / "runs").glob("*")) if (REPO / "runs").is_dir() else []) == runs_before  # all in tmp_path
