@@ -14,6 +14,7 @@ import pytest
 
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock, holds_lock, lock_path
+from test_train import _finish, _wait_for  # the trainer tests' subprocess helpers
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -43,22 +44,6 @@ def _holder(run_dir: Path) -> subprocess.Popen:
 def _launch(run_dir: Path, extra: list[str]) -> subprocess.Popen:
     cmd = [sys.executable, str(REPO / "launch" / "train.py"), *TINY, f"run_dir={run_dir}", *extra]
     return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    end = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended (rc={proc.returncode}) before {path.name}:\n{proc.stdout.read()[-3000:]}")
-        if time.monotonic() > end:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {path}")
-        time.sleep(0.02)
-
-
-def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
 
 
 def _refusal_line(out: str, holder_pid: int) -> str:
