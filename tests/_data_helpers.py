@@ -154,27 +154,25 @@ def member_offsets(path: Path) -> list[tuple[str, int, int, int]]:
         return [(m.name, m.offset, m.offset_data, m.size) for m in tar.getmembers()]
 
 
-def truncate_before_sample(path: Path, k: int) -> None:
-    """Cut a shard at the header of its k-th sample's first member: samples 0..k-1 stay whole."""
-    keys = []
-    for name, header, _, _ in member_offsets(path):
+def _first_member_of_sample(path: Path, k: int) -> tuple[int, int, int]:
+    """(header offset, data offset, size) of the first member of a shard's k-th sample."""
+    keys: list[str] = []
+    for name, header, data, size in member_offsets(path):
         key = name.split(".")[0]
         if key not in keys:
             keys.append(key)
             if len(keys) == k + 1:
-                path.write_bytes(path.read_bytes()[:header])
-                return
+                return header, data, size
     raise ValueError(f"{path} has fewer than {k + 1} samples")
+
+
+def truncate_before_sample(path: Path, k: int) -> None:
+    """Cut a shard at the header of its k-th sample's first member: samples 0..k-1 stay whole."""
+    header, _, _ = _first_member_of_sample(path, k)
+    path.write_bytes(path.read_bytes()[:header])
 
 
 def truncate_inside_sample(path: Path, k: int) -> None:
     """Cut a shard in the middle of the data of its k-th sample's first member."""
-    keys = []
-    for name, _, data, size in member_offsets(path):
-        key = name.split(".")[0]
-        if key not in keys:
-            keys.append(key)
-            if len(keys) == k + 1:
-                path.write_bytes(path.read_bytes()[:data + size // 2])
-                return
-    raise ValueError(f"{path} has fewer than {k + 1} samples")
+    _, data, size = _first_member_of_sample(path, k)
+    path.write_bytes(path.read_bytes()[:data + size // 2])
