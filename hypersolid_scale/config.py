@@ -26,26 +26,13 @@ from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.losses.config import LossConfig
 from hypersolid_scale.models import ModelConfig
-from hypersolid_scale.tracking import TrackingConfig, flatten
+from hypersolid_scale.nested import flatten
+from hypersolid_scale.optim import OptimConfig
+from hypersolid_scale.tracking import TrackingConfig
 
 # ----------------------------------------------------------------------------------------------------------
 # Trainer-owned sections
 # ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class OptimConfig:
-    """Optimizer and learning-rate schedule (paper: AdamW, constant lr 1e-3, weight decay 1e-6)."""
-
-    name: str = "adamw"  # adamw | sgd (SGD needs high momentum to learn with this loss: paper, "Optimizer")
-    lr: float = 1e-3  # per the whole global batch; no linear scaling rule is applied
-    weight_decay: float = 1e-6
-    momentum: float = 0.9  # SGD only
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW only
-    schedule: str = "constant"  # constant | cosine (cosine decays to min_lr after the warmup)
-    warmup_epochs: float = 0.0  # linear warmup from 0, for both schedules
-    min_lr: float = 0.0  # cosine end value
-    grad_clip: float = 0.0  # max global grad norm; 0 disables clipping
 
 
 @dataclass

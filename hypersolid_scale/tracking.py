@@ -41,9 +41,11 @@ import sys
 import time
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from hypersolid_scale.nested import flatten
 
 log = logging.getLogger(__name__)
 
@@ -104,20 +106,6 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
         return None
     sha = out.stdout.strip()
     return sha if re.fullmatch(r"[0-9a-f]{40,64}", sha) else None
-
-
-def flatten(d: Mapping[str, Any] | Any, prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; dataclasses are read as dicts, OmegaConf DictConfigs are Mappings."""
-    if is_dataclass(d) and not isinstance(d, type):
-        d = asdict(d)
-    out: dict[str, Any] = {}
-    for key, value in d.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value or is_dataclass(value) and not isinstance(value, type):
-            out.update(flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
 
 
 def _check_key(key: str, what: str) -> str:

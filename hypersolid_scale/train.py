@@ -36,7 +36,6 @@ non-finite loss raises and leaves the last good checkpoint intact).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import resource
 import signal
@@ -52,13 +51,15 @@ import torch
 from tqdm import tqdm
 
 from hypersolid_scale import checkpoint as ckpt_lib
-from hypersolid_scale.config import Config, fingerprint, flatten, load_config, save_config, to_dict
+from hypersolid_scale.config import Config, fingerprint, load_config, save_config, to_dict
 from hypersolid_scale.data import build_train_loader, in_channels
 from hypersolid_scale.distributed import all_reduce_sum, barrier
-from hypersolid_scale.distributed.engines import Engine, build_engine, build_optimizer
+from hypersolid_scale.distributed.engines import Engine, build_engine
 from hypersolid_scale.distributed.env import (WorldInfo, all_reduce_max_flag, broadcast_object, cleanup,
                                               gather_objects, init_distributed, resolve_backend)
 from hypersolid_scale.losses import HypersolidLoss, PackedStats
+from hypersolid_scale.nested import flatten
+from hypersolid_scale.optim import lr_schedule, optimizer_factory
 from hypersolid_scale.models import build_model
 from hypersolid_scale.run_lock import RunDirLocked, RunLock, acquire_run_lock
 from hypersolid_scale.step_monitor import NonFiniteLossError  # noqa: F401  (raised by the guard; caught from here)
@@ -98,31 +99,6 @@ def resolve_bf16(setting: str, device: torch.device) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Schedules, DINO style: one array, indexed by the global step
-# ----------------------------------------------------------------------------------------------------------
-
-
-def lr_schedule(cfg: Config, steps_per_epoch: int) -> np.ndarray:
-    """Learning rate per optimizer step: linear warmup from 0, then constant (paper) or cosine to min_lr.
-
-    Spans the steps the run will take (``max_steps`` when it cuts the epochs short), so a cosine ends at min_lr.
-    """
-    total = cfg.epochs * steps_per_epoch
-    if cfg.max_steps > 0:
-        total = min(total, cfg.max_steps)
-    o = cfg.optim
-    warmup = min(int(round(o.warmup_epochs * steps_per_epoch)), total)
-    warm = np.linspace(0.0, o.lr, warmup, endpoint=False)
-    rest = total - warmup
-    if o.schedule == "constant":
-        main = np.full(rest, o.lr)
-    else:
-        t = np.arange(rest) / max(rest, 1)
-        main = o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + np.cos(math.pi * t))
-    return np.concatenate([warm, main])
-
-
-# ----------------------------------------------------------------------------------------------------------
 # Build: everything a run needs, in one plain container
 # ----------------------------------------------------------------------------------------------------------
 
@@ -156,12 +132,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     bf16 = resolve_bf16(cfg.dist.bf16, device)
     model = build_model(cfg.model)  # identical on every rank: the seed was set just before
     o = cfg.optim
-
-    def optimizer_fn(params: Any) -> torch.optim.Optimizer:
-        return build_optimizer(o.name, params, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
-                               betas=(o.betas[0], o.betas[1]))
-
-    engine = build_engine(model, optimizer_fn, engine=cfg.dist.engine, device=device, bf16=bf16,
+    engine = build_engine(model, optimizer_factory(o), engine=cfg.dist.engine, device=device, bf16=bf16,
                           grad_clip=o.grad_clip, sync_bn=cfg.dist.sync_bn, compile=cfg.dist.compile,
                           zero_stage=cfg.dist.zero_stage, batch_size_per_gpu=cfg.data.batch_size_per_gpu)
     loader = build_train_loader(cfg.data, rank=info.rank, world_size=info.world_size, seed=cfg.seed, device=device)
@@ -176,7 +147,8 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     # Sync-free loss: non-finite input is caught by the guard, and every rank's batch has the same size
     # (data.batch_size_per_gpu, full batches only), so the all_gather needs no size exchange.
     loss_fn = HypersolidLoss.from_config(cfg.loss, check_finite=False, same_rows_per_rank=True).to(device)
-    return Run(cfg, info, device, engine, loss_fn, loader, lr_schedule(cfg, steps_per_epoch), steps_per_epoch,
+    lrs = lr_schedule(o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch)
+    return Run(cfg, info, device, engine, loss_fn, loader, lrs, steps_per_epoch,
                total, bf16, backend)
 
 

@@ -51,7 +51,8 @@ def global_batches() -> list[list[torch.Tensor]]:
 def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world: int = 1,
                  resume_at: int | None = None) -> dict[str, torch.Tensor]:
     """Final parameters after STEPS steps; ``resume_at=k`` rebuilds the engine after k steps from its state."""
-    from hypersolid_scale.distributed.engines import build_engine, build_optimizer
+    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.optim import build_optimizer
     from hypersolid_scale.losses import HypersolidLoss
 
     def make(state: dict | None = None):
@@ -117,7 +118,7 @@ def worker(out_dir: str, specs: list[str]) -> None:
 
 
 def _sgd(lr: float):
-    from hypersolid_scale.distributed.engines import build_optimizer
+    from hypersolid_scale.optim import build_optimizer
 
     return lambda p: build_optimizer("sgd", p, lr=lr, weight_decay=0.0, momentum=0.0, betas=(0.9, 0.999))
 

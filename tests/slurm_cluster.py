@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from _net import free_port
 
 REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "sacct")
 # The Debian packages that provide the binaries above (`apt-get install -y ...`).
@@ -46,11 +47,6 @@ def unavailable_reason() -> str | None:
         return "no `munge` user (the Debian munge package creates it)"
     return None
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _binary(name: str) -> str:
@@ -182,8 +178,8 @@ class LocalSlurm:
 # Generated for a throw-away test cluster: one node, no accounting, no cgroups.
 ClusterName=hstest
 SlurmctldHost={self.node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

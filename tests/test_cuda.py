@@ -3,7 +3,6 @@ DeepSpeed and the tensor augmentations on the device. Each one is small (seconds
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ import torch.nn.functional as F
 
 from hypersolid_scale.losses import HypersolidLoss
 from hypersolid_scale.models import ModelConfig, build_model
+from _net import free_port
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -105,17 +105,12 @@ def test_torch_compile_matches_eager():
     assert value == pytest.approx(eager, rel=1e-3, abs=1e-5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_sync_batchnorm_on_one_rank_nccl_group():
     import torch.distributed as dist
 
     assert not dist.is_initialized()
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
                             device_id=torch.device("cuda", torch.cuda.current_device()))
     try:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(small_model("resnet18", small_stem=True))

@@ -8,7 +8,6 @@ the averaged parameter gradients must equal the single-process ones.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ import torch.multiprocessing as mp
 
 from hypersolid_scale.losses import HypersolidLoss
 from loss_reference import make_feats
+from _net import free_port
 
 WORLD = 2
 CASES = [
@@ -40,11 +40,6 @@ CASES = [
 ]
 B, V, D = 8, 3, 16
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loss_fn(case) -> HypersolidLoss:

@@ -66,7 +66,8 @@ def test_deepspeed_config_is_derived_from_ours() -> None:
 def test_ddp_engine_load_model_state() -> None:
     from _trainer_helpers import TinyNet
 
-    from hypersolid_scale.distributed.engines import build_engine, build_optimizer
+    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.optim import build_optimizer
 
     engine = build_engine(TinyNet(), lambda p: build_optimizer("sgd", p, lr=1e-6, weight_decay=0.0, momentum=0.0,
                                                                betas=(0.9, 0.999)),
@@ -77,7 +78,8 @@ def test_ddp_engine_load_model_state() -> None:
 
 
 def _sgd_engine(model: torch.nn.Module, **kwargs):
-    from hypersolid_scale.distributed.engines import build_engine, build_optimizer
+    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.optim import build_optimizer
 
     return build_engine(model, lambda p: build_optimizer("sgd", p, lr=0.1, weight_decay=0.0, momentum=0.0,
                                                          betas=(0.9, 0.999)),

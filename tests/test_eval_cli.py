@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -21,6 +20,7 @@ from hypersolid_scale.data import build_eval_datasets
 from hypersolid_scale.eval.cli import main
 from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
 from hypersolid_scale.models import build_model
+from _net import free_port
 
 TINY_MODEL = ["data.dataset=digits", "model.arch=small_cnn", "model.in_channels=1", "model.small_cnn_width=8",
               "model.proj_layers=2", "model.proj_hidden_dim=32", "model.proj_dim=32", "eval.num_workers=0"]
@@ -169,11 +169,6 @@ def test_cached_embeddings_hit_and_miss(tmp_path: Path) -> None:
     assert torch.allclose(direct, x3, atol=1e-5) and torch.equal(labels, y1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
     from hypersolid_scale.distributed.env import cleanup, init_distributed
@@ -193,7 +188,7 @@ def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_sharded_extraction_equals_single_process(tmp_path: Path) -> None:
-    mp.spawn(_sharded_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_sharded_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     cfg = load_config(None, TINY_MODEL)
     _, test_ds = build_eval_datasets(cfg.data)
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ import pytest
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock, holds_lock, lock_path
 from test_train import _finish, _wait_for  # the trainer tests' subprocess helpers
+from _net import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -177,11 +178,6 @@ def test_after_sigkill_of_the_holder_a_new_run_takes_the_lock_and_resumes(tmp_pa
     assert f"resumed from {ck.checkpoint_path(run_dir, done)} at step {done}" in out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.slow
 def test_every_rank_exits_2_on_a_locked_run_dir(tmp_path: Path) -> None:
@@ -191,7 +187,7 @@ def test_every_rank_exits_2_on_a_locked_run_dir(tmp_path: Path) -> None:
     """
     run_dir = tmp_path / "run"
     holder = _holder(run_dir)
-    port = _free_port()
+    port = free_port()
     try:
         procs = []
         for rank in range(2):

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _net import free_port
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
@@ -251,11 +251,6 @@ def test_trainer_imports_and_tracking_off_works_without_mlflow(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 # A real tracking server that goes away mid-run
 # ---------------------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowServer:

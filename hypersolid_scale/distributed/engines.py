@@ -35,16 +35,6 @@ from hypersolid_scale.distributed.batchnorm import convert_global_batchnorm
 from hypersolid_scale.distributed.env import gather_objects
 
 
-def build_optimizer(name: str, params: Any, *, lr: float, weight_decay: float, momentum: float,
-                    betas: tuple[float, float]) -> torch.optim.Optimizer:
-    """AdamW (paper default) or SGD with momentum (paper: needs momentum ~0.99 to learn)."""
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=momentum)
-    raise ValueError(f"unknown optimizer {name!r}; choose adamw or sgd")
-
-
 def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
