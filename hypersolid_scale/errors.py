@@ -1,14 +1,100 @@
-"""Errors a user can fix: bad config key or value, missing or corrupt data or checkpoint, a locked run.
+"""Errors a user can fix, and how the entry points report them.
 
-Raise ``UserError`` with one message that says what is wrong, which file or key, and how to fix it. The
-entry points (``launch/train.py``, ``launch/eval.py``) print it as one line and exit with ``EXIT_BAD_INPUT``;
-the traceback is only shown with ``HS_DEBUG=1``.
+Raise ``UserError`` (or a subclass) with one message that says what is wrong, which file or key, and how
+to fix it. ``run_cli`` wraps an entry point's ``main``: a ``UserError`` becomes one line on stderr,
+``error: <message>``, and exit code ``EXIT_BAD_INPUT`` (2); any other exception is a bug and becomes one
+line naming its type, with exit code 1. The traceback is printed only with ``HS_DEBUG=1``; it is always
+appended to the log file the entry point names (e.g. ``<run_dir>/logs/errors.log``), when there is one.
+
+Subclasses also derive from the built-in exception a caller would catch (``ConfigError`` is a
+``ValueError``, ``DataError`` and ``CheckpointError`` are ``RuntimeError``), so code that catches those keeps
+working.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable, Sequence
+
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 1
+DEBUG_ENV = "HS_DEBUG"
 
 
 class UserError(Exception):
-    """A problem with the user's input, not a bug: its message is all the user needs to fix it."""
+    """A problem with the user's input, not a bug: its message is all the user needs to fix it.
+
+    ``per_rank``: False when every rank meets the same error (a config), so only rank 0 reports it; True
+    when it can be one rank's own (a shard on one node's disk), so every rank reports it with its rank.
+    """
+
+    per_rank = False
+
+
+class ConfigError(UserError, ValueError):
+    """A bad config file, key or value."""
+
+
+class DataError(UserError, RuntimeError):
+    """Missing, unreadable or corrupt data."""
+
+    per_rank = True
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A missing, truncated, foreign or mismatched checkpoint."""
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0", "false", "False")
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
+
+
+def _write_log(log_file: Path | None, text: str) -> None:
+    if log_file is None:
+        return
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "a") as f:
+            f.write(text)
+    except OSError:
+        pass  # the log is a convenience: failing to write it must not hide the error being reported
+
+
+def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
+            log_file: Callable[[], Path | None] | None = None) -> int:
+    """Run ``main(argv)`` and turn exceptions into one line on stderr and an exit code.
+
+    ``log_file`` is called after a failure and returns where the traceback goes (None: nowhere), so an
+    entry point can name its run directory once it knows it. With ``HS_DEBUG=1`` the exception propagates
+    unchanged (full traceback, Python's exit code 1). Under torchrun every rank fails alike for a bad
+    input, so only rank 0 prints a ``UserError`` (unless its ``per_rank``); a bug is printed by every rank that meets it,
+    with its rank.
+    """
+    try:
+        return main(list(argv))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except BaseException as err:  # noqa: BLE001  (reported, never swallowed: the exit code says it failed)
+        if debug_enabled():
+            raise
+        path = log_file() if log_file is not None else None
+        _write_log(path, "".join(traceback.format_exception(err)))
+        where = f"; traceback in {path}" if path is not None else ""
+        prefix = f"[rank {_rank()}] " if "RANK" in os.environ or "SLURM_PROCID" in os.environ else ""
+        if isinstance(err, UserError):
+            if err.per_rank or _rank() == 0:
+                print(f"{prefix if err.per_rank else ''}error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print(f"{prefix}error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
+              f"rerun with {DEBUG_ENV}=1 for the traceback{where})", file=sys.stderr)
+        return EXIT_INTERNAL
