@@ -1,0 +1,128 @@
+"""The package's shape: layers import only downwards, files stay small, every import is a declared dependency.
+
+The layer map is the one docs/design.md §6 describes; a module may import its own layer or lower ones, so
+that e.g. the evaluation library never depends on the trainer and the tracker never on the config.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as md
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "hypersolid_scale"
+
+# Low -> high. Names are the package's top-level modules and subpackages.
+LAYERS: list[set[str]] = [
+    {"errors", "nested", "lifeline", "run_lock"},
+    {"distributed", "optim"},
+    {"models", "losses", "data"},
+    {"eval", "tracking"},
+    {"config"},
+    {"checkpoint"},
+    {"step_monitor", "train", "preemption", "run_state", "monitor", "run_builder", "training"},
+    {"evaluate"},
+]
+MAX_LINES = 400
+
+
+def _component(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _layer(component: str) -> int:
+    for i, names in enumerate(LAYERS):
+        if component in names:
+            return i
+    raise AssertionError(f"hypersolid_scale.{component} is in no layer: add it to LAYERS in {__file__} "
+                         "and to docs/design.md's layer map")
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted module) of every import in the file, including those inside functions."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+            if node.module == "hypersolid_scale":  # from hypersolid_scale import checkpoint
+                out += [(node.lineno, f"hypersolid_scale.{a.name}") for a in node.names]
+    return out
+
+
+def _package_files() -> list[Path]:
+    # The package's own __init__ only documents it (checked: it imports nothing of the package).
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts and p != PKG / "__init__.py")
+
+
+def test_no_module_imports_a_layer_above_it():
+    bad = []
+    for path in _package_files():
+        mine = _layer(_component(path))
+        for line, mod in _imports(path):
+            if not mod.startswith("hypersolid_scale.") or mod == "hypersolid_scale":
+                continue
+            other = mod.split(".")[1]
+            if _layer(other) > mine:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod} (layer {_layer(other)} > {mine})")
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_catches_an_upward_import(tmp_path):
+    # The check above must be able to fail: an eval module importing the trainer is an upward import.
+    fake = PKG / "eval" / "_probe_upward.py"
+    fake.write_text("from hypersolid_scale.train import main\n")
+    try:
+        with pytest.raises(AssertionError, match="_probe_upward"):
+            test_no_module_imports_a_layer_above_it()
+    finally:
+        fake.unlink()
+
+
+def test_torch_distributed_only_under_distributed():
+    bad = [f"{p.relative_to(ROOT)}:{line}" for p in _package_files() if _component(p) != "distributed"
+           for line, mod in _imports(p) if mod.startswith("torch.distributed")]
+    assert not bad, "torch.distributed imported outside hypersolid_scale/distributed/: " + ", ".join(bad)
+
+
+@pytest.mark.parametrize("folder", ["hypersolid_scale", "launch", "benchmarks"])
+def test_files_stay_under_the_line_limit(folder):
+    long = [f"{p.relative_to(ROOT)}: {n}" for p in sorted((ROOT / folder).rglob("*.py"))
+            if "__pycache__" not in p.parts and (n := len(p.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"files over {MAX_LINES} lines (split them by concept): " + ", ".join(long)
+
+
+def _declared() -> set[str]:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(meta["dependencies"]) + [r for group in meta["optional-dependencies"].values() for r in group]
+    names = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in reqs}
+    return {n.lower().replace("_", "-") for n in names}
+
+
+def test_every_third_party_import_is_declared():
+    dists = md.packages_distributions()
+    # Modules a distribution other than their importable name provides, for packages not installed here.
+    known = {"faiss": ["faiss-cpu", "faiss-gpu"]}
+    declared = _declared()
+    missing = set()
+    for folder in ("hypersolid_scale", "launch"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for _line, mod in _imports(path):
+                top = mod.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("hypersolid_scale", "__future__"):
+                    continue
+                owners = known.get(top) or dists.get(top)
+                if owners is None:
+                    missing.add(f"{top} (imported by {path.relative_to(ROOT)}; no installed distribution)")
+                elif not {o.lower().replace("_", "-") for o in owners} & declared:
+                    missing.add(f"{top} from {owners} (imported by {path.relative_to(ROOT)})")
+    assert not missing, "imports not declared in pyproject.toml: " + "; ".join(sorted(missing))
