@@ -1,0 +1,33 @@
+"""What identifies a tracked run besides its id: its name and the code's commit."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def git_commit(path: str | os.PathLike | None = None) -> str | None:
+    """The commit checked out at ``path`` (default: this package's checkout), or None outside git."""
+    cwd = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = out.stdout.strip()
+    return sha if re.fullmatch(r"[0-9a-f]{40,64}", sha) else None
+
+
+def default_run_name(run_dir: Path) -> str:
+    """``<run_dir name>-<UTC yyyymmdd-hhmmss>-<4 hex>``: readable, and distinct for every run.
+
+    MLflow's own default name is drawn from Python's ``random``, which training seeds, so every run of a
+    seed would get the same name. The suffix comes from ``uuid4`` (the OS's entropy), so two runs started
+    in the same second from same-named directories still differ.
+    """
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{run_dir.name or 'run'}-{stamp}-{uuid.uuid4().hex[:4]}"
