@@ -38,7 +38,7 @@ from hypersolid_scale import train as trainer  # noqa: E402
 from hypersolid_scale.config import load_config  # noqa: E402
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop  # noqa: E402
-from hypersolid_scale.distributed.env import WorldInfo, cleanup  # noqa: E402
+from hypersolid_scale.distributed import WorldInfo, cleanup  # noqa: E402
 from hypersolid_scale.models import build_model  # noqa: E402
 
 SETUPS = {"cifar": ("configs/cifar10.yaml", 32), "imagenet": ("configs/imagenet1k.yaml", 256)}

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from hypersolid_scale.distributed.batchnorm import (GlobalBatchNorm, all_reduce_sum_differentiable,
-                                                    convert_global_batchnorm)
-from test_dist_loss import free_port
+from hypersolid_scale.distributed import (GlobalBatchNorm, all_reduce_sum_differentiable, cleanup,
+                                          convert_global_batchnorm)
+from _net import free_port
+from test_dist_loss import join_gloo_group
 
 WORLD = 2
 STEPS = 3  # training steps (different global batches), then one eval forward
@@ -107,8 +107,7 @@ DDP_SPLIT = (3, 5)
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    join_gloo_group(rank, WORLD, port)
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
     for case in CASES:
@@ -134,7 +133,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     results["ddp_buffers"] = {k: v.clone() for k, v in ddp.module.named_buffers()}
 
     # The engine converts under auto and true with 2 CPU ranks, and leaves nn.BatchNorm under false.
-    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.optim import build_optimizer
 
     engines = {}
@@ -145,7 +144,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         engines[setting] = sorted({type(m).__name__ for m in engine.model.modules() if "BatchNorm" in type(m).__name__})
     results["engines"] = engines
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    cleanup()
 
 
 @pytest.fixture(scope="module")
@@ -317,9 +316,8 @@ CUDA_CASES = [c for c in CASES if c[0] in ("1d-3d-uneven-cumulative", "2d-float3
 
 
 def _cuda_worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # gloo on one GPU: NCCL refuses two ranks on the same device, gloo all-reduces CUDA tensors.
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    join_gloo_group(rank, WORLD, port)
     results: dict[str, Any] = {}
     for case in CUDA_CASES:
         split = case[4]
@@ -329,7 +327,7 @@ def _cuda_worker(rank: int, port: int, out_dir: str) -> None:
             "sync": run_bn(nn.SyncBatchNorm.convert_sync_batchnorm(make_bn(case)), case, rows, device="cuda"),
         }
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    cleanup()
 
 
 @pytest.mark.cuda
@@ -359,7 +357,7 @@ def test_cuda_global_and_sync_batchnorm_equal_one_process(tmp_path) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_engine_uses_sync_batchnorm_and_returns_a_device_grad_norm() -> None:
-    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.optim import build_optimizer
 
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))

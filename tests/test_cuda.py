@@ -127,8 +127,7 @@ def test_sync_batchnorm_on_one_rank_nccl_group():
 
 def test_deepspeed_zero2_one_rank_step():
     pytest.importorskip("deepspeed")
-    from hypersolid_scale.distributed.engines import build_engine
-    from hypersolid_scale.distributed.env import cleanup
+        from hypersolid_scale.distributed import build_engine, cleanup
 
     model = small_model()
     try:

@@ -11,9 +11,9 @@ import os
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hypersolid_scale.distributed import cleanup, init_distributed
 from hypersolid_scale.losses import HypersolidLoss
 from loss_reference import make_feats
 from _net import free_port
@@ -47,9 +47,15 @@ def loss_fn(case) -> HypersolidLoss:
     return HypersolidLoss(**backend, **kwargs)
 
 
+def join_gloo_group(rank: int, world: int, port: int) -> None:
+    """Join a ``world``-rank gloo group on 127.0.0.1:``port`` the way torchrun's workers do (its variables)."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    init_distributed("cpu", "gloo")
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    join_gloo_group(rank, WORLD, port)
     results = {}
     for case in CASES:
         name, _, _, regime, split = case
@@ -73,7 +79,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     out.backward()
     results["ddp"] = {"loss": out.detach(), "grads": [p.grad.clone() for p in model.parameters()]}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
+    cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hypersolid_scale.distributed.engines import deepspeed_config
-from hypersolid_scale.distributed.env import first_host, world_info_from_env
+from hypersolid_scale.distributed import (deepspeed_config, ensure_process_group, first_host, has_process_group,
+                                          resolve_transport, world_info_from_env)
+from hypersolid_scale.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "_trainer_helpers.py"
@@ -47,6 +48,32 @@ def test_first_host_of_slurm_nodelist(nodelist: str, host: str) -> None:
     assert first_host(nodelist) == host
 
 
+def test_resolve_transport() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_transport("auto", cpu) == "gloo" and resolve_transport("gloo", cpu) == "gloo"
+    assert resolve_transport("auto", torch.device("cuda", 0)) == "nccl"
+    with pytest.raises(ConfigError, match="dist.transport=nccl needs CUDA devices"):
+        resolve_transport("nccl", cpu)
+    with pytest.raises(ConfigError, match=r"dist.transport='mpi'.*auto \| gloo \| nccl"):
+        resolve_transport("mpi", cpu)
+
+
+def test_a_rank_without_process_group_does_not_start_one_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a launcher the group comes from init_distributed; a one-rank group would hang the other ranks."""
+    assert not has_process_group()
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(RuntimeError, match="rank 1 of 2 .*call init_distributed"):
+        ensure_process_group(torch.device("cpu"))
+    assert not has_process_group()
+
+
+def test_ddp_in_one_process_creates_no_process_group() -> None:
+    engine = _sgd_engine(_bn_net(), grad_clip=0.0)
+    assert engine.wrapped is engine.model  # no DDP wrapper with one process
+    assert not has_process_group()
+
+
 def test_deepspeed_config_is_derived_from_ours() -> None:
     cfg = deepspeed_config(batch_size_per_gpu=64, zero_stage=2, grad_clip=1.0)
     assert cfg["train_micro_batch_size_per_gpu"] == 64
@@ -66,7 +93,7 @@ def test_deepspeed_config_is_derived_from_ours() -> None:
 def test_ddp_engine_load_model_state() -> None:
     from _trainer_helpers import TinyNet
 
-    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.optim import build_optimizer
 
     engine = build_engine(TinyNet(), lambda p: build_optimizer("sgd", p, lr=1e-6, weight_decay=0.0, momentum=0.0,
@@ -78,7 +105,7 @@ def test_ddp_engine_load_model_state() -> None:
 
 
 def _sgd_engine(model: torch.nn.Module, **kwargs):
-    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.optim import build_optimizer
 
     return build_engine(model, lambda p: build_optimizer("sgd", p, lr=0.1, weight_decay=0.0, momentum=0.0,
@@ -92,7 +119,7 @@ def _bn_net() -> torch.nn.Module:
 
 def test_sync_bn_choice_in_one_process() -> None:
     """auto leaves a single process alone (every BatchNorm sees the whole batch); true converts anyway."""
-    from hypersolid_scale.distributed.batchnorm import GlobalBatchNorm
+    from hypersolid_scale.distributed import GlobalBatchNorm
 
     def kinds(setting: str) -> set[str]:
         engine = _sgd_engine(_bn_net(), grad_clip=0.0, sync_bn=setting)
@@ -128,6 +155,38 @@ def _run_helper(call: str) -> None:
     proc = subprocess.run([sys.executable, "-c", f"import _trainer_helpers as h; h.{call}"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+# Run in a fresh interpreter with no launcher variables: the one-rank group that DeepSpeed needs is created once,
+# through an in-memory store (no address, no port), and DeepSpeed joins it instead of starting its own.
+_ONE_RANK_GROUP = """
+import os, torch
+from hypersolid_scale.distributed import build_engine, cleanup, ensure_process_group, get_world_size, has_process_group
+from _trainer_helpers import TinyNet
+assert not has_process_group()
+ensure_process_group(torch.device("cpu"))
+ensure_process_group(torch.device("cpu"))  # a second call keeps the group (a second init would raise)
+assert has_process_group() and get_world_size() == 1
+engines = [build_engine(TinyNet(), lambda p: torch.optim.SGD(p, lr=0.1), engine="deepspeed",
+                        device=torch.device("cpu"), bf16=False, grad_clip=0.0, zero_stage=stage,
+                        batch_size_per_gpu=2) for stage in (0, 2)]
+assert get_world_size() == 1
+print("env", sorted(k for k in ("MASTER_ADDR", "MASTER_PORT") if k in os.environ), os.environ["LOCAL_RANK"])
+cleanup()
+assert not has_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_deepspeed_in_one_process_joins_one_group_without_a_port() -> None:
+    pytest.importorskip("deepspeed")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    proc = subprocess.run([sys.executable, "-c", _ONE_RANK_GROUP], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "env [] 0" in proc.stdout
 
 
 @pytest.mark.slow

@@ -21,8 +21,7 @@ import torch
 
 import hypersolid_scale.train as train_mod
 from hypersolid_scale.config import load_config
-from hypersolid_scale.distributed.env import WorldInfo
-from hypersolid_scale.distributed.gather import all_reduce_packed
+from hypersolid_scale.distributed import WorldInfo, all_reduce_packed
 from hypersolid_scale.losses import HypersolidLoss, PackedStats
 from hypersolid_scale.losses.stats import HostValue, pack
 from hypersolid_scale.step_monitor import EpochMeter, NonFiniteGuard, NonFiniteLossError, StopVote

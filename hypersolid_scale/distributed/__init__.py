@@ -1,28 +1,77 @@
-"""Everything that touches ``torch.distributed`` lives in this package.
+"""Everything that touches ``torch.distributed`` lives in this package; import its names from here.
 
-Model, loss and data code call these helpers and never import ``torch.distributed`` themselves;
-every helper works without a process group (world size 1).
+Model, loss and data code call these functions and never import ``torch.distributed`` themselves;
+every collective works without a process group (world size 1).
+
+Modules: ``process_group`` (launcher environment, device, transport, the default group), ``collectives``,
+``batchnorm`` (BatchNorm over the global batch), ``engine`` (the ``Engine`` interface and ``build_engine``),
+``ddp`` and ``deepspeed_engine`` (the two engines).
 """
 
-from hypersolid_scale.distributed.batchnorm import GlobalBatchNorm, convert_global_batchnorm
-from hypersolid_scale.distributed.gather import (
+from hypersolid_scale.distributed.batchnorm import (
+    SYNC_BN_CHOICES,
+    GlobalBatchNorm,
+    all_reduce_sum_differentiable,
+    convert_batchnorm,
+    convert_global_batchnorm,
+)
+from hypersolid_scale.distributed.collectives import (
     all_gather_detached,
     all_reduce_max,
+    all_reduce_max_flag,
+    all_reduce_packed,
     all_reduce_sum,
     barrier,
+    broadcast_object,
+    gather_objects,
     get_rank,
     get_world_size,
     is_distributed,
 )
+from hypersolid_scale.distributed.deepspeed_engine import deepspeed_config
+from hypersolid_scale.distributed.engine import ENGINES, Engine, build_engine
+from hypersolid_scale.distributed.process_group import (
+    TRANSPORTS,
+    WorldInfo,
+    cleanup,
+    ensure_process_group,
+    first_host,
+    has_process_group,
+    init_distributed,
+    resolve_device,
+    resolve_transport,
+    world_info_from_env,
+)
 
 __all__ = [
+    "ENGINES",
+    "SYNC_BN_CHOICES",
+    "TRANSPORTS",
+    "Engine",
     "GlobalBatchNorm",
+    "WorldInfo",
     "all_gather_detached",
     "all_reduce_max",
+    "all_reduce_max_flag",
+    "all_reduce_packed",
     "all_reduce_sum",
+    "all_reduce_sum_differentiable",
     "barrier",
+    "broadcast_object",
+    "build_engine",
+    "cleanup",
+    "convert_batchnorm",
     "convert_global_batchnorm",
+    "deepspeed_config",
+    "ensure_process_group",
+    "first_host",
+    "gather_objects",
     "get_rank",
     "get_world_size",
+    "has_process_group",
+    "init_distributed",
     "is_distributed",
+    "resolve_device",
+    "resolve_transport",
+    "world_info_from_env",
 ]

@@ -26,7 +26,8 @@ without them, the local batch), so evaluation code need not be collective.
 
 Convert a model with :func:`convert_global_batchnorm` (the analogue of
 ``nn.SyncBatchNorm.convert_sync_batchnorm``); parameter and buffer names are unchanged, so checkpoints
-load into the plain model and back.
+load into the plain model and back. :func:`convert_batchnorm` applies the ``dist.sync_bn`` setting and picks
+between the two layers; the engine builder calls it once, before any engine wraps the model.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parameter import is_lazy
+
+from hypersolid_scale.distributed.collectives import get_world_size
+from hypersolid_scale.errors import ConfigError
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -58,16 +62,9 @@ class _AllReduceSum(torch.autograd.Function):
         return grad, None
 
 
-def group_size(group: Any = None) -> int:
-    """World size of ``group`` (default: the default group); 1 without a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    return dist.get_world_size(group)
-
-
 def all_reduce_sum_differentiable(x: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Σ_ranks x, differentiable: the backward all-reduces the incoming gradient. Identity on one rank."""
-    if group_size(group) == 1:
+    if get_world_size(group) == 1:
         return x
     return _AllReduceSum.apply(x, group)
 
@@ -123,7 +120,7 @@ class GlobalBatchNorm(_BatchNorm):
         keep_stats = not self.training or self.track_running_stats
         running_mean = self.running_mean if keep_stats else None
         running_var = self.running_var if keep_stats else None
-        if not (bn_training and self.training) or group_size(self.process_group) == 1:
+        if not (bn_training and self.training) or get_world_size(self.process_group) == 1:
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training, factor,
                                 self.eps)
         return self._global_batch_norm(input, running_mean, running_var, factor)
@@ -143,7 +140,7 @@ class GlobalBatchNorm(_BatchNorm):
         totals = all_reduce_sum_differentiable(torch.cat([x.sum(dims).to(torch.float64), count]),
                                                self.process_group)  # (C + 1,)
         n = totals[-1].detach()
-        # One host read of the count per layer: free on CPU; CUDA runs use SyncBatchNorm (engines.py).
+        # One host read of the count per layer: free on CPU; CUDA runs use SyncBatchNorm (convert_batchnorm).
         if float(n) <= 1:
             raise ValueError(f"GlobalBatchNorm needs more than 1 value per channel in training, got {int(n)} "
                              f"over all ranks (input shape {tuple(input.shape)} here); use a larger batch")
@@ -201,4 +198,22 @@ def convert_global_batchnorm(module: nn.Module, process_group: Any = None) -> nn
     return out
 
 
-__all__ = ["GlobalBatchNorm", "all_reduce_sum_differentiable", "convert_global_batchnorm", "group_size"]
+SYNC_BN_CHOICES = ("auto", "true", "false")
+
+
+def convert_batchnorm(model: nn.Module, sync_bn: str | bool, device: torch.device) -> nn.Module:
+    """BatchNorm over the global batch (docs/design.md §3b) when ``sync_bn`` asks for it.
+
+    ``auto``: whenever the world size is > 1 (with one process every BatchNorm already sees the whole batch);
+    ``true``: always; ``false``: never (each rank then normalises over its own B/P images only).
+    CUDA gets torch's fused ``nn.SyncBatchNorm``; any other device ``GlobalBatchNorm`` (SyncBatchNorm has no
+    CPU kernel). Both keep the parameter and buffer names, so checkpoints stay interchangeable.
+    """
+    setting = str(sync_bn).lower()
+    if setting not in SYNC_BN_CHOICES:
+        raise ConfigError(f"dist.sync_bn={sync_bn!r} is not allowed; choose one of: {' | '.join(SYNC_BN_CHOICES)}")
+    if setting == "false" or (setting == "auto" and get_world_size() == 1):
+        return model
+    if device.type == "cuda":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return convert_global_batchnorm(model)

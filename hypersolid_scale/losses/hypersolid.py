@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypersolid_scale.distributed import all_gather_detached, get_world_size
-from hypersolid_scale.distributed.gather import all_reduce_packed
+from hypersolid_scale.distributed import all_gather_detached, all_reduce_packed, get_world_size
 from hypersolid_scale.losses.auto import BackendSwitch
 from hypersolid_scale.losses.config import LossConfig
 from hypersolid_scale.losses.neighbors import NeighborRepulsion

@@ -118,7 +118,7 @@ def faiss_gpu_ivf_search(
     Shape: xq (m, D), xb (n, D) float32 CUDA tensors. Returns (scores, ids), (m, k); ids == -1: not found.
     """
     faiss = _faiss()
-    import faiss.contrib.torch_utils  # noqa: F401  (lets FAISS indexes take torch tensors, on torch's stream)
+    import faiss.contrib.torch_utils  # noqa: F401, F811  (lets FAISS indexes take torch tensors, on torch's stream)
 
     n, d = xb.shape
     nlist = ivf_lists(n)

@@ -8,7 +8,7 @@
 #    forward SIGUSR1, and gives workers only 30 s after SIGTERM before killing them mid-checkpoint.
 #  - One code path for one node and for N nodes; rendezvous is the env:// store on the first node
 #    (MASTER_ADDR/MASTER_PORT below), ranks come from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID
-#    (hypersolid_scale/distributed/env.py reads them under srun).
+#    (hypersolid_scale/distributed/process_group.py reads them under srun).
 #
 # Preemption: the job asks for SIGUSR1 on the batch shell before its time limit (#SBATCH --signal=B:USR1@..).
 # The trap below forwards it to srun, srun to every rank; the trainer finishes its step, writes a checkpoint

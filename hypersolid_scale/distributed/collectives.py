@@ -1,29 +1,36 @@
-"""Collectives used by the loss and the evaluation code, no-ops without a process group.
+"""Every collective the package offers; each one is a no-op (or the identity) without a process group.
 
 The repulsion's cross-rank contract (docs/design.md §3) needs one forward collective for the embeddings (an
 all_gather of the *detached* rows) and one for the statistics (:func:`all_reduce_packed`). Nothing here is
 differentiable on purpose: the loss builds the gradient of the global objective from local rows only, so no
-collective runs in backward. None of these reads a device value on the host, except the row-count exchange
-of :func:`all_gather_detached` for ranks of unequal sizes.
+collective runs in backward (GlobalBatchNorm's differentiable all-reduce lives with it, in batchnorm.py).
+None of the tensor collectives reads a device value on the host, except the row-count exchange of
+:func:`all_gather_detached` for ranks of unequal sizes. The object collectives (:func:`broadcast_object`,
+:func:`gather_objects`) pickle small Python values: a path, a run id, RNG states, optimizer shards.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
+
+from hypersolid_scale.distributed.process_group import has_process_group
+
+
+def get_world_size(group: Any = None) -> int:
+    """World size of ``group`` (default: the default group); 1 without a process group."""
+    return dist.get_world_size(group) if has_process_group() else 1
+
+
+def get_rank() -> int:
+    return dist.get_rank() if has_process_group() else 0
 
 
 def is_distributed() -> bool:
     """True when a default process group with more than one rank is initialised."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def get_world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def get_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return get_world_size() > 1
 
 
 def barrier() -> None:
@@ -89,17 +96,50 @@ def all_reduce_packed(sums: torch.Tensor, maxes: torch.Tensor) -> tuple[torch.Te
     return table[:, :ns].sum(dim=0), table[:, ns:].amax(dim=0)
 
 
-def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum of a detached tensor over all ranks (a copy; the input is left untouched)."""
+def _all_reduce_copy(x: torch.Tensor, op: Any) -> torch.Tensor:
     out = x.detach().clone()
     if is_distributed():
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        dist.all_reduce(out, op=op)
     return out
+
+
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum of a detached tensor over all ranks (a copy; the input is left untouched)."""
+    return _all_reduce_copy(x, dist.ReduceOp.SUM)
 
 
 def all_reduce_max(x: torch.Tensor) -> torch.Tensor:
     """Element-wise maximum of a detached tensor over all ranks (a copy)."""
-    out = x.detach().clone()
-    if is_distributed():
-        dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return _all_reduce_copy(x, dist.ReduceOp.MAX)
+
+
+def all_reduce_max_flag(flag: bool) -> bool:
+    """True on every rank if it is True on any rank (used for preemption: one signalled rank stops all).
+
+    Reads the result on the host: a synchronisation, meant for rare decisions, not for every step.
+    """
+    if not is_distributed():
+        return flag
+    # nccl reduces CUDA tensors only; gloo CPU ones.
+    on = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1.0 if flag else 0.0], device=on)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def broadcast_object(obj: object, src: int = 0) -> object:
+    """Rank ``src``'s Python object on every rank (small things: a checkpoint path, a run id)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj: object) -> list[object] | None:
+    """Every rank's object, as a list on rank 0 (None elsewhere). Used to collect ZeRO optimizer shards."""
+    if not is_distributed():
+        return [obj]
+    out: list[object] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
     return out

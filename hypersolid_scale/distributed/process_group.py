@@ -1,9 +1,12 @@
-"""Process-group setup from torchrun's or Slurm's environment (one code path for both launchers).
+"""The default process group, set up from torchrun's or Slurm's environment (one code path for both launchers).
 
 torchrun exports RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. ``srun`` exports
 SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID and the node list; there MASTER_ADDR is the first host of
 SLURM_JOB_NODELIST unless the sbatch script exported it already. A plain ``python`` run is world size 1
-and creates no process group at all.
+and :func:`init_distributed` creates no process group at all; only DeepSpeed, which always talks through one,
+asks for a one-rank group (:func:`ensure_process_group`), created here and nowhere else.
+
+The transport is the process group's communication library: gloo (CPU) or nccl (CUDA).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from hypersolid_scale.errors import ConfigError
+
+TRANSPORTS = ("auto", "gloo", "nccl")
+
 
 @dataclass(frozen=True)
 class WorldInfo:
@@ -24,6 +31,11 @@ class WorldInfo:
     world_size: int
     local_rank: int
     launcher: str  # "torchrun" | "slurm" | "single"
+
+
+def has_process_group() -> bool:
+    """True when a default process group exists (of any size). Every collective checks this first."""
+    return dist.is_available() and dist.is_initialized()
 
 
 def world_info_from_env(env: dict[str, str] | None = None) -> WorldInfo:
@@ -53,7 +65,7 @@ def first_host(nodelist: str) -> str:
         pass
     m = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
     if m is None:
-        raise ValueError(f"cannot parse Slurm node list {nodelist!r}; export MASTER_ADDR in the sbatch script")
+        raise ConfigError(f"cannot parse Slurm node list {nodelist!r}; export MASTER_ADDR in the sbatch script")
     prefix, ranges = m.group(1), m.group(3)
     if ranges is None:
         return prefix
@@ -62,12 +74,12 @@ def first_host(nodelist: str) -> str:
 
 
 def _slurm_rendezvous(env: dict[str, str]) -> None:
-    """Fill MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE / LOCAL_RANK for ``init_process_group``."""
+    """Fill MASTER_ADDR / MASTER_PORT for ``init_process_group`` under srun."""
     if "MASTER_ADDR" not in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         if not nodelist:
-            raise ValueError("running under srun but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set; "
-                             "export MASTER_ADDR=<first node> in the sbatch script")
+            raise ConfigError("running under srun but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set; "
+                              "export MASTER_ADDR=<first node> in the sbatch script")
         os.environ["MASTER_ADDR"] = first_host(nodelist)
     if "MASTER_PORT" not in env:
         # Derived from the job id so concurrent jobs on a shared node do not collide.
@@ -79,29 +91,38 @@ def resolve_device(device: str, local_rank: int) -> torch.device:
     if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise ValueError("dist.device=cuda but no CUDA device is visible; use dist.device=auto or cpu")
+        raise ConfigError("dist.device=cuda but no CUDA device is visible; use dist.device=auto or cpu")
     torch.cuda.set_device(local_rank % torch.cuda.device_count())
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    if backend == "auto":
+def resolve_transport(transport: str, device: torch.device) -> str:
+    """``auto``: nccl for CUDA devices, gloo otherwise."""
+    if transport not in TRANSPORTS:
+        raise ConfigError(f"dist.transport={transport!r} is not known; choose one of: {' | '.join(TRANSPORTS)}")
+    if transport == "auto":
         return "nccl" if device.type == "cuda" else "gloo"
-    if backend == "nccl" and device.type != "cuda":
-        raise ValueError("dist.backend=nccl needs CUDA devices; use dist.backend=gloo (or auto) on CPU")
-    return backend
+    if transport == "nccl" and device.type != "cuda":
+        raise ConfigError("dist.transport=nccl needs CUDA devices; use dist.transport=gloo (or auto) on CPU")
+    return transport
 
 
-def init_distributed(device: str = "auto", backend: str = "auto", timeout_minutes: int = 30) -> tuple[WorldInfo, torch.device]:
+def _export_rank_env(info: WorldInfo) -> None:
+    # Libraries that join the group later (DeepSpeed reads LOCAL_RANK) look these up in the environment.
+    os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank))
+
+
+def init_distributed(device: str = "auto", transport: str = "auto",
+                     timeout_minutes: int = 30) -> tuple[WorldInfo, torch.device]:
     """Create the default process group (if world size > 1) and pick this rank's device."""
     info = world_info_from_env()
     dev = resolve_device(device, info.local_rank)
-    if info.world_size > 1 and not dist.is_initialized():
+    if info.world_size > 1 and not has_process_group():
         if info.launcher == "slurm":
             _slurm_rendezvous(dict(os.environ))
-        os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank))
+        _export_rank_env(info)
         dist.init_process_group(
-            backend=resolve_backend(backend, dev),
+            backend=resolve_transport(transport, dev),
             rank=info.rank,
             world_size=info.world_size,
             timeout=datetime.timedelta(minutes=timeout_minutes),
@@ -110,34 +131,23 @@ def init_distributed(device: str = "auto", backend: str = "auto", timeout_minute
     return info, dev
 
 
-def all_reduce_max_flag(flag: bool) -> bool:
-    """True on every rank if it is True on any rank (used for preemption: one signalled rank stops all)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    backend = dist.get_backend()
-    t = torch.tensor([1.0 if flag else 0.0], device="cuda" if backend == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+def ensure_process_group(device: torch.device) -> None:
+    """Make sure a default process group exists; in a single process, create a one-rank group.
 
-
-def broadcast_object(obj: object, src: int = 0) -> object:
-    """Rank ``src``'s Python object on every rank (small things: a checkpoint path, a run id)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def gather_objects(obj: object) -> list[object] | None:
-    """Every rank's object, as a list on rank 0 (None elsewhere). Used to collect ZeRO optimizer shards."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [obj]
-    out: list[object] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(obj, out, dst=0)
-    return out
+    The one-rank group rendezvous through an in-memory store, so it needs no address and no port. Under a
+    launcher (world size > 1) the group must come from :func:`init_distributed`: a rank must not go on alone.
+    """
+    if has_process_group():
+        return
+    info = world_info_from_env()
+    if info.world_size > 1:
+        raise RuntimeError(f"this is rank {info.rank} of {info.world_size} ({info.launcher}) but no process group "
+                           "exists; call init_distributed() before building the engine")
+    _export_rank_env(info)
+    dist.init_process_group(resolve_transport("auto", device), store=dist.HashStore(), rank=0, world_size=1)
 
 
 def cleanup() -> None:
-    if dist.is_available() and dist.is_initialized():
+    """Destroy the default process group, if there is one."""
+    if has_process_group():
         dist.destroy_process_group()

@@ -1,0 +1,144 @@
+"""DeepSpeed ZeRO 0-2 engine with a client torch optimizer; the same loss code as DDP.
+
+DeepSpeed joins the process group this package created (``dist_init_required=False``): under torchrun or
+srun the one from ``init_distributed``, in a single process a one-rank group (``ensure_process_group``).
+
+Checkpoints: we do not use DeepSpeed's checkpoint directories. The model weights are the full module state
+(ZeRO 0-2 keep every weight on every rank), saved in the same portable file as DDP runs. For ZeRO-1/2 the
+optimizer state is partitioned; each rank's partition (its base-optimizer state and its fp32 master slice,
+stripped of DeepSpeed's Python objects so that ``weights_only=True`` loads it) is gathered to rank 0 and
+stored as ``{"zero_stage": s, "shards": [rank0, rank1, ...]}``. Resuming the optimizer state needs the same
+world size and ZeRO stage; the weights resume under any world size.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from hypersolid_scale.distributed.collectives import gather_objects, get_world_size
+from hypersolid_scale.distributed.engine import Engine, OptimizerFn, grad_norm_tensor
+from hypersolid_scale.distributed.process_group import ensure_process_group
+from hypersolid_scale.errors import ConfigError
+
+
+def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float, bf16: bool = False) -> dict[str, Any]:
+    """DeepSpeed's JSON config, derived from ours (one source of truth for batch and clipping).
+
+    No "bf16" section: DeepSpeed's bf16 mode casts the module's parameters to bf16 but leaves BatchNorm's
+    running statistics fp32 (BatchNorm then refuses the mixed dtypes) and hands bf16 weights to evaluation
+    code that feeds fp32 images. bf16 is autocast in ``Engine.forward`` instead, as under DDP:
+    the parameters, gradients, master weights and optimizer state stay fp32, and the loss decides its
+    thresholds in fp32 anyway (docs/design.md §2).
+
+    But DeepSpeed's engine switches off an autocast entered outside it on CUDA unless its own
+    "torch_autocast" section enables one (on an H200 the forward silently ran in fp32), so with bf16 that
+    section is set, with no "lower precision safe" modules: DeepSpeed would otherwise reduce the gradients
+    of every Linear and Conv in bf16, and the gradient all-reduce must stay fp32 for N processes to equal 1.
+    """
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": batch_size_per_gpu,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": {"stage": zero_stage},
+        # ZeRO partitions any torch optimizer's state; DeepSpeed only whitelists Adam-type ones by name,
+        # and our SGD option (with momentum) would otherwise be refused.
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,  # we log ourselves
+        "wall_clock_breakdown": False,
+    }
+    if bf16:
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    return config
+
+
+def _plain(obj: Any) -> Any:
+    """Drop what ``torch.load(weights_only=True)`` cannot read (DeepSpeed's loss scaler, fragment maps)."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items() if _is_plain(v)}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    # Enum members such as ZeroStageEnum subclass int/str but unpickle as their class: store the value.
+    for plain in (bool, int, float, str):
+        if isinstance(obj, plain):
+            return plain(obj)
+    return obj
+
+
+def _is_plain(v: Any) -> bool:
+    if isinstance(v, (torch.Tensor, int, float, bool, str, type(None))):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_is_plain(x) for x in v)
+    return isinstance(v, dict)
+
+
+class DeepSpeedEngine(Engine):
+    """DeepSpeed averages the gradients in ``backward``; its ``step`` clips (``gradient_clipping``), steps and
+    zeroes them. ``optimizer`` is the client torch optimizer; ``ds_optimizer`` the ZeRO wrapper around it (the
+    client itself under ZeRO 0)."""
+
+    kind: ClassVar[str] = "deepspeed"
+
+    def __init__(self, model: nn.Module, optimizer_fn: OptimizerFn, *, device: torch.device, bf16: bool,
+                 grad_clip: float, zero_stage: int, batch_size_per_gpu: int, compile: bool) -> None:
+        import deepspeed  # optional dependency: only DeepSpeed runs need it
+
+        ensure_process_group(device)
+        self.zero_stage, self.bf16, self.device = zero_stage, bf16, device
+        self.config = deepspeed_config(batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage,
+                                       grad_clip=grad_clip, bf16=bf16)
+        model = model.to(device)
+        self.optimizer = optimizer_fn(model.parameters())
+        self.wrapped, self.ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=self.optimizer, config=self.config, dist_init_required=False)
+        self.model = self.wrapped.module
+        if compile:
+            self.wrapped.compile()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.wrapped.backward(loss)
+
+    def step(self) -> torch.Tensor | None:
+        self.wrapped.step()  # clips, steps and zeroes the gradients
+        return grad_norm_tensor(self.wrapped.get_global_grad_norm(), self.device)
+
+    def optimizer_state(self) -> dict[str, Any] | None:
+        """Collective (all ranks call it). Rank 0 gets the portable dict, other ranks None."""
+        if self.zero_stage == 0 and self.ds_optimizer is self.optimizer:
+            return self.optimizer.state_dict()
+        shard = _plain(self.ds_optimizer.state_dict())
+        shards = gather_objects(shard)
+        if shards is None:
+            return None
+        return {"zero_stage": self.zero_stage, "shards": shards}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load weights into the module *and* into the optimizer's fp32 master copy.
+
+        ZeRO 1/2 step a separate fp32 copy of the weights and copy it back into the module after every step;
+        loading the module alone would be undone by the first step.
+        A loaded optimizer state (``load_from_fp32_weights=True``) overwrites the master copy again with the
+        checkpoint's own fp32 weights, so call this first and ``load_optimizer_state`` after it.
+        """
+        self.model.load_state_dict(state)
+        # ZeRO's module parameters are views into its flat parameter buffers, so the load above reached them;
+        # the master copy is refreshed from there. A plain torch optimizer (ZeRO 0, fp32) has no copy.
+        refresh = getattr(self.ds_optimizer, "refresh_fp32_params", None)
+        if refresh is not None:
+            refresh()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        if "shards" not in state:
+            self.optimizer.load_state_dict(state)
+            return
+        world = get_world_size()
+        if state["zero_stage"] != self.zero_stage or len(state["shards"]) != world:
+            raise ConfigError(
+                f"the checkpoint's optimizer state was saved with ZeRO stage {state['zero_stage']} on "
+                f"{len(state['shards'])} ranks; this run uses stage {self.zero_stage} on {world} ranks. "
+                "Resume with the same world size and dist.zero_stage, or pass checkpoint.resume=force to "
+                "restart the optimizer state from scratch")
+        self.ds_optimizer.load_state_dict(state["shards"], load_optimizer_states=True, load_from_fp32_weights=True)
