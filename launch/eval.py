@@ -1,7 +1,9 @@
 """Evaluate a checkpoint: ``python launch/eval.py --checkpoint PATH [--suite ...] [data.key=value ...]``.
 
 Under ``torchrun --nproc_per_node=N`` the embedding extraction is sharded over the N processes.
-Everything else lives in ``hypersolid_scale.eval.cli``. Workers end when their launcher dies.
+Everything else lives in ``hypersolid_scale.evaluate``. Workers end when their launcher dies. A bad input
+(checkpoint, override, data) is one ``error:`` line and exit 2 (``HS_DEBUG=1`` shows the traceback); exit 3
+means every requested metric was skipped.
 """
 
 import os
@@ -20,7 +22,7 @@ if not die_with_parent(parent=_PARENT):
     print("error: the launcher (torchrun / srun) exited before this worker started; exiting", file=sys.stderr)
     sys.exit(EXIT_ORPHANED)
 
-from hypersolid_scale.eval.cli import main  # noqa: E402
+from hypersolid_scale.evaluate import cli  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(cli(sys.argv[1:]))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,69 +12,44 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from hypersolid_scale.checkpoint import save_checkpoint
-from hypersolid_scale.config import fingerprint, load_config, to_dict
+from hypersolid_scale.config import load_config
 from hypersolid_scale.data import build_eval_datasets
-from hypersolid_scale.eval.cli import main
+from hypersolid_scale.errors import CheckpointError, ConfigError
 from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
+from hypersolid_scale.evaluate import main
 from hypersolid_scale.models import build_model
+from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
 from _net import free_port
-
-TINY_MODEL = ["data.dataset=digits", "model.arch=small_cnn", "model.in_channels=1", "model.small_cnn_width=8",
-              "model.proj_layers=2", "model.proj_hidden_dim=32", "model.proj_dim=32", "eval.num_workers=0"]
-FAST_EVAL = ["eval.linear_weight_decays=[0.001]", "eval.dbscan_eps=[0.0,0.01,0.05,0.2]", "eval.max_pairs=20000",
-             "eval.interp_pairs=20", "eval.knn_k=[5,20]", "eval.hdbscan_min_cluster_size=5"]
-
-
-def make_checkpoint(run_dir: Path, overrides: list[str] = (), *, step: int = 7, model_overrides: list[str] = (),
-                    mlflow_run_id: str | None = None, tracking_uri: str | None = None) -> Path:
-    """A checkpoint with the contract's keys for a randomly initialised tiny model (no training needed).
-
-    ``model_overrides`` build the *weights* from another model config than the one recorded in the checkpoint.
-    """
-    cfg = load_config(None, [*TINY_MODEL, f"run_dir={run_dir}", *overrides])
-    torch.manual_seed(0)
-    weights_cfg = load_config(None, [*TINY_MODEL, *model_overrides]).model if model_overrides else cfg.model
-    state = {"model": build_model(weights_cfg).state_dict(), "step": step, "epoch": 0, "config": to_dict(cfg),
-             "config_fingerprint": fingerprint(cfg), "mlflow_run_id": mlflow_run_id, "tracking_uri": tracking_uri}
-    return save_checkpoint(run_dir, state)
 
 
 # ---------------------------------------------------------------------------------------------- errors
 
 
-def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["--checkpoint", str(tmp_path / "checkpoints" / "step_00000001.pt"), "--no-mlflow"])
-
-
-def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    bad = tmp_path / "step_00000001.pt"
-    bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="corrupt"):
-        main(["--checkpoint", str(bad), "--no-mlflow"])
+# A missing, truncated or foreign checkpoint file: tests/test_errors_eval.py, through launch/eval.py.
 
 
 def test_checkpoint_of_another_architecture_is_a_clear_error(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path, model_overrides=["model.small_cnn_width=16"])
-    with pytest.raises(ValueError, match="another architecture"):
+    with pytest.raises(CheckpointError, match="(?i)arch") as err:
         main(["--checkpoint", str(path), "--no-mlflow"])
+    assert str(path) in str(err.value)
     path = make_checkpoint(tmp_path / "r50", ["model.arch=resnet18"])
     ckpt = torch.load(path, weights_only=True)
     ckpt["model"] = build_model(load_config(None, TINY_MODEL).model).state_dict()  # small_cnn weights
     torch.save(ckpt, path)
-    with pytest.raises(ValueError, match="another architecture.*resnet18"):
+    with pytest.raises(CheckpointError, match="resnet18") as err:
         main(["--checkpoint", str(path), "--no-mlflow"])
+    assert str(path) in str(err.value)
 
 
 def test_model_overrides_and_channel_mismatch_are_refused(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path)
-    with pytest.raises(ValueError, match="not allowed"):
+    with pytest.raises(ConfigError, match="not allowed"):
         main(["--checkpoint", str(path), "--no-mlflow", "model.arch=resnet50"])
-    with pytest.raises(ValueError, match="eval.suites"):
+    with pytest.raises(ConfigError, match="eval.suites"):
         main(["--checkpoint", str(path), "--no-mlflow", "--suite", "knn,tsne"])
     rgb = make_checkpoint(tmp_path / "rgb", ["model.in_channels=3"])
-    with pytest.raises(ValueError, match="1-channel images"):
+    with pytest.raises(ConfigError, match="1-channel images"):
         main(["--checkpoint", str(rgb), "--no-mlflow"])
 
 
@@ -171,12 +144,12 @@ def test_cached_embeddings_hit_and_miss(tmp_path: Path) -> None:
 
 
 def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
-    from hypersolid_scale.distributed.env import cleanup, init_distributed
+    from hypersolid_scale.distributed import cleanup, init_distributed
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    init_distributed(device="cpu", backend="gloo")
+    init_distributed(device="cpu", transport="gloo")
     cfg = load_config(None, TINY_MODEL)
     _, test_ds = build_eval_datasets(cfg.data)
     torch.manual_seed(0)
@@ -262,18 +235,15 @@ def test_nothing_evaluated_is_an_error_exit_with_the_report_still_written(tmp_pa
 
 
 def test_launch_eval_exit_codes(tmp_path: Path) -> None:
-    """The script's exit status: 0 with a skipped metric, non-zero with a message when nothing ran."""
+    """The script's exit status: 0 with a skipped metric, 3 with a message when nothing ran."""
     path = make_checkpoint(tmp_path / "run")
-    script = Path(__file__).resolve().parents[1] / "launch" / "eval.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script), "--checkpoint", str(path), "--no-mlflow", "--suite", "knn",
-                               *FAST_EVAL, *args], capture_output=True, text=True, env=env, timeout=300)
+    def run(*args: str):
+        return run_launch_eval("--checkpoint", str(path), "--no-mlflow", "--suite", "knn", *FAST_EVAL, *args)
 
     ok = run("eval.max_train_samples=10")  # K=20 skipped, K=5 computed
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "knn_k20: K=20 exceeds" in ok.stdout and "k5_weighted" in ok.stdout
     none = run("eval.max_train_samples=3")
-    assert none.returncode not in (0, 1)  # 1 would be an uncaught exception
+    assert none.returncode == 3  # not 1 (a bug) nor 2 (bad input): the input was fine, the data too small
     assert "nothing could be evaluated" in none.stderr and "Traceback" not in none.stderr

@@ -6,13 +6,24 @@ frozen backbone features, and clustering of the whole evaluation split: K-Means 
 classes, DBSCAN with the cosine metric swept over eps in [0, 0.5], and HDBSCAN (cosine distance; the
 paper does not state its parameters: min_cluster_size=10, min_samples = min_cluster_size, the ``hdbscan``
 package's default when unset, excess-of-mass selection).
+
+The ``qualitative`` suite renders the paper's "Qualitative Analysis" figures for a few evaluation images;
+its feature inversion optimises images through the network, so it is slow and runs only when asked for.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUITES: tuple[str, ...] = ("knn", "linear", "cluster", "geometry", "plots")
+from hypersolid_scale.errors import ConfigError
+
+# Suites computed on the cached embeddings of the train and test splits.
+FEATURE_SUITES: tuple[str, ...] = ("knn", "linear", "cluster", "geometry", "plots")
+# Suites that run the model itself on a few images.
+IMAGE_SUITES: tuple[str, ...] = ("qualitative",)
+SUITES: tuple[str, ...] = FEATURE_SUITES + IMAGE_SUITES
+# What runs without --suite / eval.suites: every feature suite (the image suites are slow).
+DEFAULT_SUITES: tuple[str, ...] = FEATURE_SUITES
 FEATURES: tuple[str, ...] = ("backbone", "projector")
 LINEAR_OPTIMIZERS: tuple[str, ...] = ("lbfgs", "adam")
 EPS_MODES: tuple[str, ...] = ("fixed", "adaptive")
@@ -38,7 +49,7 @@ class EvalConfig:
     ``hdbscan_max_samples`` can still cap it for quick looks.
     """
 
-    suites: list[str] = field(default_factory=lambda: list(SUITES))
+    suites: list[str] = field(default_factory=lambda: list(DEFAULT_SUITES))
     features: str = "backbone"  # the paper's metrics are on backbone features
     batch_size: int = 256  # images per forward pass during extraction
     num_workers: int = 2
@@ -80,47 +91,56 @@ class EvalConfig:
     selectivity_z: float = 1.0
     interp_pairs: int = 200
     interp_steps: int = 21
+    # qualitative suite: how many test images (a seeded random draw) and the feature-inversion steps per
+    # image (None: the renderer's default)
+    qualitative_images: int = 8
+    qualitative_inversion_steps: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the bad field and what it accepts."""
+        """Raise ``ConfigError`` (a ``ValueError``) naming the bad field and what it accepts."""
         bad = [s for s in self.suites if s not in SUITES]
         if bad:
-            raise ValueError(f"eval.suites has unknown entries {bad}; allowed: {list(SUITES)}")
+            raise ConfigError(f"eval.suites has unknown entries {bad}; choose among {list(SUITES)}")
         if self.features not in FEATURES:
-            raise ValueError(f"eval.features={self.features!r}; allowed: {list(FEATURES)}")
+            raise ConfigError(f"eval.features={self.features!r} is unknown; choose one of {list(FEATURES)}")
         if self.linear_optimizer not in LINEAR_OPTIMIZERS:
-            raise ValueError(
-                f"eval.linear_optimizer={self.linear_optimizer!r}; allowed: {list(LINEAR_OPTIMIZERS)}"
+            raise ConfigError(
+                f"eval.linear_optimizer={self.linear_optimizer!r} is unknown; choose one of {list(LINEAR_OPTIMIZERS)}"
             )
         if not self.knn_k or any(int(k) < 1 for k in self.knn_k):
-            raise ValueError(f"eval.knn_k={list(self.knn_k)} must be a non-empty list of integers >= 1")
+            raise ConfigError(f"eval.knn_k={list(self.knn_k)} must be a non-empty list of integers >= 1")
         if self.knn_temperature <= 0:
-            raise ValueError(f"eval.knn_temperature={self.knn_temperature} must be > 0")
+            raise ConfigError(f"eval.knn_temperature={self.knn_temperature} must be > 0")
         if not self.linear_weight_decays or any(w < 0 for w in self.linear_weight_decays):
-            raise ValueError("eval.linear_weight_decays must be a non-empty list of values >= 0")
+            raise ConfigError("eval.linear_weight_decays must be a non-empty list of values >= 0")
         if not 0.0 < self.linear_val_fraction < 1.0:
-            raise ValueError(f"eval.linear_val_fraction={self.linear_val_fraction} must be in (0, 1)")
+            raise ConfigError(f"eval.linear_val_fraction={self.linear_val_fraction} must be in (0, 1)")
         if not self.dbscan_eps or any(not 0.0 <= e <= 2.0 for e in self.dbscan_eps):
-            raise ValueError("eval.dbscan_eps must be a non-empty list of cosine distances in [0, 2]")
+            raise ConfigError("eval.dbscan_eps must be a non-empty list of cosine distances in [0, 2]")
         if self.dbscan_eps_mode not in EPS_MODES:
-            raise ValueError(f"eval.dbscan_eps_mode={self.dbscan_eps_mode!r}; allowed: {list(EPS_MODES)}")
+            raise ConfigError(f"eval.dbscan_eps_mode={self.dbscan_eps_mode!r} is unknown; "
+                              f"choose one of {list(EPS_MODES)}")
         if not self.dbscan_eps_quantiles or any(not 0.0 < q < 1.0 for q in self.dbscan_eps_quantiles):
-            raise ValueError("eval.dbscan_eps_quantiles must be a non-empty list of fractions in (0, 1)")
+            raise ConfigError("eval.dbscan_eps_quantiles must be a non-empty list of fractions in (0, 1)")
         if self.kmeans_k is not None and self.kmeans_k < 2:
-            raise ValueError(f"eval.kmeans_k={self.kmeans_k} must be >= 2 (or null for #classes)")
+            raise ConfigError(f"eval.kmeans_k={self.kmeans_k} must be >= 2 (or null for #classes)")
         for name in ("batch_size", "dbscan_min_samples", "hdbscan_min_cluster_size", "max_pairs",
-                     "interp_pairs", "kmeans_niter", "linear_max_iter", "monitor_max_train", "dbscan_max_edges"):
+                     "interp_pairs", "kmeans_niter", "linear_max_iter", "monitor_max_train", "dbscan_max_edges",
+                     "qualitative_images"):
             if getattr(self, name) < 1:
-                raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 1")
+                raise ConfigError(f"eval.{name}={getattr(self, name)} must be >= 1")
         if self.hdbscan_min_samples is not None and self.hdbscan_min_samples < 1:
-            raise ValueError(f"eval.hdbscan_min_samples={self.hdbscan_min_samples} must be >= 1 (or null)")
+            raise ConfigError(f"eval.hdbscan_min_samples={self.hdbscan_min_samples} must be >= 1 (or null)")
         for name in ("max_train_samples", "max_test_samples", "cluster_max_samples", "hdbscan_max_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"eval.{name}={getattr(self, name)} must be >= 1 (or null for the whole split)")
+                raise ConfigError(f"eval.{name}={getattr(self, name)} must be >= 1 (or null for the whole split)")
+        if self.qualitative_inversion_steps is not None and self.qualitative_inversion_steps < 1:
+            raise ConfigError(f"eval.qualitative_inversion_steps={self.qualitative_inversion_steps} must be >= 1 "
+                              "(or null for the renderer's default)")
         if self.interp_steps < 3:
-            raise ValueError(f"eval.interp_steps={self.interp_steps} must be >= 3")
+            raise ConfigError(f"eval.interp_steps={self.interp_steps} must be >= 3")
         if self.every_n_epochs < 0 or self.num_workers < 0:
-            raise ValueError("eval.every_n_epochs and eval.num_workers must be >= 0")
+            raise ConfigError("eval.every_n_epochs and eval.num_workers must be >= 0")

@@ -1,4 +1,5 @@
-"""The evaluation suites (kNN, linear probe, clustering, geometry, plots) on cached features.
+"""The evaluation suites: kNN, linear probe, clustering, geometry and plots on cached features, and the
+qualitative figures of a few images through the model itself.
 
 Each metric runs under its own guard: one that cannot run on this data (``NotApplicable``: a DBSCAN
 radius over the edge budget, HDBSCAN on too few points, a K larger than the memory bank, a probe
@@ -9,15 +10,16 @@ every other metric is still computed. Any other exception is a real error and pr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hypersolid_scale.eval import clustering, geometry, neighborhood, plots
-from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.eval.config import FEATURE_SUITES, EvalConfig
 from hypersolid_scale.eval.knn import knn_accuracy
 from hypersolid_scale.eval.linear import linear_probe
 from hypersolid_scale.eval.skips import SkipLog
@@ -25,26 +27,44 @@ from hypersolid_scale.eval.skips import SkipLog
 Split = tuple[torch.Tensor, torch.Tensor]
 
 
+@dataclass
+class Images:
+    """A handful of evaluation images for the qualitative suite."""
+
+    x: torch.Tensor  # (n, C, H, W) model inputs, normalised like the evaluation data
+    labels: torch.Tensor  # (n,)
+    mean: Sequence[float] | None = None  # the normalisation, undone for display (None: min-max scaled)
+    std: Sequence[float] | None = None
+    class_names: Sequence[str] | None = None  # row labels by class index (None: "class <k>")
+
+
 def nothing_evaluated(report: dict[str, Any]) -> bool:
     """True when every requested metric and plot was skipped."""
     return not report.get("metrics") and not report.get("plots")
 
 
-def run_suites(train: Split, test: Split, ev: EvalConfig, out_dir: str | Path,
-               device: torch.device | str = "cpu") -> dict[str, Any]:
+def run_suites(train: Split | None, test: Split | None, ev: EvalConfig, out_dir: str | Path,
+               device: torch.device | str = "cpu", *, model: torch.nn.Module | None = None,
+               images: Images | None = None) -> dict[str, Any]:
     """Run ``ev.suites`` on (feats, labels) of the train and test splits. Clustering, geometry and plots
-    use the test split (the paper measures them on held-out embeddings).
+    use the test split (the paper measures them on held-out embeddings). The qualitative suite renders
+    ``images`` through ``model`` into PNGs in ``out_dir``; the splits may be None when only it runs.
 
     Returns ``{"metrics": {name: value}, "timings_s": {suite: s}, "plots": [paths], "skipped": {name: reason},
-    "dbscan": [sweep rows] (cluster suite), "interpolation": profile (geometry/plots suites)}``.
+    "dbscan": [sweep rows] (cluster suite), "interpolation": profile (geometry/plots suites),
+    "qualitative": {figure: path} (qualitative suite)}``.
     """
     out_dir = Path(out_dir)
-    (x_tr, y_tr), (x_te, y_te) = train, test
+    suites = list(ev.suites)
+    if "qualitative" in suites and (model is None or images is None):
+        raise ValueError("the qualitative suite needs the model and the images to render: pass model= and images=")
+    if any(s in FEATURE_SUITES for s in suites) and (train is None or test is None):
+        raise ValueError(f"the suites {[s for s in suites if s in FEATURE_SUITES]} need the train and test features")
+    (x_tr, y_tr), (x_te, y_te) = train or (None, None), test or (None, None)
     metrics: dict[str, Any] = {}
     timings: dict[str, float] = {}
     skips = SkipLog()
     report: dict[str, Any] = {"metrics": metrics, "timings_s": timings, "plots": [], "skipped": skips.reasons}
-    suites = list(ev.suites)
 
     @contextmanager
     def timed(name: str) -> Iterator[None]:
@@ -80,7 +100,30 @@ def run_suites(train: Split, test: Split, ev: EvalConfig, out_dir: str | Path,
     if "plots" in suites:
         with timed("plots"):
             report["plots"] = [str(p) for p in _plots(x_te, y_te, ev, report, out_dir, skips)]
+    if "qualitative" in suites:
+        assert model is not None and images is not None  # checked above
+        with timed("qualitative"), skips.guard("qualitative"):
+            rendered = _qualitative(model, images, ev, out_dir, device, skips)
+            report["qualitative"] = {name: str(p) for name, p in rendered.items()}
+            report["plots"] += list(report["qualitative"].values())
     return report
+
+
+def _qualitative(model: torch.nn.Module, images: Images, ev: EvalConfig, out_dir: Path,
+                 device: torch.device | str, skips: SkipLog) -> dict[str, Path]:
+    """The qualitative figures of ``images``: {analysis: PNG path}; an analysis that does not apply to this
+    architecture (attention maps of a CNN) is recorded as ``qualitative_<analysis>``."""
+    # Imported here: only this opt-in suite needs the renderer and what it pulls in.
+    from hypersolid_scale.eval.qualitative import render_qualitative
+
+    steps = {} if ev.qualitative_inversion_steps is None else {"inversion_steps": ev.qualitative_inversion_steps}
+    own = SkipLog()  # the renderer has warned once for each: record them under the suite's name, silently
+    try:
+        return render_qualitative(model, images.x, images.labels.tolist(), out_dir, mean=images.mean,
+                                  std=images.std, class_names=images.class_names, seed=ev.seed, device=device,
+                                  skips=own, **steps)
+    finally:
+        skips.reasons.update({f"qualitative_{name}": why for name, why in own.reasons.items()})
 
 
 def _knn(x_tr: torch.Tensor, y_tr: torch.Tensor, x_te: torch.Tensor, y_te: torch.Tensor, ev: EvalConfig,

@@ -1,0 +1,297 @@
+"""``launch/eval.py``: evaluate a checkpoint on its dataset, print a table, write a report, log to MLflow.
+
+    python launch/eval.py --checkpoint runs/quickstart/checkpoints/step_00001407.pt \
+        [--suite knn,linear,cluster,geometry,plots,qualitative] [--features backbone|projector] \
+        [--output-dir DIR] [--device auto|cpu|cuda] [--no-mlflow] [data.key=value eval.key=value ...]
+
+Steps: load the checkpoint and rebuild its model -> embed the train and test splits with the eval
+transform (sharded over ranks under torchrun, cached on disk) -> on rank 0, run the chosen suites on
+the cached features (and the qualitative suite on ``eval.qualitative_images`` test images through the
+model) -> ``report.json``, ``report.md`` and PNGs in the output directory -> MLflow: the training run
+recorded in the checkpoint when it can be found, else a new run tagged with the checkpoint.
+
+A metric that cannot run on this data is skipped with a warning and listed with its reason in the report
+(``hypersolid_scale.eval.suites``); the exit status is 0 unless every requested metric was skipped
+(``EXIT_NOTHING_EVALUATED``). Bad input (missing or corrupt checkpoint, weights of another architecture,
+an unknown or model-changing override, missing evaluation data) raises a ``UserError`` whose message says
+what to fix; ``cli`` (behind ``launch/eval.py``) prints it as one line and exits 2, and appends the
+traceback to ``<output dir>/errors.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from hypersolid_scale.errors import CheckpointError, ConfigError, DataError, UserError, run_cli
+from hypersolid_scale.eval.clustering import subsample
+from hypersolid_scale.eval.config import FEATURE_SUITES, FEATURES, SUITES, EvalConfig
+from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint, file_fingerprint
+from hypersolid_scale.eval.report import format_table, write_report
+from hypersolid_scale.eval.suites import Images, Split, nothing_evaluated, run_suites
+
+__all__ = ["cli", "default_output_dir", "load_model", "main", "parse_args"]
+
+# Exit status when every requested metric was skipped (the report is still written, with the reasons).
+EXIT_NOTHING_EVALUATED = 3
+ERROR_LOG = "errors.log"
+
+# Sections a user may change at evaluation time; the model section must stay what the weights were trained as.
+OVERRIDABLE = ("data.", "eval.", "tracking.")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Evaluate a Hypersolid checkpoint (kNN, linear probe, clustering, "
+                                            "geometry, plots, qualitative figures).")
+    p.add_argument("--checkpoint", required=True, help="path to a step_*.pt file")
+    p.add_argument("--suite", default=None, help=f"comma-separated subset of {','.join(SUITES)} (default: "
+                                                 "eval.suites, which leaves out the slow qualitative suite)")
+    p.add_argument("--features", default=None, choices=FEATURES, help="default: eval.features (backbone)")
+    p.add_argument("--output-dir", default=None, help="default: <run_dir>/eval/<checkpoint name>")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("overrides", nargs="*", help="data.key=value / eval.key=value / tracking.key=value")
+    # Intermixed: overrides may come before, between and after the options.
+    return p.parse_intermixed_args(None if argv is None else list(argv))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoint -> model + config
+# ----------------------------------------------------------------------------------------------------------
+
+
+def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """(model in eval mode, Config with overrides applied, raw checkpoint dict); a ``UserError`` for bad input."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hypersolid_scale.checkpoint import build_model_from_checkpoint, load_checkpoint
+    from hypersolid_scale.config import from_dict, validate
+
+    for ov in overrides:
+        if "=" not in ov or not ov.startswith(OVERRIDABLE):
+            raise ConfigError(f"override {ov!r} is not allowed here: write section.key=value with a section among "
+                              f"{[s.rstrip('.') for s in OVERRIDABLE]} (the model must stay the one checkpoint "
+                              f"{str(path)!r} was trained as; evaluate another checkpoint for another model)")
+    ckpt = load_checkpoint(path)
+    try:
+        model, _ = build_model_from_checkpoint({**ckpt, "path": str(path)})  # "path": named in its errors
+    except UserError as err:  # e.g. a config key unknown to this version: say which file holds it
+        if str(path) in str(err):
+            raise
+        raise CheckpointError(f"checkpoint {str(path)!r}: {err}") from None
+    try:
+        merged = OmegaConf.merge(OmegaConf.create(ckpt["config"]), OmegaConf.from_dotlist(list(overrides)))
+        cfg = from_dict(OmegaConf.to_container(merged))  # type: ignore[arg-type]
+        validate(cfg)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"bad override in {overrides}: {str(err).splitlines()[0]}") from None
+    except ValueError as err:  # config's contract: its message names the key and what it accepts
+        if overrides:
+            raise ConfigError(f"the overrides {overrides} do not fit the config of checkpoint {str(path)!r}: "
+                              f"{err}. Correct or drop the override") from None
+        raise ConfigError(f"the config of checkpoint {str(path)!r} is refused by this version: {err}. Evaluate it "
+                          "with the hypersolid_scale version that trained it") from None
+    return model, cfg, ckpt
+
+
+def capped(ds: Dataset, max_n: int | None, seed: int) -> Dataset:
+    """A seeded random subset of at most ``max_n`` samples (a random one: datasets may be sorted by class)."""
+    n = len(ds)  # type: ignore[arg-type]
+    if max_n is None or n <= max_n:
+        return ds
+    return Subset(ds, subsample(n, max_n, seed).tolist())
+
+
+def default_output_dir(checkpoint: Path) -> Path:
+    """``<run_dir>/eval/<step_x>`` for checkpoints inside ``<run_dir>/checkpoints``, else next to the file."""
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / "eval" / checkpoint.stem
+    return checkpoint.parent / f"eval_{checkpoint.stem}"
+
+
+def eval_datasets(cfg: Any, checkpoint: Path) -> tuple[Dataset, Dataset]:
+    """The (train, test) evaluation datasets of ``cfg.data``; a ``DataError`` saying how to point at them."""
+    from hypersolid_scale.data import build_eval_datasets
+
+    try:
+        return build_eval_datasets(cfg.data)
+    except (UserError, OSError, ValueError) as err:  # data's contract: missing, unreadable or inconsistent data
+        # The location comes from the checkpoint's config, written where it was trained: say how to move it.
+        cls = ConfigError if isinstance(err, ConfigError) else DataError
+        raise cls(f"cannot open the evaluation data recorded in checkpoint {str(checkpoint)!r} "
+                  f"(data.dataset={cfg.data.dataset!r}, data.path={cfg.data.path!r}): {err}. Pass data.path=... "
+                  "(and data.test_path=...) to point at that data on this machine") from None
+
+
+def sample_images(ds: Dataset, cfg: Any, n: int, seed: int) -> Images:
+    """A seeded random draw of ``n`` samples of ``ds`` (model inputs and labels), with the preset's
+    normalisation and the dataset's class names for display."""
+    from hypersolid_scale.data import resolve_preset
+
+    items = [ds[int(i)] for i in subsample(len(ds), n, seed)]  # type: ignore[arg-type]
+    preset = resolve_preset(cfg.data)
+    base = ds
+    while isinstance(base, Subset):
+        base = base.dataset
+    names = getattr(base, "classes", None)  # torchvision's ImageFolder; in-memory datasets show "class <k>"
+    return Images(torch.stack([x for x, _ in items]), torch.tensor([int(y) for _, y in items]),
+                  mean=list(preset.mean), std=list(preset.std), class_names=list(names) if names else None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MLflow
+# ----------------------------------------------------------------------------------------------------------
+
+
+def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkpoint: Path, out_dir: Path,
+                  run_dir: Path) -> None:
+    """Log metrics (``eval/<name>`` at the checkpoint's step) and artifacts; fill report["meta"] with the run."""
+    from hypersolid_scale.tracking import make_tracker
+
+    tags = {"eval.checkpoint": str(checkpoint.resolve()), "eval.step": int(ckpt["step"])}
+    tcfg = cfg.tracking
+    if ckpt.get("tracking_uri"):
+        tcfg.tracking_uri = ckpt["tracking_uri"]
+    elif tcfg.tracking_uri is None:  # training was not tracked: keep the eval run next to the training run
+        tcfg.tracking_uri = f"sqlite:///{run_dir.resolve()}/mlflow.db"
+    tracker = None
+    if ckpt.get("mlflow_run_id"):
+        try:
+            tracker = make_tracker(tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=tags)
+        except ValueError as err:
+            print(f"[eval] training run not found ({err}); logging to a new MLflow run instead", file=sys.stderr)
+    if tracker is None:
+        tcfg.run_name = tcfg.run_name or f"eval-{checkpoint.stem}"
+        tracker = make_tracker(tcfg, out_dir, rank=0, tags={**tags, "eval.kind": "offline-eval"})
+    step = int(ckpt["step"])
+    numeric = {f"eval/{k}": float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
+    tracker.log_metrics(numeric, step=step)
+    if report.get("skipped"):  # the reasons are in report.md/report.json; the tag makes skipped runs searchable
+        tracker.set_tags({"eval.skipped": ", ".join(report["skipped"])[:5000]})
+    for r in report.get("dbscan", []):  # the sweep as a curve: x = eps in thousandths
+        if r["nmi"] is not None:
+            tracker.log_metrics({"eval/dbscan_nmi_vs_eps": r["nmi"], "eval/dbscan_ari_vs_eps": r["ari"]},
+                                step=int(round(1000 * r["eps"])))
+    # The figures keep their place under the output directory (the qualitative ones may sit in a subfolder).
+    for path in (out_dir / "report.json", out_dir / "report.md", *map(Path, report.get("plots", []))):
+        try:
+            sub = path.parent.relative_to(out_dir).as_posix()
+        except ValueError:
+            sub = "."
+        tracker.log_artifact(path, artifact_path=f"eval/{checkpoint.stem}" + ("" if sub == "." else f"/{sub}"))
+    tracker.close()
+    report["meta"].update(mlflow_run_id=tracker.run_id, tracking_uri=tracker.tracking_uri)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# main
+# ----------------------------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], None] | None = None) -> int:
+    """Evaluate; ``on_output_dir`` learns the output directory as soon as it is known to be the right one."""
+    from hypersolid_scale.data import in_channels
+    from hypersolid_scale.distributed import cleanup, init_distributed
+
+    args = parse_args(argv)
+    checkpoint = Path(args.checkpoint)
+    out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(checkpoint)
+    if on_output_dir is not None and (args.output_dir or checkpoint.is_file()):  # no folders for a mistyped path
+        on_output_dir(out_dir)
+    model, cfg, ckpt = load_model(checkpoint, args.overrides)
+    ev: EvalConfig = cfg.eval
+    if args.suite is not None:
+        ev.suites = [s.strip() for s in args.suite.split(",") if s.strip()]
+    if args.features is not None:
+        ev.features = args.features
+    ev.validate()
+    if in_channels(cfg.data) != cfg.model.in_channels:
+        raise ConfigError(f"data.dataset={cfg.data.dataset!r} has {in_channels(cfg.data)}-channel images but the "
+                          f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
+                          "training data")
+    info, device = init_distributed(device=args.device)
+    try:
+        model.to(device)
+        run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+        full = dict(zip(("train", "test"), eval_datasets(cfg, checkpoint)))
+        caps = {"train": ev.max_train_samples, "test": ev.max_test_samples}
+        data = {split: capped(ds, caps[split], ev.seed) for split, ds in full.items()}
+        t0 = time.perf_counter()
+        splits: dict[str, Split] = {}
+        if any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
+            splits = _embed(model, data, full, cfg, ev, checkpoint, run_dir, device, verbose=info.rank == 0)
+        embed_s = time.perf_counter() - t0
+        if info.rank != 0:
+            return 0
+        images = (sample_images(data["test"], cfg, ev.qualitative_images, ev.seed)
+                  if "qualitative" in ev.suites else None)
+        report = run_suites(splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=model,
+                            images=images)
+        report["timings_s"] = {**({"embed": embed_s} if splits else {}), **report["timings_s"]}
+        sizes = {"n_train": len(data["train"]), "n_test": len(data["test"])}  # type: ignore[arg-type]
+        report["meta"] = {"checkpoint": str(checkpoint), "step": int(ckpt["step"]), "epoch": int(ckpt["epoch"]),
+                          "arch": cfg.model.arch, "dataset": cfg.data.dataset, "features": ev.features,
+                          "feature_dim": int(splits["train"][0].shape[1]) if splits else None, **sizes,
+                          "suites": list(ev.suites), "world_size": info.world_size}
+        report["eval_config"] = asdict(ev)
+        write_report(report, out_dir)
+        if not args.no_mlflow and cfg.tracking.enabled:
+            log_to_mlflow(report, ckpt, cfg, checkpoint, out_dir, run_dir)
+            write_report(report, out_dir)  # now with the MLflow run id
+        title = (f"{checkpoint} (step {ckpt['step']}, {cfg.model.arch}, {cfg.data.dataset}, "
+                 + (f"{ev.features} features, " if splits else "")
+                 + f"n_train={sizes['n_train']}, n_test={sizes['n_test']})")
+        print(format_table(report["metrics"], title=title, skipped=report["skipped"]))
+        for name, path in report.get("qualitative", {}).items():
+            print(f"[eval] qualitative {name}: {path}")
+        print(f"[eval] report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
+              + (f"; MLflow run {report['meta']['mlflow_run_id']}" if "mlflow_run_id" in report["meta"] else ""))
+        if nothing_evaluated(report):
+            print(f"[eval] error: nothing could be evaluated: every metric of the suites {list(ev.suites)} was "
+                  f"skipped on this data (reasons above and in {out_dir / 'report.md'}); choose other suites or "
+                  "eval.* settings", file=sys.stderr)
+            return EXIT_NOTHING_EVALUATED
+        return 0
+    finally:
+        cleanup()
+
+
+def _embed(model: torch.nn.Module, data: dict[str, Dataset], full: dict[str, Dataset], cfg: Any, ev: EvalConfig,
+           checkpoint: Path, run_dir: Path, device: torch.device, *, verbose: bool) -> dict[str, Split]:
+    """{split: (features, labels)} of the (capped) datasets, from the on-disk cache when it holds them."""
+    cache_dir = Path(ev.cache_dir) if ev.cache_dir else run_dir / "eval_cache"
+    ckpt_fp = file_fingerprint(checkpoint)
+    data_dict = asdict(cfg.data)
+    splits: dict[str, Split] = {}
+    for split, ds in data.items():
+        # A subset is drawn with eval.seed, so the seed joins the cache key (which holds the sample count).
+        key = data_dict if ds is full[split] else {**data_dict, "eval_subset_seed": ev.seed}
+        fp = embedding_fingerprint(ckpt_fp, key, split, ev.features, len(ds))  # type: ignore[arg-type]
+        x, y, hit = cached_embeddings(model, ds, cache_dir=cache_dir, fingerprint=fp, batch_size=ev.batch_size,
+                                      device=device, which=ev.features, num_workers=ev.num_workers,
+                                      desc=f"embed {split}")
+        splits[split] = (x, y)
+        if verbose:
+            print(f"[eval] {split}: {tuple(x.shape)} {ev.features} features ({'cache' if hit else 'extracted'})")
+    return splits
+
+
+def cli(argv: Sequence[str]) -> int:
+    """``main`` for ``launch/eval.py``: bad input is one line and exit 2, a bug one line and exit 1; the
+    traceback goes to ``<output dir>/errors.log`` once that directory is known (and to stderr with HS_DEBUG=1)."""
+    log: list[Path] = []
+    return run_cli(lambda a: main(a, on_output_dir=lambda d: log.append(d / ERROR_LOG)), argv,
+                   log_file=lambda: log[-1] if log else None)
+
+
+if __name__ == "__main__":
+    sys.exit(cli(sys.argv[1:]))

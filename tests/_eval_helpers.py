@@ -1,0 +1,47 @@
+"""Helpers for the evaluation application's tests: a tiny checkpoint (no training needed) and a run of
+``launch/eval.py`` as a subprocess, the way a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from hypersolid_scale.checkpoint import save_checkpoint
+from hypersolid_scale.config import fingerprint, load_config, to_dict
+from hypersolid_scale.models import build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH_EVAL = ROOT / "launch" / "eval.py"
+
+TINY_MODEL = ["data.dataset=digits", "model.arch=small_cnn", "model.in_channels=1", "model.small_cnn_width=8",
+              "model.proj_layers=2", "model.proj_hidden_dim=32", "model.proj_dim=32", "eval.num_workers=0"]
+FAST_EVAL = ["eval.linear_weight_decays=[0.001]", "eval.dbscan_eps=[0.0,0.01,0.05,0.2]", "eval.max_pairs=20000",
+             "eval.interp_pairs=20", "eval.knn_k=[5,20]", "eval.hdbscan_min_cluster_size=5"]
+
+
+def make_checkpoint(run_dir: Path, overrides: Sequence[str] = (), *, step: int = 7,
+                    model_overrides: Sequence[str] = (), mlflow_run_id: str | None = None,
+                    tracking_uri: str | None = None) -> Path:
+    """A checkpoint with the contract's keys for a randomly initialised tiny model (no training needed).
+
+    ``model_overrides`` build the *weights* from another model config than the one recorded in the checkpoint.
+    """
+    cfg = load_config(None, [*TINY_MODEL, f"run_dir={run_dir}", *overrides])
+    torch.manual_seed(0)
+    weights_cfg = load_config(None, [*TINY_MODEL, *model_overrides]).model if model_overrides else cfg.model
+    state = {"model": build_model(weights_cfg).state_dict(), "step": step, "epoch": 0, "config": to_dict(cfg),
+             "config_fingerprint": fingerprint(cfg), "mlflow_run_id": mlflow_run_id, "tracking_uri": tracking_uri}
+    return save_checkpoint(run_dir, state)
+
+
+def run_launch_eval(*args: str, debug: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python launch/eval.py ARGS`` in a fresh process (HS_DEBUG set only with ``debug``)."""
+    env = {k: v for k, v in os.environ.items() if k != "HS_DEBUG"}
+    env.update(OMP_NUM_THREADS="1", **({"HS_DEBUG": "1"} if debug else {}))
+    return subprocess.run([sys.executable, str(LAUNCH_EVAL), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=ROOT)

@@ -1,0 +1,99 @@
+"""Bad input to ``launch/eval.py``, run as a user runs it: one ``error:`` line that names the file or key and
+the fix, exit code 2, no traceback (unless HS_DEBUG=1; it always goes to ``<output dir>/errors.log``)."""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+from hypersolid_scale.config import load_config
+from hypersolid_scale.models import build_model
+from _eval_helpers import TINY_MODEL, make_checkpoint, run_launch_eval
+
+# Words of an instruction: every message must say what to do, not only what went wrong.
+FIX = re.compile(r"\b(use|pass|point|choose|write|evaluate|copy|list|set|upgrade|correct|drop|remove)\b", re.IGNORECASE)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The single ``error:`` line of a run that exited 2; it holds every needle and an instruction."""
+    everything = proc.stdout + proc.stderr
+    assert proc.returncode == 2, f"exit {proc.returncode}:\n{everything[-3000:]}"
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in everything and "weights_only=False" not in everything, everything[-3000:]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert FIX.search(lines[0]), f"no instruction in {lines[0]!r}"
+    return lines[0]
+
+
+def evaluate(checkpoint: Path, *args: str, debug: bool = False) -> subprocess.CompletedProcess:
+    return run_launch_eval("--checkpoint", str(checkpoint), "--no-mlflow", "--suite", "knn", *args, debug=debug)
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    missing = tmp_path / "run" / "checkpoints" / "step_00000001.pt"
+    line = one_line_error(evaluate(missing), str(missing))
+    assert "does not exist" in line
+    assert not (tmp_path / "run" / "eval").exists()  # no output folder, no errors.log for a mistyped path
+
+
+def test_truncated_checkpoint(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    one_line_error(evaluate(path), str(path))
+
+
+def test_random_bytes_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "step_00000001.pt"
+    path.write_bytes(random.Random(0).randbytes(4096))
+    one_line_error(evaluate(path), str(path))
+
+
+def test_model_override_is_refused(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    line = one_line_error(evaluate(path, "model.arch=resnet18"), "'model.arch=resnet18'", str(path))
+    assert "not allowed" in line
+
+
+def test_weights_of_another_architecture(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run", ["model.arch=resnet18"])
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["model"] = build_model(load_config(None, TINY_MODEL).model).state_dict()  # small_cnn weights
+    torch.save(ckpt, path)
+    line = one_line_error(evaluate(path), str(path), "resnet18")
+    assert "architecture" in line
+
+
+def test_unknown_override_key(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    line = one_line_error(evaluate(path, "eval.no_such_key=1"), "eval.no_such_key", str(path))
+    assert "knn_k" in line  # the keys that section does accept
+
+
+def test_unknown_suite(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    one_line_error(run_launch_eval("--checkpoint", str(path), "--no-mlflow", "--suite", "knn,tsne"),
+                   "eval.suites", "'tsne'")
+
+
+def test_missing_evaluation_data(tmp_path: Path) -> None:
+    # A checkpoint trained elsewhere: its config records a data folder that this machine does not have.
+    elsewhere = tmp_path / "other_machine" / "fashion_mnist"
+    path = make_checkpoint(tmp_path / "run", ["data.dataset=fashion_mnist", f"data.path={elsewhere}"])
+    one_line_error(evaluate(path), str(elsewhere), "data.path=")
+
+
+def test_traceback_in_the_log_and_with_hs_debug(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    out = tmp_path / "out"
+    one_line_error(evaluate(path, "--output-dir", str(out), "eval.no_such_key=1"), "eval.no_such_key")
+    log = (out / "errors.log").read_text()
+    assert "Traceback" in log and "ConfigError" in log and "eval.no_such_key" in log
+    debug = evaluate(path, "eval.no_such_key=1", debug=True)
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
