@@ -164,9 +164,12 @@ def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkp
     elif tcfg.tracking_uri is None:  # training was not tracked: keep the eval run next to the training run
         tcfg.tracking_uri = f"sqlite:///{run_dir.resolve()}/mlflow.db"
     tracker = None
+    attached = False
     if ckpt.get("mlflow_run_id"):
         try:
-            tracker = make_tracker(tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=tags)
+            tracker = make_tracker(tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=tags,
+                                   attach=True)
+            attached = True
         except ValueError as err:
             print(f"[eval] training run not found ({err}); logging to a new MLflow run instead", file=sys.stderr)
     if tracker is None:
@@ -188,7 +191,8 @@ def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkp
         except ValueError:
             sub = "."
         tracker.log_artifact(path, artifact_path=f"eval/{checkpoint.stem}" + ("" if sub == "." else f"/{sub}"))
-    tracker.close()
+    # Attached to the training's run: its status is the training's (it may still be running).
+    tracker.close(None if attached else "FINISHED")
     report["meta"].update(mlflow_run_id=tracker.run_id, tracking_uri=tracker.tracking_uri)
 
 

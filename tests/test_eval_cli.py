@@ -74,8 +74,9 @@ def test_eval_main_end_to_end_logs_to_the_training_run(tmp_path: Path, capsys: p
     from hypersolid_scale.tracking import TrackingConfig, make_tracker
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # The training is still running while its checkpoint is evaluated: the evaluation must not end its run.
     train_run = make_tracker(TrackingConfig(tracking_uri=uri, experiment="eval-test"), tmp_path / "run", rank=0)
-    train_run.close()
+    train_run.flush()
     path = make_checkpoint(tmp_path / "run", mlflow_run_id=train_run.run_id, tracking_uri=uri)
     assert main(["--checkpoint", str(path), *FAST_EVAL]) == 0
     printed = capsys.readouterr().out
@@ -99,6 +100,9 @@ def test_eval_main_end_to_end_logs_to_the_training_run(tmp_path: Path, capsys: p
     assert "eval/dbscan_nmi_vs_eps" in logged
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(train_run.run_id, "eval/step_00000007")}
     assert "eval/step_00000007/report.json" in artifacts and "eval/step_00000007/dbscan_eps.png" in artifacts
+    assert MlflowClient(uri).get_run(train_run.run_id).info.status == "RUNNING"
+    train_run.close()
+    assert MlflowClient(uri).get_run(train_run.run_id).info.status == "FINISHED"
 
     # second evaluation: features come from the cache, numbers are identical; projector features differ
     assert main(["--checkpoint", str(path), "--suite", "knn", "--no-mlflow", *FAST_EVAL]) == 0

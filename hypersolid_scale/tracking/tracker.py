@@ -38,7 +38,7 @@ class Tracker:
     def log_figure(self, figure: Any, artifact_file: str) -> None: ...
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
     def flush(self) -> bool: return True
-    def close(self, status: str = "FINISHED") -> None: ...
+    def close(self, status: str | None = "FINISHED") -> None: ...
 
 
 class MlflowTracker(Tracker):
@@ -50,7 +50,7 @@ class MlflowTracker(Tracker):
     """
 
     def __init__(self, cfg: TrackingConfig, run_dir: Path, resume_run_id: str | None,
-                 tags: Mapping[str, Any] | None):
+                 tags: Mapping[str, Any] | None, *, attach: bool = False):
         run_dir = Path(run_dir).resolve()
         self.tracking_uri = cfg.tracking_uri or f"sqlite:///{run_dir}/mlflow.db"
         self._client = make_client(self.tracking_uri)
@@ -82,7 +82,7 @@ class MlflowTracker(Tracker):
         self._outbox = Outbox(self._client, self.tracking_uri, self.run_id, spool, cfg.sync_every_s)
         if server_down is not None:
             self._outbox.went_offline(server_down, time.monotonic())
-        if resume_run_id:
+        if resume_run_id and not attach:  # attached (an evaluation): the run's status stays the training's
             self._append({"kind": "status", "status": "RUNNING", "time": now_ms()})
         commit = git_commit()
         self.set_tags({**({"mlflow.source.git.commit": commit} if commit else {}), **dict(tags or {})})
@@ -187,13 +187,16 @@ class MlflowTracker(Tracker):
         self._outbox.spool.fsync()
         return done
 
-    def close(self, status: str = "FINISHED") -> None:
-        """End the run with ``status`` (FINISHED, FAILED, KILLED). Safe to call twice."""
+    def close(self, status: str | None = "FINISHED") -> None:
+        """End the run with ``status`` (FINISHED, FAILED, KILLED), or send what is left and leave the run's
+        status as it is (None: an evaluation attached to a training that may still be running). Safe to call
+        twice."""
         if self._closed:
             return
-        if status not in TERMINAL_STATUSES:
-            raise ValueError(f"close(status={status!r}): use FINISHED, FAILED or KILLED")
-        self._append({"kind": "status", "status": status, "time": now_ms()})
+        if status is not None and status not in TERMINAL_STATUSES:
+            raise ValueError(f"close(status={status!r}): use FINISHED, FAILED or KILLED (or None)")
+        if status is not None:
+            self._append({"kind": "status", "status": status, "time": now_ms()})
         done = self.flush()
         self._closed = True
         self._outbox.spool.close()
@@ -208,8 +211,12 @@ class MlflowTracker(Tracker):
 
 
 def make_tracker(cfg: TrackingConfig, run_dir: str | os.PathLike, *, rank: int,
-                 resume_run_id: str | None = None, tags: Mapping[str, Any] | None = None) -> Tracker:
+                 resume_run_id: str | None = None, tags: Mapping[str, Any] | None = None,
+                 attach: bool = False) -> Tracker:
     """The run's tracker: an MLflow one on rank 0 (continuing ``resume_run_id`` if given), else a no-op.
+
+    ``attach``: log into ``resume_run_id`` without marking it RUNNING (an evaluation of a training's checkpoint;
+    close it with ``close(None)`` to leave the training's status alone).
 
     Raises ConfigError for a bad config, TrackingError (both UserErrors) when a new run cannot be started
     (e.g. the server is down), ImportError when MLflow is missing; in each case nothing is written.
@@ -218,4 +225,4 @@ def make_tracker(cfg: TrackingConfig, run_dir: str | os.PathLike, *, rank: int,
     if rank != 0 or not cfg.enabled:
         return Tracker()
     require_mlflow()  # fail before any file is written, with the fix in the message
-    return MlflowTracker(cfg, Path(run_dir), resume_run_id, tags)
+    return MlflowTracker(cfg, Path(run_dir), resume_run_id, tags, attach=attach)
