@@ -340,3 +340,27 @@ def test_render_rejects_bad_arguments(cnn: torch.nn.Module, tmp_path) -> None:  
     with pytest.raises(ValueError, match="mean/std"):
         render_qualitative(cnn, x, None, tmp_path, analyses=["gradcam"], mean=(0.1, 0.2, 0.3), std=(1, 1, 1))
     assert set(ANALYSES) == {"hypercolumns", "gradcam", "inversion", "attention"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CUDA: the same analyses on the device agree with the CPU
+# --------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_analyses_on_cuda_match_cpu(resnet: torch.nn.Module, vit: torch.nn.Module, tmp_path) -> None:  # noqa: ANN001
+    import copy
+
+    x = _images(2, 3, 64)
+    gpu = copy.deepcopy(resnet).cuda()
+    cam_cpu, cam_gpu = gradcam(resnet, x), gradcam(gpu, x.cuda()).cpu()
+    assert torch.allclose(cam_cpu, cam_gpu, atol=1e-3)
+    rgb_cpu, rgb_gpu = hypercolumn_pca(resnet, x), hypercolumn_pca(gpu, x.cuda()).cpu()
+    # PCA signs are fixed by convention, so the colours agree up to float differences
+    assert (rgb_cpu - rgb_gpu).abs().mean() < 1e-2
+    vgpu = copy.deepcopy(vit).cuda()
+    att_cpu, att_gpu = vit_attention(vit, _images(2, 3, 32)), vit_attention(vgpu, _images(2, 3, 32).cuda())
+    assert torch.allclose(att_cpu.cls_attention, att_gpu.cls_attention.cpu(), atol=1e-4)
+    paths = render_qualitative(gpu, x, [0, 1], tmp_path / "q", inversion_steps=2, device="cuda",
+                               analyses=["hypercolumns", "gradcam", "inversion"])
+    assert set(paths) == {"hypercolumns", "gradcam", "inversion"}
