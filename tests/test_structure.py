@@ -22,7 +22,7 @@ PKG = ROOT / "hypersolid_scale"
 LAYERS: list[set[str]] = [
     {"errors", "nested", "lifeline", "run_lock"},
     {"distributed", "optim"},
-    {"models", "losses", "data"},
+    {"models", "losses", "data", "methods"},
     {"eval", "tracking"},
     {"config"},
     {"checkpoint"},

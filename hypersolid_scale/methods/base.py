@@ -1,0 +1,148 @@
+"""The interface every method implements, and what the methods share: encoding views, the EMA teacher."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from lightly.models.utils import deactivate_requires_grad, update_momentum
+from lightly.utils.scheduler import cosine_schedule
+from torch import nn
+
+from hypersolid_scale.models import group_views_by_resolution
+
+
+def count_global_views(views: list[torch.Tensor]) -> int:
+    """Global views are the leading views of ``views[0]``'s (C, H, W); local views (smaller crops) follow."""
+    if isinstance(views, torch.Tensor) or not isinstance(views, (list, tuple)) or len(views) == 0:
+        raise ValueError("a method expects a non-empty list of view tensors (B, C, H, W), global views first")
+    n = 1
+    while n < len(views) and views[n].shape == views[0].shape:
+        n += 1
+    for i, v in enumerate(views[n:], start=n):
+        if v.shape[:2] != views[0].shape[:2] or v.shape == views[0].shape:
+            raise ValueError(f"view {i} has shape {tuple(v.shape)}: views must be the global views "
+                             f"{tuple(views[0].shape)} first, then smaller local views with the same B and C")
+    return n
+
+
+def encode(backbone: nn.Module, views: list[torch.Tensor], *, separate: bool) -> list[torch.Tensor]:
+    """Backbone features (B, F) of each view, in view order.
+
+    ``separate``: one backbone call per view, so BatchNorm normalises each view on its own, as the official
+    implementations of BYOL, Barlow Twins and VICReg do. Otherwise views of equal size go through
+    ONE call (the multi-crop batching of SwaV and DINO; SimCLR concatenates its two views too).
+    """
+    if separate:
+        return [backbone(v) for v in views]
+    out: list[torch.Tensor | None] = [None] * len(views)
+    for group in group_views_by_resolution(views):
+        feats = backbone(torch.cat([views[i] for i in group])).chunk(len(group))
+        for i, f in zip(group, feats):
+            out[i] = f
+    return out  # type: ignore[return-value]
+
+
+def project(head: nn.Module, feats: list[torch.Tensor], *, separate: bool) -> list[torch.Tensor]:
+    """Apply ``head`` to every view's features: per view, or in one call over all views (BatchNorm in the
+    head then sees every view of the batch together)."""
+    if separate:
+        return [head(f) for f in feats]
+    return list(head(torch.cat(feats)).chunk(len(feats)))
+
+
+def make_teacher(module: nn.Module, fresh: nn.Module | None = None) -> nn.Module:
+    """A frozen copy of ``module`` that only follows the student by EMA.
+
+    ``fresh``: a new instance of the same architecture to load ``module``'s weights into, for modules that
+    cannot be deep-copied (``torch.nn.utils.weight_norm``'s computed weight, as in DINO's head).
+    """
+    if fresh is None:
+        teacher = copy.deepcopy(module)
+    else:
+        teacher = fresh
+        teacher.load_state_dict(module.state_dict())
+        teacher.train(module.training)
+    deactivate_requires_grad(teacher)
+    return teacher
+
+
+class Method(nn.Module):
+    """One self-supervised method: heads, loss and any state beyond the backbone (see the package docstring).
+
+    Attributes:
+        uses_local_views: the method consumes local (multi-crop) views; the others use the two global views.
+        separate_views: run each view alone through backbone and heads (their papers' implementations).
+        steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
+    """
+
+    uses_local_views: bool = False
+    separate_views: bool = False
+
+    def __init__(self, steps_per_epoch: int = 1) -> None:
+        super().__init__()
+        if int(steps_per_epoch) < 1:
+            raise ValueError(f"steps_per_epoch={steps_per_epoch} must be >= 1")
+        self.steps_per_epoch = int(steps_per_epoch)
+        # Optimizer steps completed so far; a host int, so schedules never read the device. It travels in
+        # the state dict as extra state (get_extra_state below).
+        self.step = 0
+
+    @property
+    def epoch(self) -> int:
+        return self.step // self.steps_per_epoch
+
+    def select_views(self, views: list[torch.Tensor]) -> tuple[list[torch.Tensor], int]:
+        """The views this method consumes and how many of them are global."""
+        n_global = count_global_views(views)
+        if n_global < 2:
+            raise ValueError(f"{type(self).__name__} needs at least 2 global views of the same size, got "
+                             f"{n_global} (view shapes {[tuple(v.shape) for v in views]})")
+        if self.uses_local_views:
+            return list(views), n_global
+        return list(views[:2]), 2
+
+    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def before_optimizer_step(self) -> None:
+        """Between backward and the optimizer step: cancel gradients a schedule keeps frozen. Default: nothing."""
+
+    @torch.no_grad()
+    def after_step(self, step: int, total_steps: int, backbone: nn.Module) -> None:
+        """After the optimizer step ``step`` (0-based) of ``total_steps``: EMA updates; records the step."""
+        self.step = int(step) + 1
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+class EMAMethod(Method):
+    """A method with a momentum teacher (BYOL, DINO): a frozen copy of the backbone and of some heads.
+
+    The teacher follows the student with momentum ``m = cosine_schedule(step, total_steps, base, end)`` after
+    every optimizer step (BYOL and DINO papers). The teacher's parameters (``requires_grad=False``: give the
+    optimizer only parameters that require grad) are in this module's state dict, so a checkpoint carries them.
+    """
+
+    def __init__(self, backbone: nn.Module, momentum_base: float, momentum_end: float, steps_per_epoch: int) -> None:
+        super().__init__(steps_per_epoch)
+        self.teacher_backbone = make_teacher(backbone)
+        self.momentum_base, self.momentum_end = float(momentum_base), float(momentum_end)
+
+    def student_teacher_pairs(self, backbone: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
+        return [(backbone, self.teacher_backbone)]
+
+    def momentum(self, step: int, total_steps: int) -> float:
+        return float(cosine_schedule(step, total_steps, self.momentum_base, self.momentum_end))
+
+    @torch.no_grad()
+    def after_step(self, step: int, total_steps: int, backbone: nn.Module) -> None:
+        m = self.momentum(step, total_steps)
+        for student, teacher in self.student_teacher_pairs(backbone):
+            update_momentum(student, teacher, m)
+        super().after_step(step, total_steps, backbone)

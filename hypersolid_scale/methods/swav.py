@@ -1,0 +1,94 @@
+"""SwaV (Caron et al., 2020): swapped prediction of Sinkhorn cluster assignments, with multi-crop.
+
+Assignments are computed on the global views only (lightly's SwaVLoss), with Sinkhorn normalised over the
+GLOBAL batch (``sinkhorn_gather_distributed=True``); every view predicts the other views' assignments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightly.loss import SwaVLoss
+from lightly.models.modules import SwaVProjectionHead, SwaVPrototypes
+from lightly.models.modules.memory_bank import MemoryBankModule
+from torch import nn
+
+from hypersolid_scale.distributed import get_world_size
+from hypersolid_scale.methods.base import Method, encode, project
+from hypersolid_scale.methods.config import SwaVConfig
+
+QUEUED_VIEWS = 2  # the SwaV paper keeps one queue per global view, and uses 2 global views
+
+
+class SwaV(Method):
+    """Prototypes are re-normalised before every forward (SwaV paper) and frozen during the first
+    ``freeze_prototypes_steps`` steps.
+
+    The freezing drops the prototypes' gradients in :meth:`before_optimizer_step` instead of lightly's
+    ``n_steps_frozen_prototypes``, which toggles ``requires_grad``: DistributedDataParallel fixes the set of
+    trainable parameters when it wraps the model and fails on a parameter that stops receiving gradients.
+
+    Queue (``queue_length > 0``): each rank keeps ``queue_length // world_size`` past projections per global
+    view (as the official implementation), used in the assignments from epoch ``queue_start_epoch``. It is
+    per-rank state, carried in this module's extra state (lightly's memory bank keeps it out of the state
+    dict).
+    """
+
+    uses_local_views = True
+
+    def __init__(self, feature_dim: int, cfg: SwaVConfig, steps_per_epoch: int = 1) -> None:
+        super().__init__(steps_per_epoch)
+        self.projector = SwaVProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim)
+        self.prototypes = SwaVPrototypes(cfg.out_dim, cfg.n_prototypes, n_steps_frozen_prototypes=0)
+        self.criterion = SwaVLoss(temperature=cfg.temperature, sinkhorn_iterations=cfg.sinkhorn_iterations,
+                                  sinkhorn_epsilon=cfg.sinkhorn_epsilon, sinkhorn_gather_distributed=True)
+        self.freeze_prototypes_steps = cfg.freeze_prototypes_steps
+        self.queue_start_epoch = cfg.queue_start_epoch
+        per_rank = cfg.queue_length // get_world_size()
+        self.queues = nn.ModuleList(
+            [MemoryBankModule(size=(per_rank, cfg.out_dim)) for _ in range(QUEUED_VIEWS)] if per_rank > 0 else []
+        )
+
+    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        views, n_global = self.select_views(views)
+        with torch.no_grad():
+            self.prototypes.normalize()
+        z = project(self.projector, encode(backbone, views, separate=False), separate=False)
+        z = [F.normalize(x, dim=1) for x in z]
+        logits = list(self.prototypes(torch.cat(z)).chunk(len(z)))
+        queued = self._queue_logits(z[:n_global]) if len(self.queues) else None
+        loss = self.criterion(logits[:n_global], logits[n_global:], queued).reshape(())
+        return loss, {"loss": loss.detach()}
+
+    @torch.no_grad()
+    def _queue_logits(self, global_z: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        if len(global_z) != len(self.queues):
+            raise ValueError(f"the SwaV queue holds {len(self.queues)} global views, got {len(global_z)}; "
+                             "use 2 global views or loss.swav.queue_length=0")
+        # Read the queue, then push this batch (lightly's memory bank returns the bank before the update).
+        banks = [queue(z, update=True)[1].t() for queue, z in zip(self.queues, global_z)]  # (queue, out_dim)
+        if self.epoch < self.queue_start_epoch:
+            return None
+        return [self.prototypes(bank) for bank in banks]
+
+    def before_optimizer_step(self) -> None:
+        if self.step < self.freeze_prototypes_steps:
+            for p in self.prototypes.parameters():
+                p.grad = None
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {**super().get_extra_state(),
+                "queues": [(q.bank.clone(), q.bank_ptr.clone()) for q in self.queues]}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        super().set_extra_state(state)
+        if len(state["queues"]) != len(self.queues):
+            raise ValueError(f"the state holds {len(state['queues'])} SwaV queues, this model {len(self.queues)}")
+        for q, (bank, ptr) in zip(self.queues, state["queues"]):
+            if bank.shape != q.bank.shape:
+                raise ValueError(f"SwaV queue of shape {tuple(bank.shape)} in the state, {tuple(q.bank.shape)} "
+                                 "here: resume with the same loss.swav.queue_length and world size")
+            q.bank.copy_(bank)
+            q.bank_ptr.copy_(ptr)
