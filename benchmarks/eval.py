@@ -1,26 +1,32 @@
-"""Evaluation suite: time and peak memory of each part on Fashion-MNIST-sized embeddings (60k train + 10k test).
+"""Evaluation suite: time and peak memory of each part, and density clustering at the paper's scale.
 
-    python benchmarks/eval.py                    # dims 512 and 2048, a few minutes on 2 CPU cores
-    python benchmarks/eval.py --dims 512 --quick # smaller sizes, a smoke run
+    python benchmarks/eval.py                                  # both sections (36 min on a shared 2-core CPU)
+    python benchmarks/eval.py --sections clustering            # clustering rows only
+    python benchmarks/eval.py --quick --dims 64                # a smoke run (tests/test_benchmark_eval.py)
 
-Embeddings are synthetic but shaped like real ones: 10 overlapping classes, ReLU features (sparse,
-non-negative), see ``make_embeddings``. Each part runs at the size ``launch/eval.py`` uses by default:
-kNN and the linear probe on 60k -> 10k, geometry and the interpolation profile on the 10k test split,
-K-Means on all 70k, DBSCAN on ``cluster_max_samples`` (20k), HDBSCAN on ``hdbscan_max_samples`` (10k).
-Peak memory is the growth of this process's peak resident set during the part (VmHWM, reset with
-/proc/self/clear_refs before each part); on CUDA also the torch peak.
+Section "parts" (results/eval.json, eval.png): kNN, the linear probe, K-Means, geometry and the
+interpolation profile on 60k train + 10k test embeddings shaped like ``make_embeddings``, each timed in
+this process (peak RSS reset through /proc/self/clear_refs before each part).
 
-Then DBSCAN through the sparse FAISS range-search graph against scikit-learn's DBSCAN on a dense
-precomputed distance matrix, at the largest n whose float32 matrix fits ``--dense-budget-gib``, on the
-same eps values; the clusterings must agree. Writes results/eval.json and results/eval.png.
+Section "clustering" (results/clustering.json, clustering.png): what ``eval.suites._cluster`` runs under
+the default protocol on every point, at n = 50k and 100k, d = 512 and 2048: K-Means (k = classes), the
+exact neighbour graph (``pairs.neighbour_graph``), the DBSCAN sweep over the paper's 101 eps and over the
+adaptive grid, the HDBSCAN spanning tree (``density.reachability_tree``) and its labels. Each row runs in a
+process of its own: its peak RSS is the whole cost (interpreter, data, algorithm). The dense path the exact one replaced (scikit-learn's DBSCAN and the hdbscan package on a precomputed
+(n, n) matrix) needs 8 n^2 bytes for HDBSCAN's float64 matrix alone (19 GiB at 50k): it runs at the
+largest n within ``--dense-budget-gib``, next to the exact path at the same n, and their labels are compared.
+Embeddings (``cluster_embeddings``) are shaped like a trained encoder's and L2-normalised.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
+import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,19 +36,24 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.metrics import adjusted_rand_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hypersolid_scale.eval import clustering, geometry, neighborhood, plots  # noqa: E402
 from hypersolid_scale.eval.config import EvalConfig  # noqa: E402
+from hypersolid_scale.eval.density import (  # noqa: E402
+    EPS_FLOOR, dbscan_sweep_labels, labels_from_tree, reachability_tree)
 from hypersolid_scale.eval.knn import knn_accuracy  # noqa: E402
 from hypersolid_scale.eval.linear import linear_probe  # noqa: E402
-from hypersolid_scale.eval.search import as_unit_float32  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # L-BFGS iterations of the timed probe: time per iteration is what scales; launch/eval.py runs up to
 # eval.linear_max_iter (200) iterations for each of the 5 weight decays plus the refit (warm-started).
 LINEAR_ITERS = 50
+# The dense comparison's DBSCAN grid: scikit-learn scans the whole matrix once per eps, so 11 of the 101.
+COMPARE_EPS = [round(0.05 * i, 2) for i in range(11)]
+TARGET = {"seconds": 15 * 60, "peak_rss_gib": 8.0}  # 100k x 2048 on the whole clustering protocol
 
 
 def _status_kib(field: str) -> int:
@@ -53,7 +64,7 @@ def _status_kib(field: str) -> int:
 
 
 def measure(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
-    """Run ``fn``; wall time, growth of the peak RSS over the RSS at the start, CUDA peak when present."""
+    """Run ``fn``: wall time, the process's peak RSS during it and that peak's growth over the RSS at the start."""
     try:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     except OSError:
@@ -63,20 +74,18 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     out = fn()
-    stats = {"seconds": time.perf_counter() - t0, "peak_rss_mib": max(_status_kib("VmHWM") - rss0, 0) / 1024}
+    hwm = _status_kib("VmHWM")
+    stats = {"seconds": round(time.perf_counter() - t0, 2), "peak_rss_mib": round(hwm / 1024, 1),
+             "peak_rss_growth_mib": round(max(hwm - rss0, 0) / 1024, 1)}
     if torch.cuda.is_available():
-        stats["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        stats["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out, stats
 
 
 def make_embeddings(n_train: int, n_test: int, d: int, seed: int = 0, latent: int = 16,
                     spread: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Train and test splits of ReLU(W z + small noise), z = class centre + ``spread`` noise in a 16-d latent.
-
-    A low-dimensional latent keeps classes overlapping (kNN well below 100 %) and same-class cosine
-    distances around 0.1-0.4, where the DBSCAN sweep finds its clusters; ReLU makes ~half the
-    activations zero, as after a ResNet's last block.
-    """
+    """Train/test splits of ReLU(W z + small noise), z = class centre + noise in a 16-d latent: 10 overlapping
+    classes (kNN well below 100 %), ~half the activations zero as after a ResNet's last block."""
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((10, latent)).astype(np.float32)
     proj = rng.standard_normal((latent, d)).astype(np.float32) / np.sqrt(latent)
@@ -90,74 +99,228 @@ def make_embeddings(n_train: int, n_test: int, d: int, seed: int = 0, latent: in
     return (*split(n_train), *split(n_test))
 
 
+def cluster_embeddings(n: int, d: int, classes: int, seed: int = 0,
+                       background: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """(n, d) unit-norm float32 features shaped like a trained encoder's, and labels (-1: background).
+
+    Class centres come in superclasses of 10 (related classes lie closer, as ImageNet's dog breeds do),
+    each class has its own spread, features are ReLU'd (non-negative, ~half zero, as after a ResNet's
+    last block) and L2-normalised; 5 % background points belong to no class (DBSCAN/HDBSCAN noise).
+    Generated in chunks, normalised in place: the (n, d) array is the only full-size copy.
+    """
+    rng = np.random.default_rng(seed)
+    groups = rng.standard_normal((-(-classes // 10), d), dtype=np.float32)
+    centres = groups[np.arange(classes) // 10] + 0.8 * rng.standard_normal((classes, d), dtype=np.float32)
+    spread = rng.uniform(0.8, 1.6, classes).astype(np.float32)
+    y = rng.integers(0, classes, n)
+    y[rng.random(n) < background] = -1
+    x = np.empty((n, d), np.float32)
+    for s in range(0, n, 8192):
+        yy = y[s:s + 8192]
+        noise = rng.standard_normal((len(yy), d), dtype=np.float32)
+        z = np.maximum(np.where(yy[:, None] >= 0, centres[yy] + spread[yy, None] * noise, 2.0 * noise), 0.0)
+        x[s:s + 8192] = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    return x, y
+
+
+# ---- Section "clustering": one subprocess per row --------------------------------------------------------
+
+
+def _exact_row(x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfig,
+               stages: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The exact path: K-Means, adaptive eps, one neighbour graph, DBSCAN sweeps, HDBSCAN tree and labels."""
+    out: dict[str, Any] = {}
+    if spec["kmeans"]:
+        out["kmeans"], stages["kmeans"] = measure(
+            lambda: clustering.kmeans(x, y, k=spec["classes"], niter=ev.kmeans_niter, seed=ev.seed))
+    grids = {"dbscan_grid": spec.get("eps") or ev.dbscan_eps}
+    if spec["adaptive"]:
+        grids["dbscan_adaptive"], stages["adaptive_eps"] = measure(
+            lambda: clustering.adaptive_eps(x, ev.dbscan_min_samples, ev.dbscan_eps_quantiles, seed=ev.seed))
+    ms = ev.hdbscan_min_cluster_size
+    k = max(ev.dbscan_min_samples - 1, ms)
+    radius = max(max(g) for g in grids.values())
+    graph, stages["neighbour_graph"] = measure(
+        lambda: clustering.density_graph(x, radius=radius, k=k, max_edges=ev.dbscan_max_edges))
+    out["graph"] = {"requested_radius": radius, "radius": graph.radius, "pairs": int(graph.dist.size), "k": k}
+    labels: dict[str, np.ndarray] = {}
+    for name, eps in grids.items():
+        sweep, stages[name] = measure(lambda eps=eps: clustering.dbscan_sweep(
+            x, y, eps=eps, min_samples=ev.dbscan_min_samples, max_edges=ev.dbscan_max_edges, graph=graph))
+        done = [r for r in sweep if r["nmi"] is not None]
+        best = max(done, key=lambda r: r["nmi"])
+        out[name] = {"n_eps": len(sweep), "n_run": len(done), **{f"best_{key}": best[key] for key in
+                     ("eps", "nmi", "ari", "n_clusters")}}
+    if spec.get("labels_out"):
+        fits = [e for e in grids["dbscan_grid"] if max(e, EPS_FLOOR) <= graph.radius]
+        labels.update({f"dbscan_{e}": lab for e, lab in zip(fits, dbscan_sweep_labels(
+            graph, ev.dbscan_min_samples, fits))})
+    (a, b, w, exact), stages["hdbscan_tree"] = measure(lambda: reachability_tree(x, graph, ms))
+    labels["hdbscan"], stages["hdbscan_labels"] = measure(lambda: labels_from_tree(a, b, w, ms))
+    out["hdbscan"] = {**clustering.cluster_scores(y, labels["hdbscan"]), "exact_tree": exact}
+    return out, labels
+
+
+def _dense_row(x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfig,
+               stages: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The dense path: scikit-learn's DBSCAN and the hdbscan package on precomputed (n, n) cosine distances."""
+    import hdbscan
+    from sklearn.cluster import DBSCAN
+
+    def dbscan() -> dict[str, np.ndarray]:
+        dist = x @ x.T  # (n, d) @ (d, n), float32: the smallest matrix scikit-learn accepts
+        np.subtract(1.0, dist, out=dist)
+        np.clip(dist, 0.0, 2.0, out=dist)
+        return {f"dbscan_{e}": DBSCAN(eps=max(e, 1e-6), min_samples=ev.dbscan_min_samples,
+                                      metric="precomputed").fit_predict(dist) for e in spec["eps"]}
+
+    def hdb() -> np.ndarray:
+        dist = (1.0 - x @ x.T).astype(np.float64)  # the package computes in float64
+        np.clip(dist, 0.0, 2.0, out=dist)
+        np.fill_diagonal(dist, 0.0)
+        return hdbscan.HDBSCAN(min_cluster_size=ev.hdbscan_min_cluster_size, metric="precomputed").fit_predict(dist)
+
+    labels, stages["dbscan_dense"] = measure(dbscan)
+    labels["hdbscan"], stages["hdbscan_dense"] = measure(hdb)
+    return {"hdbscan": clustering.cluster_scores(y, labels["hdbscan"])}, labels
+
+
+def run_row(spec: dict[str, Any]) -> dict[str, Any]:
+    """One clustering row (in its own process): the data, then the exact or the dense path."""
+    ev = EvalConfig()
+    stages: dict[str, Any] = {}
+    (x, y), stages["data"] = measure(lambda: cluster_embeddings(spec["n"], spec["dim"], spec["classes"], spec["seed"]))
+    out, labels = (_exact_row if spec["path"] == "exact" else _dense_row)(x, y, spec, ev, stages)
+    if spec.get("labels_out"):
+        np.savez(spec["labels_out"], **labels)
+    for name, s in stages.items():
+        print(f"    {spec['path']:5s} n={spec['n']:6d} d={spec['dim']:4d} {name:22s} {s['seconds']:8.1f} s "
+              f"{s['peak_rss_mib']:8.0f} MiB", flush=True)
+    return {"stages": stages, "results": out}
+
+
+def _spawn(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """Run ``spec`` in a fresh interpreter; add its wall time and the whole process's peak RSS."""
+    result_file = tmp / "row.json"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--row", json.dumps(spec), "--row-out", str(result_file)])
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"clustering row {spec} failed with exit code {proc.returncode}")
+    row = json.loads(result_file.read_text())
+    # measure() resets the high-water mark that ru_maxrss reads too (clear_refs): the process's peak is the
+    # largest of the stages' peaks and of what followed the last reset.
+    peak = max([usage.ru_maxrss / 1024] + [s["peak_rss_mib"] for s in row["stages"].values()])
+    return {**{k: v for k, v in spec.items() if k != "labels_out"}, **row,
+            "seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": round(peak, 1)}
+
+
+def _write_json(result: dict[str, Any], machine: dict[str, Any], path: Path) -> None:
+    """Written after every row: a long run interrupted midway keeps the rows it finished."""
+    machine["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
+    path.write_text(json.dumps({**result, "machine": machine}, indent=1, default=float) + "\n")
+
+
+def bench_clustering(ns: list[int], dims: list[int], classes: int, dense_budget_gib: float,
+                     out: Path) -> dict[str, Any]:
+    """Exact rows at every (n, d); the dense path and the exact one side by side at the largest dense n."""
+    dense_n = int(math.isqrt(int(dense_budget_gib * 2**30 / 8)))  # HDBSCAN's float64 (n, n) matrix fits
+    result: dict[str, Any] = {"target": TARGET, "dense_budget_gib": dense_budget_gib, "rows": [], "compare": []}
+    machine = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+               "loadavg_start": [round(v, 2) for v in os.getloadavg()]}
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        for n, d in itertools.product(ns, dims):
+            print(f"  clustering n={n} d={d} (exact; dense needs {8 * n * n / 2**30:.1f} GiB)", flush=True)
+            row = _spawn({"path": "exact", "n": n, "dim": d, "classes": classes, "seed": 0, "kmeans": True,
+                          "adaptive": True}, tmp)
+            row["dense"] = f"not run: its float64 (n, n) matrix needs {8 * n * n / 2**30:.1f} GiB"
+            result["rows"].append(row)
+            _write_json(result, machine, out / "clustering.json")
+        for d in dims:
+            print(f"  dense vs exact n={dense_n} d={d}", flush=True)
+            base = {"n": dense_n, "dim": d, "classes": max(dense_n // 50, 10), "seed": 1, "kmeans": False,
+                    "adaptive": False, "eps": COMPARE_EPS}
+            pair = [_spawn({**base, "path": p, "labels_out": str(tmp / f"{p}.npz")}, tmp) for p in ("exact", "dense")]
+            ex, de = (np.load(tmp / f"{p}.npz") for p in ("exact", "dense"))
+            dbscan_keys = sorted(k for k in ex.files if k.startswith("dbscan_"))
+            result["rows"] += pair
+            result["compare"].append({
+                "n": dense_n, "dim": d, "dbscan_eps_compared": len(dbscan_keys),
+                "dbscan_same_labels": all(np.array_equal(ex[k], de[k]) for k in dbscan_keys),
+                "hdbscan_same_labels": bool(np.array_equal(ex["hdbscan"], de["hdbscan"])),
+                "hdbscan_ari_exact_vs_dense": float(adjusted_rand_score(de["hdbscan"], ex["hdbscan"]))})
+            print(f"  {result['compare'][-1]}", flush=True)
+            _write_json(result, machine, out / "clustering.json")
+    return result
+
+
+def plot_clustering(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = result["rows"]
+    names = [f"{r['path']} {r['n'] // 1000}k x {r['dim']}" for r in rows]
+    stage_names = list(dict.fromkeys(s for r in rows for s in r["stages"]))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.45 * len(rows) + 2))
+    left = np.zeros(len(rows))
+    for s in stage_names:
+        secs = np.array([r["stages"].get(s, {}).get("seconds", 0.0) for r in rows])
+        axes[0].barh(names, secs, left=left, label=s)
+        left += secs
+    axes[0].axvline(TARGET["seconds"], color="k", ls="--", lw=1, label="target (100k x 2048)")
+    axes[0].set_xlabel("seconds (stages stacked)")
+    axes[0].legend(fontsize=7, frameon=False)
+    axes[1].barh(names, [r["peak_rss_mib"] / 1024 for r in rows], color="tab:orange")
+    axes[1].axvline(TARGET["peak_rss_gib"], color="k", ls="--", lw=1)
+    axes[1].set_xlabel("peak RSS of the row's process (GiB)")
+    for ax in axes:
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle(f"density clustering on every point, {result['machine']['cpus']} CPU cores; dense path only "
+                 f"within {result['dense_budget_gib']} GiB")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- Section "parts": kNN, linear probe, K-Means, geometry, interpolation on 60k + 10k embeddings --------
+
+
 def bench_dim(d: int, n_train: int, n_test: int, ev: EvalConfig, out_dir: Path) -> dict[str, Any]:
     x_tr, y_tr, x_te, y_te = make_embeddings(n_train, n_test, d)
     x_all, y_all = np.concatenate([x_tr, x_te]), np.concatenate([y_tr, y_te])
-    sub = clustering.subsample(len(x_all), ev.cluster_max_samples, 0)
-    hsub = clustering.subsample(len(x_all), ev.hdbscan_max_samples, 0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     parts: list[tuple[str, int, Callable[[], Any]]] = [
-        ("knn (k=5,20,200)", n_train + n_test,
-         lambda: knn_accuracy(x_tr, y_tr, x_te, y_te, ks=(5, 20, 200))),
+        ("knn (k=5,20,200)", n_train + n_test, lambda: knn_accuracy(x_tr, y_tr, x_te, y_te, ks=(5, 20, 200))),
         (f"linear probe (1 wd, {LINEAR_ITERS} it)", n_train + n_test,
-         lambda: linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1e-4], max_iter=LINEAR_ITERS,
-                              device=device)),
+         lambda: linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1e-4], max_iter=LINEAR_ITERS, device=device)),
         ("kmeans (k=10)", len(x_all), lambda: clustering.kmeans(x_all, y_all, k=10)),
-        (f"dbscan sparse ({len(ev.dbscan_eps)} eps)", len(sub),
-         lambda: clustering.dbscan_sweep(x_all[sub], y_all[sub], eps=ev.dbscan_eps, max_edges=ev.dbscan_max_edges)),
-        ("hdbscan", len(hsub), lambda: clustering.hdbscan_cluster(x_all[hsub], y_all[hsub])),
         ("geometry", n_test, lambda: geometry.geometry_metrics(x_te, y_te, max_pairs=ev.max_pairs)),
         ("interpolation profile", n_test,
          lambda: neighborhood.interpolation_profile(x_te, y_te, n_pairs=ev.interp_pairs)),
     ]
     rows, outputs = [], {}
     for name, n, fn in parts:
-        out, stats = measure(fn)
-        outputs[name] = out
+        outputs[name], stats = measure(fn)
         rows.append({"part": name, "n": n, "dim": d, **stats})
-        print(f"  d={d:5d} {name:28s} n={n:6d} {stats['seconds']:8.1f} s {stats['peak_rss_mib']:8.0f} MiB", flush=True)
-    sweep = outputs[f"dbscan sparse ({len(ev.dbscan_eps)} eps)"]
+        print(f"  d={d:5d} {name:28s} n={n:6d} {stats['seconds']:8.1f} s {stats['peak_rss_growth_mib']:8.0f} MiB",
+              flush=True)
 
     def make_plots() -> None:
         pos, neg = geometry.pair_similarities(x_te, y_te, max_pairs=ev.max_pairs)
         plots.plot_similarity_density(pos, neg, out_dir / f"density_{d}.png")
         plots.plot_centroid_heatmap(geometry.centroid_cosine(x_te, y_te), out_dir / f"centroids_{d}.png")
-        plots.plot_dbscan_sweep(sweep, out_dir / f"dbscan_{d}.png")
         plots.plot_interpolation_profile(outputs["interpolation profile"], out_dir / f"interp_{d}.png")
 
     _, stats = measure(make_plots)
-    rows.append({"part": "plots (4 PNG)", "n": n_test, "dim": d, **stats})
-    print(f"  d={d:5d} {'plots (4 PNG)':28s} n={n_test:6d} {stats['seconds']:8.1f} s", flush=True)
+    rows.append({"part": "plots (3 PNG)", "n": n_test, "dim": d, **stats})
     return {"rows": rows, "knn": outputs["knn (k=5,20,200)"], "linear": outputs[parts[1][0]]}
 
 
-def bench_dbscan_dense(d: int, budget_gib: float, eps: list[float]) -> dict[str, Any]:
-    """Sparse graph vs dense precomputed matrix, at the largest n whose float32 (n, n) matrix fits the budget."""
-    from sklearn.cluster import DBSCAN
-
-    n = int(math.isqrt(int(budget_gib * 2**30 / 4)))
-    x, y, _, _ = make_embeddings(n, 1, d, seed=2)
-    sparse, s_stats = measure(lambda: clustering.dbscan_sweep(x, y, eps=eps))
-
-    def dense() -> list[dict[str, Any]]:
-        u = as_unit_float32(x)
-        dist = 1.0 - u @ u.T  # (n, d) @ (d, n), float32: the smallest dense matrix sklearn accepts
-        np.clip(dist, 0.0, 2.0, out=dist)
-        return [{"eps": e, **clustering.cluster_scores(
-            y, DBSCAN(eps=max(e, 1e-6), min_samples=5, metric="precomputed").fit_predict(dist))} for e in eps]
-
-    dense_out, d_stats = measure(dense)
-    agree = all(abs(a["nmi"] - b["nmi"]) < 1e-9 and a["n_clusters"] == b["n_clusters"]
-                for a, b in zip(sparse, dense_out))
-    print(f"  dbscan n={n} d={d}: sparse {s_stats['seconds']:.1f} s {s_stats['peak_rss_mib']:.0f} MiB | dense "
-          f"{d_stats['seconds']:.1f} s {d_stats['peak_rss_mib']:.0f} MiB | same clusters: {agree}", flush=True)
-    return {"n": n, "dim": d, "eps": eps, "sparse": s_stats, "dense": d_stats, "same_clusters": agree,
-            "edges_at_max_eps": sparse[-1].get("edges"), "sweep": sparse}
-
-
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot_parts(result: dict[str, Any], path: Path) -> None:
     import matplotlib
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -169,55 +332,66 @@ def plot(result: dict[str, Any], path: Path) -> None:
         rows = {r["part"]: r for r in result["parts"] if r["dim"] == d}
         pos = np.arange(len(names)) + i * width
         axes[0].barh(pos, [rows[n]["seconds"] for n in names], height=width, label=f"d={d}")
-        axes[1].barh(pos, [rows[n]["peak_rss_mib"] for n in names], height=width, label=f"d={d}")
+        axes[1].barh(pos, [rows[n]["peak_rss_growth_mib"] for n in names], height=width, label=f"d={d}")
     for ax, label in ((axes[0], "seconds"), (axes[1], "peak RSS growth (MiB)")):
         ax.set_yticks(np.arange(len(names)) + 0.4 - width / 2, names, fontsize=8)
         ax.set_xlabel(label)
         ax.invert_yaxis()
         ax.legend(frameon=False)
         ax.grid(axis="x", alpha=0.3)
-    db = result.get("dbscan_dense_vs_sparse")
-    if db:
-        axes[0].set_title(f"DBSCAN n={db['n']}: sparse {db['sparse']['seconds']:.0f} s / "
-                          f"{db['sparse']['peak_rss_mib']:.0f} MiB vs dense {db['dense']['seconds']:.0f} s / "
-                          f"{db['dense']['peak_rss_mib']:.0f} MiB", fontsize=9)
     fig.suptitle(f"evaluation parts, {result['n_train']} + {result['n_test']} embeddings, {result['device']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
+def bench_parts(dims: list[int], n_train: int, n_test: int, out: Path) -> dict[str, Any]:
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
+    result: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "device": device, "platform": platform.platform(),
+                              "torch": torch.__version__, "parts": [], "quality": {}}
+    t0 = time.perf_counter()
+    for d in dims:
+        with tempfile.TemporaryDirectory() as plot_dir:  # the PNGs are timed, not kept
+            res = bench_dim(d, n_train, n_test, EvalConfig(), Path(plot_dir))
+        result["parts"] += res["rows"]
+        result["quality"][str(d)] = {**res["knn"], **res["linear"]}
+    result["total_seconds"] = round(time.perf_counter() - t0, 1)
+    (out / "eval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    plot_parts(result, out / "eval.png")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", nargs="+", choices=["clustering", "parts"], default=["clustering", "parts"])
     p.add_argument("--dims", type=int, nargs="+", default=[512, 2048])
-    p.add_argument("--n-train", type=int, default=60000)
-    p.add_argument("--n-test", type=int, default=10000)
+    p.add_argument("--n", type=int, nargs="+", default=[50_000, 100_000], help="clustering: points per row")
+    p.add_argument("--classes", type=int, default=1000, help="clustering: classes (the paper's K-Means k = 1000)")
     p.add_argument("--dense-budget-gib", type=float, default=1.5,
-                   help="memory allowed for the dense DBSCAN distance matrix (float32)")
-    p.add_argument("--quick", action="store_true", help="10x fewer samples (smoke run)")
+                   help="clustering: memory allowed for the dense path's float64 (n, n) matrix")
+    p.add_argument("--n-train", type=int, default=60000, help="parts: training embeddings")
+    p.add_argument("--n-test", type=int, default=10000, help="parts: test embeddings")
+    p.add_argument("--quick", action="store_true", help="a smoke run: a few thousand points per row")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--row", help=argparse.SUPPRESS)  # internal: one clustering row (JSON spec) ...
+    p.add_argument("--row-out", type=Path, help=argparse.SUPPRESS)  # ... and the file for its result
     args = p.parse_args(argv)
+    if args.row:
+        args.row_out.write_text(json.dumps(run_row(json.loads(args.row)), default=float))
+        return 0
     if args.quick:
-        args.n_train, args.n_test, args.dense_budget_gib = args.n_train // 10, args.n_test // 10, 0.05
+        args.n, args.classes, args.dense_budget_gib = [3000], 60, 0.02
+        args.n_train, args.n_test = args.n_train // 10, args.n_test // 10
     args.out.mkdir(parents=True, exist_ok=True)
-    # The subsample sizes and the 11-value eps grid of the earlier table (the whole-split clustering at scale
-    # is benchmarks/clustering_scale.py).
-    ev = EvalConfig(cluster_max_samples=20000, hdbscan_max_samples=10000,
-                    dbscan_eps=[round(0.05 * i, 2) for i in range(11)])
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
-    result: dict[str, Any] = {"n_train": args.n_train, "n_test": args.n_test, "device": device,
-                              "platform": platform.platform(), "torch": torch.__version__, "parts": [], "quality": {}}
     t0 = time.perf_counter()
-    for d in args.dims:
-        with tempfile.TemporaryDirectory() as plot_dir:  # the PNGs are timed, not kept
-            out = bench_dim(d, args.n_train, args.n_test, ev, Path(plot_dir))
-        result["parts"] += out["rows"]
-        result["quality"][str(d)] = {**out["knn"], **out["linear"]}
-    result["dbscan_dense_vs_sparse"] = bench_dbscan_dense(min(args.dims), args.dense_budget_gib, [0.1, 0.2, 0.3, 0.4])
-    result["total_seconds"] = time.perf_counter() - t0
-    (args.out / "eval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
-    plot(result, args.out / "eval.png")
-    print(f"wrote {args.out / 'eval.json'} and {args.out / 'eval.png'} ({result['total_seconds']:.0f} s)")
+    if "clustering" in args.sections:
+        res = bench_clustering(args.n, args.dims, args.classes, args.dense_budget_gib, args.out)
+        plot_clustering({**res, "machine": {"cpus": os.cpu_count()}}, args.out / "clustering.png")
+        print(f"wrote {args.out / 'clustering.json'} and clustering.png", flush=True)
+    if "parts" in args.sections:
+        bench_parts(args.dims, args.n_train, args.n_test, args.out)
+        print(f"wrote {args.out / 'eval.json'} and eval.png", flush=True)
+    print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
 
 
