@@ -34,6 +34,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hypersolid_scale import run_builder  # noqa: E402
 from hypersolid_scale import train as trainer  # noqa: E402
 from hypersolid_scale.config import load_config  # noqa: E402
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
@@ -123,13 +124,13 @@ def make_config(setup: str, batch: int, device: torch.device, extra: list[str]) 
 def run_trainer(cfg: Any, data: DeviceImages, device: torch.device, warmup: int, steps: int,
                 check_feats: list | None = None) -> dict[str, float]:
     """The trainer's build + train_step, fed from ``data``; ``check_feats`` gets the trainer's loss of a batch."""
-    original = trainer.build_train_loader
-    trainer.build_train_loader = lambda *a, **k: data  # the only replaced piece: the data source
+    original = run_builder.build_train_loader
+    run_builder.build_train_loader = lambda *a, **k: data  # the only replaced piece: the data source
     try:
         trainer.seed_everything(cfg.seed, cfg.deterministic)
         run = trainer.build(cfg, WorldInfo(0, 1, 0, "single"), device)
     finally:
-        trainer.build_train_loader = original
+        run_builder.build_train_loader = original
     if data.channels_last and cfg.dist.engine == "ddp":
         # Same Parameter objects, so the optimizer keeps them. Not under DeepSpeed: ZeRO's parameters are
         # views into its flat buffers, which a memory-format change would cut loose.

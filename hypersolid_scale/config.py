@@ -2,7 +2,8 @@
 
 Every section owned by another package (data, model, loss, tracking, eval) is imported from it, so one
 definition per field exists in the project. ``load_config`` fails *before any work starts* with a
-``ValueError`` that names the offending key and what is allowed: an unknown key, a value of the wrong type
+:class:`~hypersolid_scale.errors.ConfigError` (a ``ValueError``) that names the offending file or key and
+what is allowed: a YAML syntax error (with its line and column), an unknown key, a value of the wrong type
 or a value outside its allowed set.
 
 Example::
@@ -23,12 +24,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from hypersolid_scale.data.config import DataConfig
+from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.losses.config import LossConfig
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import OptimConfig
-from hypersolid_scale.tracking import TrackingConfig
+from hypersolid_scale.tracking import TrackingConfig, validate_config as validate_tracking
 
 # ----------------------------------------------------------------------------------------------------------
 # Trainer-owned sections
@@ -40,7 +42,7 @@ class DistConfig:
     """How processes cooperate. World size and rank come from torchrun / Slurm, never from here."""
 
     engine: str = "ddp"  # ddp | deepspeed
-    backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    transport: str = "auto"  # the process group's: auto (nccl on GPU, gloo on CPU) | gloo | nccl
     zero_stage: int = 0  # DeepSpeed ZeRO stage 0, 1 or 2 (3 would shard the weights the loss code sees)
     # BatchNorm statistics over the GLOBAL batch (docs/design.md §3b): auto (whenever world size > 1) | true | false.
     # CUDA uses torch's SyncBatchNorm, CPU/gloo hypersolid_scale.distributed.batchnorm.GlobalBatchNorm.
@@ -89,7 +91,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "optim.name": ("adamw", "sgd"),
     "optim.schedule": ("constant", "cosine"),
     "dist.engine": ("ddp", "deepspeed"),
-    "dist.backend": ("auto", "gloo", "nccl"),
+    "dist.transport": ("auto", "gloo", "nccl"),
     "dist.zero_stage": (0, 1, 2),
     "dist.bf16": ("auto", "true", "false"),
     "dist.sync_bn": ("auto", "true", "false"),
@@ -115,11 +117,12 @@ RANGES: list[tuple[str, Any, str]] = [
 ]
 
 # Keys that may change between a checkpoint and its resumption without changing what is being trained:
-# how long, where, how it is logged/evaluated/checkpointed and how many workers feed it.
+# how long, where, how it is logged/evaluated/checkpointed and how many workers feed it. ("dist.backend" is
+# dist.transport's former name, still found in older checkpoints' configs.)
 _RESUMABLE_PREFIXES = (
     "run_dir", "epochs", "max_steps", "progress", "tracking.", "eval.", "checkpoint.",
-    "dist.timeout_minutes", "dist.backend", "dist.device", "data.num_workers", "data.root", "data.path",
-    "data.cache", "data.download",
+    "dist.timeout_minutes", "dist.transport", "dist.backend", "dist.device", "data.num_workers", "data.root",
+    "data.path", "data.cache", "data.download",
 )
 
 # ----------------------------------------------------------------------------------------------------------
@@ -133,8 +136,8 @@ def _get(cfg: Any, dotted: str) -> Any:
     return cfg
 
 
-def _explain(err: OmegaConfBaseException, schema: DictConfig) -> ValueError:
-    """Turn an OmegaConf error into a ValueError naming the key and what would have been accepted."""
+def _explain(err: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
+    """Turn an OmegaConf error into a ConfigError naming the key and what would have been accepted."""
     key = getattr(err, "full_key", None) or "?"
     first_line = str(err).splitlines()[0]
     parent_key, _, leaf = key.rpartition(".")
@@ -142,52 +145,76 @@ def _explain(err: OmegaConfBaseException, schema: DictConfig) -> ValueError:
     if isinstance(err, KeyError) and isinstance(parent, DictConfig):
         allowed = ", ".join(sorted(str(k) for k in parent.keys()))
         where = f"section '{parent_key}'" if parent_key else "the top level"
-        return ValueError(f"unknown config key '{key}': {first_line}. Keys allowed in {where}: {allowed}")
+        return ConfigError(f"unknown config key '{key}': {first_line}. Keys allowed in {where}: {allowed}")
     expected = ""
     if isinstance(parent, DictConfig) and leaf in parent:
         node = parent._get_node(leaf)
         expected = f" (expected {getattr(node, '_metadata').ref_type})" if node is not None else ""
-    return ValueError(f"bad value for config key '{key}'{expected}: {first_line}")
+    return ConfigError(f"bad value for config key '{key}'{expected}: {first_line}")
 
 
 def validate(cfg: Config) -> None:
-    """Check closed choices and numeric ranges; raise ValueError naming the key and the allowed values.
+    """Check closed choices and numeric ranges; raise ConfigError naming the key and the allowed values.
 
-    The data, model, loss, tracking and eval sections are checked by their own packages' ``validate``.
+    The data, model, loss, tracking and eval sections are checked by their own packages' ``validate``
+    (their ValueErrors become ConfigErrors: a bad value in a config is always the user's to fix).
     """
-    for section in (cfg.data, cfg.model, cfg.loss, cfg.eval):
-        section.validate()
-    from hypersolid_scale.tracking import validate_config as validate_tracking
-
-    validate_tracking(cfg.tracking)
+    try:
+        for section in (cfg.data, cfg.model, cfg.loss, cfg.eval):
+            section.validate()
+        validate_tracking(cfg.tracking)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     for key, choices in CHOICES.items():
         value = _get(cfg, key)
         if isinstance(value, str):
             value = value.lower()
         if value not in choices:
             allowed = " | ".join(str(c) for c in choices)
-            raise ValueError(f"config key '{key}' = {value!r} is not allowed; choose one of: {allowed}")
+            raise ConfigError(f"config key '{key}' = {value!r} is not allowed; choose one of: {allowed}")
     for key, ok, what in RANGES:
         value = _get(cfg, key)
         if not ok(value):
-            raise ValueError(f"config key '{key}' = {value!r} is invalid; expected {what}")
+            raise ConfigError(f"config key '{key}' = {value!r} is invalid; expected {what}")
     if cfg.optim.min_lr > cfg.optim.lr:
-        raise ValueError(f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
-                         "the cosine schedule decays from optim.lr down to optim.min_lr")
+        raise ConfigError(f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
+                          "the cosine schedule decays from optim.lr down to optim.min_lr")
     if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
-        raise ValueError(
+        raise ConfigError(
             f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
             "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
         )
 
 
+_RENAMED = {"dist.backend": "dist.transport"}  # former name -> name; old checkpoints' configs are migrated
+
+
+def _refuse_renamed(keys: set[str], where: str) -> None:
+    for old, new in _RENAMED.items():
+        if old in keys:
+            raise ConfigError(f"config key '{old}' ({where}) is now called '{new}' (the process group's transport: "
+                              f"auto | gloo | nccl; 'backend' names only the repulsion algorithm, loss.backend); "
+                              f"rename it to {new}")
+
+
 def _read_yaml(path: str | Path) -> DictConfig:
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"config file {str(path)!r} does not exist; pass an existing YAML file (see configs/)")
-    data = yaml.safe_load(path.read_text()) or {}
+        raise ConfigError(f"config file {str(path)!r} does not exist; pass an existing YAML file (see configs/)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {err.problem or err.context}; "
+                          "fix the syntax there (indent with spaces, one 'key: value' per line)") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
+    _refuse_renamed(set(flatten(data)), f"in {path}")
     return OmegaConf.create(data)
 
 
@@ -195,12 +222,14 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked and validated.
 
     Raises:
-        ValueError: unknown key, wrong type, value outside its allowed set, or a malformed override.
+        ConfigError (a ValueError): a missing or unparsable file, an unknown key, a wrong type, a value
+        outside its allowed set, or a malformed override.
     """
     schema = OmegaConf.structured(Config)
     for ov in overrides:
         if "=" not in ov or ov.startswith("="):
-            raise ValueError(f"override {ov!r} is malformed; write it as section.key=value, e.g. optim.lr=1e-3")
+            raise ConfigError(f"override {ov!r} is malformed; write it as section.key=value, e.g. optim.lr=1e-3")
+    _refuse_renamed({ov.split("=", 1)[0] for ov in overrides}, "a command-line override")
     try:
         layers = [schema]
         if path is not None:
@@ -209,7 +238,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         merged = OmegaConf.merge(*layers)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise _explain(err, schema) from None
+        given = {ov.split("=", 1)[0] for ov in overrides}
+        key = getattr(err, "full_key", None)
+        where = "a command-line override" if key in given else f"in {path}" if path is not None else ""
+        raise ConfigError(f"{_explain(err, schema)}{f' ({where})' if where else ''}") from None
     # Normalise spellings that YAML turns into other types (``bf16: true`` is read as the string "True").
     cfg.dist.bf16 = str(cfg.dist.bf16).lower()
     validate(cfg)
@@ -222,7 +254,13 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def from_dict(d: dict[str, Any]) -> Config:
-    """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors."""
+    """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors, renamed keys of
+    configs stored by older versions (checkpoints) are read under their new name."""
+    for old, new in _RENAMED.items():
+        (section, old_key), new_key = old.split("."), new.split(".")[1]
+        if isinstance(d.get(section), dict) and old_key in d[section]:
+            moved = {k: v for k, v in d[section].items() if k != old_key}
+            d = {**d, section: {new_key: d[section][old_key], **moved}}
     overrides_free = OmegaConf.create(d)
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), overrides_free))
@@ -269,17 +307,18 @@ def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
     """Return ``(base_config_path, runs)``; every run is validated against the base config eagerly."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"sweep file {str(path)!r} does not exist")
+        raise ConfigError(f"sweep file {str(path)!r} does not exist")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict) or "base" not in data or "runs" not in data:
-        raise ValueError(f"sweep file {str(path)!r} needs two keys: 'base' (a config path) and 'runs' (a list of "
-                         "lists of section.key=value overrides)")
+        raise ConfigError(f"sweep file {str(path)!r} needs two keys: 'base' (a config path) and 'runs' (a list of "
+                          "lists of section.key=value overrides)")
     unknown = set(data) - {"base", "runs", "description"}
     if unknown:
-        raise ValueError(f"sweep file {str(path)!r} has unknown keys {sorted(unknown)}; allowed: base, runs, description")
+        raise ConfigError(f"sweep file {str(path)!r} has unknown keys {sorted(unknown)}; allowed: base, runs, "
+                          "description")
     runs = data["runs"]
     if not isinstance(runs, list) or not all(isinstance(r, list) and all(isinstance(o, str) for o in r) for r in runs):
-        raise ValueError(f"sweep file {str(path)!r}: 'runs' must be a list of lists of strings like 'optim.lr=1e-3'")
+        raise ConfigError(f"sweep file {str(path)!r}: 'runs' must be a list of lists of strings like 'optim.lr=1e-3'")
     base = str(data["base"])
     if not Path(base).is_file():
         # configs/sweeps/x.yaml names its base from the repository root: look upwards from the sweep file.
@@ -291,7 +330,7 @@ def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
         try:
             load_config(base, run)
         except ValueError as err:
-            raise ValueError(f"sweep file {str(path)!r}, runs[{i}] = {run}: {err}") from None
+            raise ConfigError(f"sweep file {str(path)!r}, runs[{i}] = {run}: {err}") from None
     return base, [list(r) for r in runs]
 
 

@@ -32,6 +32,7 @@ class UserError(Exception):
     """
 
     per_rank = False
+    reported = False  # set by `report`: the line is out, `run_cli` only sets the exit code
 
 
 class ConfigError(UserError, ValueError):
@@ -67,6 +68,20 @@ def _write_log(log_file: Path | None, text: str) -> None:
         pass  # the log is a convenience: failing to write it must not hide the error being reported
 
 
+def report(err: UserError) -> None:
+    """Print ``err``'s one line now (rank 0 only, unless ``per_rank``) and mark it reported, so that
+    ``run_cli`` does not print it again.
+
+    For code that must print before it lets the error go: a launcher stops the remaining workers (SIGTERM)
+    as soon as one has exited, and a worker whose handlers no longer catch that signal dies unheard.
+    """
+    if not err.reported and (err.per_rank or _rank() == 0):
+        launched = "RANK" in os.environ or "SLURM_PROCID" in os.environ
+        prefix = f"[rank {_rank()}] " if err.per_rank and launched else ""
+        print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
+    err.reported = True
+
+
 def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
             log_file: Callable[[], Path | None] | None = None) -> int:
     """Run ``main(argv)`` and turn exceptions into one line on stderr and an exit code.
@@ -74,8 +89,8 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
     ``log_file`` is called after a failure and returns where the traceback goes (None: nowhere), so an
     entry point can name its run directory once it knows it. With ``HS_DEBUG=1`` the exception propagates
     unchanged (full traceback, Python's exit code 1). Under torchrun every rank fails alike for a bad
-    input, so only rank 0 prints a ``UserError`` (unless its ``per_rank``); a bug is printed by every rank that meets it,
-    with its rank.
+    input, so only rank 0 prints a ``UserError`` (unless its ``per_rank``; and not twice, see ``report``); a
+    bug is printed by every rank that meets it, with its rank.
     """
     try:
         return main(list(argv))
@@ -92,8 +107,7 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
         where = f"; traceback in {path}" if path is not None else ""
         prefix = f"[rank {_rank()}] " if "RANK" in os.environ or "SLURM_PROCID" in os.environ else ""
         if isinstance(err, UserError):
-            if err.per_rank or _rank() == 0:
-                print(f"{prefix if err.per_rank else ''}error: {err}", file=sys.stderr)
+            report(err)
             return EXIT_BAD_INPUT
         print(f"{prefix}error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
               f"rerun with {DEBUG_ENV}=1 for the traceback{where})", file=sys.stderr)

@@ -17,8 +17,7 @@ import time
 
 import torch
 
-from hypersolid_scale.distributed import all_reduce_max, is_distributed
-from hypersolid_scale.distributed.env import all_reduce_max_flag
+from hypersolid_scale.distributed import all_reduce_max, all_reduce_max_flag, is_distributed
 from hypersolid_scale.losses.stats import HostValue, PackedStats
 
 

@@ -3,9 +3,11 @@
     torchrun --nproc_per_node=2 launch/train.py --config configs/quickstart.yaml optim.lr=3e-4
     srun python launch/train.py --config configs/cifar100.yaml      # one task per GPU
 
-Exit code 75 means "preempted, checkpoint written, requeue me"; 0 means finished; 2 a bad config or a run_dir
-locked by another live training. Under torchrun / srun the workers stop (SIGTERM: checkpoint, exit 75) when
-the launcher dies, even by SIGKILL.
+Exit code 75 means "preempted, checkpoint written, requeue me"; 0 means finished; 2 a problem with the input
+(a bad config, missing data, an unusable checkpoint, a full disk, an unreachable tracking server, a run_dir
+locked by another live training), reported in one line; 1 an internal error (the traceback goes to
+<run_dir>/logs/errors.log, and to the terminal with HS_DEBUG=1). Under torchrun / srun the workers stop
+(SIGTERM: checkpoint, exit 75) when the launcher dies, even by SIGKILL.
 """
 
 import os
@@ -34,19 +36,18 @@ if not die_with_parent(signal.SIGTERM, parent=_PARENT):
     sys.exit(EXIT_ORPHANED)
 
 from hypersolid_scale import train  # noqa: E402
+from hypersolid_scale.errors import run_cli  # noqa: E402
+
+_run_dir: list[Path] = []  # known once the config is valid
 
 
-def run(argv: list[str]) -> int:
-    if _early:
-        train._STOP["signal"] = _early[0]
-    path, overrides = train.parse_args(argv)
-    try:
-        cfg = train.load_config(path, overrides)
-    except ValueError as err:  # a bad config: the message names the key and the fix, a traceback adds nothing
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return train.train(cfg)
+def _main(argv: list[str]) -> int:
+    return train.main(argv, early_signals=_early, on_config=lambda cfg: _run_dir.append(Path(cfg.run_dir)))
+
+
+def _log_file() -> Path | None:
+    return _run_dir[0] / "logs" / "errors.log" if _run_dir else None
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(run_cli(_main, sys.argv[1:], log_file=_log_file))

@@ -51,7 +51,7 @@ def global_batches() -> list[list[torch.Tensor]]:
 def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world: int = 1,
                  resume_at: int | None = None) -> dict[str, torch.Tensor]:
     """Final parameters after STEPS steps; ``resume_at=k`` rebuilds the engine after k steps from its state."""
-    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.optim import build_optimizer
     from hypersolid_scale.losses import HypersolidLoss
 
@@ -71,7 +71,7 @@ def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world:
             engine.load_optimizer_state(state["optimizer"])
         return engine
 
-    from hypersolid_scale.distributed.env import broadcast_object
+    from hypersolid_scale.distributed import broadcast_object
 
     engine = make()
     # alpha 0.3: most pairs of a random network lie inside the exclusion zone, so repulsion dominates.
@@ -97,7 +97,7 @@ def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world:
 
 def worker(out_dir: str, specs: list[str]) -> None:
     """Under torchrun: every spec is ``engine[:zero_stage[:resume_at]]``."""
-    from hypersolid_scale.distributed.env import cleanup, init_distributed
+    from hypersolid_scale.distributed import cleanup, init_distributed
 
     info, _ = init_distributed("cpu", "gloo")
     torch.set_num_threads(1)
@@ -128,7 +128,7 @@ def deepspeed_load_model_state(out: str, specs: list[str]) -> None:
 
     Saves ``{spec: {"old", "loaded", "after"}}``; "after" must sit next to "loaded", not to "old".
     """
-    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.losses import HypersolidLoss
 
     torch.set_num_threads(1)
@@ -151,7 +151,7 @@ def deepspeed_load_model_state(out: str, specs: list[str]) -> None:
 
 def deepspeed_bf16_batchnorm_step(out: str) -> None:
     """A model with BatchNorm, DeepSpeed with bf16, two training steps and the online monitor's fp32 forward."""
-    from hypersolid_scale.distributed.engines import build_engine
+    from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.losses import HypersolidLoss
     from hypersolid_scale.models import ModelConfig, build_model
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +14,7 @@ import torch
 
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.config import fingerprint, load_config, to_dict
+from hypersolid_scale.errors import CheckpointError
 from hypersolid_scale.models import build_model
 
 OVERRIDES = ["model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=1", "model.proj_dim=8"]
@@ -98,3 +102,46 @@ def test_build_model_from_checkpoint_and_random_init_baseline(tmp_path: Path) ->
     fresh = build_model(cfg.model).state_dict()
     assert all(torch.equal(init["model"][k], fresh[k]) for k in fresh)
     assert any(not torch.equal(init["model"][k], state["model"][k]) for k in fresh)  # the trained ones moved
+
+
+class _NotAllowed:
+    """A pickled object of a class: a checkpoint of this trainer never holds one."""
+
+
+@pytest.mark.parametrize("kind, why", [
+    ("truncated", "cut short"), ("random", "not a PyTorch checkpoint"), ("empty", "empty"),
+    ("plain_pickle", "not a PyTorch checkpoint"), ("object", "Python objects other than tensors"),
+])
+def test_unreadable_files_get_our_explanation_never_torchs_advice(tmp_path: Path, kind: str, why: str) -> None:
+    path = tmp_path / "step_00000001.pt"
+    if kind == "truncated":
+        data = ck.save_checkpoint(tmp_path / "run", _state(1)).read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "random":
+        path.write_bytes(os.urandom(2048))
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "plain_pickle":
+        path.write_bytes(pickle.dumps({"model": {}}))
+    else:
+        torch.save({"model": _NotAllowed()}, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's own warnings about the file (file an issue...) stay hidden
+        with pytest.raises(CheckpointError, match=why) as err:
+            ck.load_checkpoint(path)
+    assert isinstance(err.value, ValueError) and str(path) in str(err.value)
+    assert "weights_only" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_missing_checkpoint_is_a_checkpoint_error_and_a_file_not_found_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist") as err:
+        ck.load_checkpoint(tmp_path / "nope.pt")
+    assert isinstance(err.value, FileNotFoundError)
+
+
+def test_weights_of_another_architecture_name_the_file(tmp_path: Path) -> None:
+    state = _state(3)
+    state["model"] = build_model(load_config(None, [*OVERRIDES, "model.small_cnn_width=8"]).model).state_dict()
+    path = ck.save_checkpoint(tmp_path, state)
+    with pytest.raises(CheckpointError, match=rf"{path} holds weights of another architecture.*small_cnn"):
+        ck.build_model_from_checkpoint(path)

@@ -9,6 +9,7 @@ import yaml
 
 from hypersolid_scale.config import (Config, config_diff, fingerprint, from_dict, load_config, load_sweep,
                                      save_config, to_dict)
+from hypersolid_scale.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -134,3 +135,49 @@ def test_fingerprint_ignores_how_long_and_where_but_not_what() -> None:
     assert fingerprint(base) == fingerprint(same)
     assert fingerprint(base) != fingerprint(other)
     assert config_diff(to_dict(base), to_dict(other)) == ["loss.alpha: 0.9 -> 0.8"]
+
+
+def test_every_config_error_is_a_config_error_and_a_value_error(tmp_path: Path) -> None:
+    for override in (["optim.lrr=1"], ["optim.lr=fast"], ["optim.name=lars"], ["optim.lr"],
+                     ["data.batch_size_per_gpu=0"]):
+        with pytest.raises(ConfigError) as err:
+            load_config(None, override)
+        assert isinstance(err.value, ValueError)
+
+
+def test_yaml_syntax_error_names_the_file_line_and_column(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  lr: 0.1\n   name: sgd\n")
+    with pytest.raises(ConfigError, match=rf"config file '{f}' is not valid YAML at line 3, column 8") as err:
+        load_config(f, [])
+    assert "\n" not in str(err.value)
+    f.write_text("optim: [lr, 0.1\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line 2, column 1"):
+        load_config(f, [])
+
+
+def test_unknown_key_says_whether_it_came_from_the_file_or_an_override(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("optim:\n  momentun: 0.9\n")
+    with pytest.raises(ConfigError, match=rf"optim.momentun.*\(in {f}\)"):
+        load_config(f, [])
+    f.write_text("optim:\n  momentum: 0.9\n")
+    with pytest.raises(ConfigError, match=r"optim.lrr.*\(a command-line override\)"):
+        load_config(f, ["optim.lrr=1"])
+
+
+def test_dist_backend_is_now_dist_transport(tmp_path: Path) -> None:
+    assert load_config(None, ["dist.transport=gloo"]).dist.transport == "gloo"
+    with pytest.raises(ConfigError, match=r"'dist.backend' \(a command-line override\) is now called 'dist.transport'"):
+        load_config(None, ["dist.backend=gloo"])
+    f = tmp_path / "c.yaml"
+    f.write_text("dist:\n  backend: nccl\n")
+    with pytest.raises(ConfigError, match=rf"'dist.backend' \(in {f}\) is now called 'dist.transport'"):
+        load_config(f, [])
+    with pytest.raises(ConfigError, match="dist.transport.*auto | gloo | nccl"):
+        load_config(None, ["dist.transport=mpi"])
+    # A config stored by an older version (in a checkpoint) is read under the new name, and resumes.
+    old = to_dict(load_config(None, ["dist.transport=gloo"]))
+    old["dist"]["backend"] = old["dist"].pop("transport")
+    assert from_dict(old).dist.transport == "gloo"
+    assert fingerprint(old) == fingerprint(load_config(None, ["dist.transport=nccl"]))

@@ -48,7 +48,7 @@ def test_smoke_main_trains_logs_and_resumes_the_same_mlflow_run(tmp_path: Path) 
     assert len(runs) == 1 and runs[0].info.run_id == first["mlflow_run_id"]
     data = runs[0].data
     assert data.params["optim.lr"] == "0.001" and data.params["model.arch"] == "small_cnn"
-    assert {"world_size", "engine", "backend"} <= set(data.tags) and data.tags["engine"] == "ddp"
+    assert {"world_size", "engine", "transport"} <= set(data.tags) and data.tags["engine"] == "ddp"
     for key in ("train/loss", "train/alignment", "train/repulsion", "train/active_pairs", "train/lr",
                 "train/images_per_s", "train/step_time_s", "train/data_time_s", "train/mem_gb", "monitor/knn_k5_weighted"):
         assert key in data.metrics, key
@@ -230,7 +230,7 @@ def _loader_stats_worker(rank: int, port: int, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from hypersolid_scale.train import summed_loader_stats
+    from hypersolid_scale.monitor import summed_loader_stats
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -254,3 +254,48 @@ def test_loader_counters_are_summed_over_ranks_before_logging(tmp_path) -> None:
     for rank in range(2):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got == {"corrupt_skipped": 3.0, "lost_samples": 15.0, "short_shards": 0.0}, (rank, got)
+
+
+def test_an_old_checkpoint_with_a_scheduler_entry_and_dist_backend_still_resumes(tmp_path: Path) -> None:
+    """Checkpoints written before dist.backend became dist.transport, with the never-read `scheduler`."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, f"run_dir={run_dir}", "data.max_train_samples=128", "max_steps=4", "checkpoint.every_n_steps=2",
+            "tracking.enabled=false"]
+    assert main(args) == 0
+    newest = ck.list_checkpoints(run_dir)[-1]
+    state = torch.load(newest, weights_only=True)
+    assert "scheduler" not in state and state["world_size"] == 1
+    state["scheduler"] = {"kind": "constant", "step": 4, "lr": 1e-3}
+    state["config"]["dist"]["backend"] = state["config"]["dist"].pop("transport")
+    del state["world_size"]
+    ck.atomic_save(state, newest)
+    assert ck.build_model_from_checkpoint(newest)[1].dist.transport == "auto"
+    assert main([a.replace("max_steps=4", "max_steps=6") for a in args]) == 0
+    assert ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])["step"] == 6
+
+
+@pytest.mark.parametrize("every_n_steps, every_n_epochs, calls, expected", [
+    # (step, epoch_end, stopping) -> saved?; last_saved starts at 0 (a resumed run at step 0)
+    (2, 1, [(0, None, False), (1, None, False), (2, None, False), (2, 0, False), (3, 0, False), (3, None, True)],
+     [False, False, True, False, True, False]),
+    (0, 2, [(1, None, False), (4, 0, False), (8, 1, False), (9, None, True), (9, None, True)],
+     [False, False, True, True, False]),
+    (0, 0, [(5, None, False), (5, 0, False), (7, 3, True)], [False, False, True]),
+])
+def test_one_save_decision_covers_steps_epoch_ends_and_stops(every_n_steps, every_n_epochs, calls, expected,
+                                                             monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from hypersolid_scale import train as train_mod
+
+    saved: list[int] = []
+    monkeypatch.setattr(train_mod, "save", lambda run, step, tracker: saved.append(step))
+    run = SimpleNamespace(cfg=SimpleNamespace(checkpoint=SimpleNamespace(every_n_steps=every_n_steps,
+                                                                        every_n_epochs=every_n_epochs)))
+    checkpoint = train_mod.Checkpointer(run, tracker=None, last_saved=0)
+    got = []
+    for step, epoch_end, stopping in calls:
+        before = len(saved)
+        checkpoint(step, epoch_end=epoch_end, stopping=stopping)
+        got.append(len(saved) > before)
+    assert got == expected

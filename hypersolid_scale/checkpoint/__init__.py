@@ -1,0 +1,40 @@
+"""Portable, atomic checkpoints, the run state they hold, and auto-resume.
+
+A checkpoint is ``<run_dir>/checkpoints/step_<step:08d>.pt``, one file per save, readable with
+``torch.load(path, weights_only=True)``: only tensors and plain Python types are stored (RNG states are
+converted to tensors / ints), so loading never executes pickled code. ``run_state`` decides what a run's
+checkpoint holds and ``restore_run_state`` puts it back; the keys::
+
+    model  optimizer  step  epoch  rng (one per rank)  loader  config  config_fingerprint
+    mlflow_run_id  tracking_uri  world_size  format_version
+
+(Checkpoints written before ``world_size`` was stored resume under any world size; the ``scheduler`` entry
+of older checkpoints is ignored: the learning rate is a function of the step.)
+
+Writes go to a temporary file in the same directory, are fsync'ed, then ``os.replace``d over the final
+name: a crash (or SIGKILL, or a full disk) mid-write leaves the previous checkpoints untouched and at worst a
+stray ``*.tmp`` file, which is ignored. Resuming scans the checkpoints newest first and skips unreadable ones
+with a warning. Stray ``*.tmp`` files are deleted only by the holder of the run directory's lock
+(``hypersolid_scale.run_lock``), which the trainer takes before resuming.
+
+Every problem a user can fix (a missing, damaged or foreign file, another architecture, another config or
+world size, a full disk) raises :class:`~hypersolid_scale.errors.CheckpointError` naming the file and the fix.
+"""
+
+from hypersolid_scale.checkpoint.files import (FORMAT_VERSION, REQUIRED_KEYS, BadCheckpoint, CheckpointMissing,
+                                               atomic_save, checkpoint_dir, checkpoint_path, delete_stale_tmp,
+                                               find_resume_checkpoint, list_checkpoints, load_checkpoint,
+                                               prune_checkpoints, save_checkpoint)
+from hypersolid_scale.checkpoint.run_state import (build_model_from_checkpoint, check_compatible,
+                                                   random_init_checkpoint, resolve_resume, restore_run_state,
+                                                   rng_state, run_state, set_aside_checkpoints,
+                                                   set_rng_state)
+
+__all__ = [
+    "FORMAT_VERSION", "REQUIRED_KEYS", "BadCheckpoint", "CheckpointMissing", "atomic_save",
+    "build_model_from_checkpoint",
+    "check_compatible", "checkpoint_dir", "checkpoint_path", "delete_stale_tmp", "find_resume_checkpoint",
+    "list_checkpoints", "load_checkpoint", "prune_checkpoints", "random_init_checkpoint", "resolve_resume",
+    "restore_run_state", "rng_state", "run_state", "save_checkpoint", "set_aside_checkpoints",
+    "set_rng_state",
+]

@@ -1,0 +1,219 @@
+"""The checkpoint file: where it lives, how it is written (atomically) and read (``weights_only``), pruned
+and cleaned up. What a training run puts in it is :mod:`hypersolid_scale.checkpoint.run_state`'s business.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import re
+import shutil
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hypersolid_scale.errors import CheckpointError
+from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock, holds_lock
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^step_(\d{8,})\.pt$")
+REQUIRED_KEYS = ("model", "step", "epoch", "config", "config_fingerprint", "format_version")
+
+
+class CheckpointMissing(CheckpointError, FileNotFoundError):
+    """No file at the checkpoint's path (also a ``FileNotFoundError``, for callers that catch that)."""
+
+
+class BadCheckpoint(CheckpointError, ValueError):
+    """Unreadable, foreign, or not resumable by this run (also a ``ValueError``, for callers that catch that)."""
+
+
+def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step_{step:08d}.pt"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Save
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems do not support fsync on directories; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def _free_space(directory: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free"
+    except OSError:
+        return "free space unknown"
+
+
+def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
+    """torch.save to ``<path>.<pid>.tmp``, fsync, rename over ``path``, fsync the directory.
+
+    A write that fails (a full disk, a quota, a read-only filesystem) raises :class:`CheckpointError` naming
+    the path and the free space; the temporary file is removed and existing files are never touched.
+    """
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)  # before measuring: the partial file's blocks are not the user's to free
+        full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise CheckpointError(
+            f"cannot write checkpoint {path}: {err.strerror or err} ({_free_space(path.parent)} there). "
+            + ("Free disk space (or lower checkpoint.keep_last), or point run_dir at a larger filesystem, then "
+               "rerun: training resumes from the newest checkpoint, which is intact"
+               if full else "Make run_dir writable, or point run_dir elsewhere, then rerun")) from err
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return path
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """``step_*.pt`` files of a run, oldest first (by step number, not by mtime)."""
+    d = checkpoint_dir(run_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoints (0 keeps all); returns what was deleted."""
+    if keep_last <= 0:
+        return []
+    old = list_checkpoints(run_dir)[:-keep_last]
+    for p in old:
+        p.unlink(missing_ok=True)
+    return old
+
+
+def save_checkpoint(run_dir: str | os.PathLike, state: dict[str, Any], *, keep_last: int = 0) -> Path:
+    """Write ``state`` (the keys listed in the module docstring) as the checkpoint of ``state['step']``."""
+    missing = [k for k in REQUIRED_KEYS if k not in state and k != "format_version"]
+    if missing:
+        raise ValueError(f"checkpoint state lacks keys {missing}; every checkpoint needs {list(REQUIRED_KEYS)}")
+    state = {**state, "format_version": FORMAT_VERSION}
+    path = atomic_save(state, checkpoint_path(run_dir, int(state["step"])))
+    prune_checkpoints(run_dir, keep_last)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Load / resume
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _why_unreadable(path: Path, err: Exception) -> str:
+    """What is wrong with a file torch cannot load, in our words: torch's own message is about its
+    unpickler's settings and suggests loosening them, which is never the fix for a damaged checkpoint."""
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if not zipfile.is_zipfile(path):
+        if magic == b"PK\x03\x04":
+            return "the file is cut short (its end is missing: an interrupted copy or save)"
+        return "the file is not a PyTorch checkpoint at all (random bytes, text, or another format)"
+    if isinstance(err, pickle.UnpicklingError):
+        return ("the file holds Python objects other than tensors and plain values, which no checkpoint of this "
+                "trainer does")
+    return f"the archive is damaged ({type(err).__name__})"
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load and sanity-check a checkpoint (``weights_only=True``).
+
+    Raises:
+        CheckpointMissing: no such file (a ``FileNotFoundError`` too).
+        BadCheckpoint: the file is truncated / corrupt / not a Hypersolid checkpoint / a newer format (a
+            ``ValueError`` too).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointMissing(f"checkpoint {str(path)!r} does not exist; list {path.parent}/ for the saved steps")
+    # torch's warnings about a file it cannot read ask to file an issue with torch; they are shown only if
+    # the file loads, else our error explains what is wrong with it.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError... for damaged files
+            failure: Exception | None = err
+        else:
+            failure = None
+    if failure is not None:
+        raise BadCheckpoint(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read: "
+                            f"{_why_unreadable(path, failure)}. Use another checkpoint of the run (the previous "
+                            "step_*.pt), or copy the file again") from None
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED_KEYS):
+        keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise BadCheckpoint(f"{str(path)!r} is not a Hypersolid checkpoint (needs keys {list(REQUIRED_KEYS)}, has "
+                            f"{keys}); use a step_*.pt file written by launch/train.py")
+    if ckpt["format_version"] > FORMAT_VERSION:
+        raise BadCheckpoint(f"checkpoint {str(path)!r} has format {ckpt['format_version']}, newer than this code "
+                            f"({FORMAT_VERSION}); upgrade hypersolid_scale to read it")
+    return ckpt
+
+
+def find_resume_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
+    """Newest readable checkpoint of ``run_dir``; unreadable ones are skipped with a warning."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return path, load_checkpoint(path)
+        except BadCheckpoint as err:
+            warnings.warn(f"skipping checkpoint: {err}; falling back to the previous one", stacklevel=2)
+    return None
+
+
+def delete_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete the ``*.tmp`` files that saves killed mid-write left behind; returns what was deleted.
+
+    Only while holding the run directory's lock: a ``*.tmp`` in a run directory that another live process
+    holds may be the checkpoint it is writing right now. A caller without the lock (a tool, a test) takes it
+    for the duration of the cleanup, and deletes nothing if a live trainer holds it.
+    """
+    if holds_lock(run_dir):
+        stale = list(checkpoint_dir(run_dir).glob("*.tmp"))
+        for p in stale:
+            p.unlink(missing_ok=True)
+        return stale
+    if not checkpoint_dir(run_dir).is_dir():
+        return []
+    try:
+        lock = acquire_run_lock(run_dir)
+    except RunDirLocked:
+        return []
+    try:
+        return delete_stale_tmp(run_dir)
+    finally:
+        lock.release()
+
+

@@ -1,0 +1,230 @@
+"""A training run's state in a checkpoint: what goes in (``run_state``, collected from every rank), how it
+comes back (``restore_run_state``), and which checkpoint a run resumes from (``resolve_resume``). The file
+itself (atomic writes, ``weights_only`` reads) is :mod:`hypersolid_scale.checkpoint.files`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from hypersolid_scale.checkpoint.files import (BadCheckpoint, checkpoint_dir, delete_stale_tmp,
+                                               find_resume_checkpoint, list_checkpoints, load_checkpoint)
+from hypersolid_scale.config import Config, config_diff, fingerprint, from_dict, to_dict
+from hypersolid_scale.distributed import Engine, barrier, broadcast_object, gather_objects, get_rank
+from hypersolid_scale.errors import CheckpointError
+from hypersolid_scale.models import build_model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RNG states as tensors / plain types (weights_only-safe)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """torch (CPU and every CUDA device), numpy and Python ``random`` states of this process."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"name": str(np_name), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "python": {"version": int(py_version), "state": torch.tensor(py_state, dtype=torch.int64),
+                   "gauss": py_gauss},
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss"]))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The run's state: what a checkpoint of a training run holds, and how it is put back
+# ----------------------------------------------------------------------------------------------------------
+
+
+def run_state(*, cfg: Config, engine: Engine, loader: Any, step: int, rank: int, world_size: int,
+              mlflow_run_id: str | None, tracking_uri: str | None) -> dict[str, Any] | None:
+    """The checkpoint of a run at ``step``. Collective: every rank contributes its RNG state (and its ZeRO
+    shard, inside ``optimizer_state``); the dict is returned on rank 0, None elsewhere.
+
+    ``epoch`` is the loader's epoch (in progress, or just finished when its position is at the end).
+    """
+    loader_state = loader.state_dict()
+    optim_state = engine.optimizer_state()
+    rngs = gather_objects(rng_state())
+    if rank != 0:
+        return None
+    return {
+        "model": {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in engine.model.state_dict().items()},
+        "optimizer": optim_state,
+        "step": step,
+        "epoch": int(loader_state["epoch"]),
+        "rng": rngs,  # one state per rank, rank order
+        "loader": loader_state,
+        "config": to_dict(cfg),
+        "config_fingerprint": fingerprint(cfg),
+        "mlflow_run_id": mlflow_run_id,
+        "tracking_uri": tracking_uri,
+        "world_size": world_size,
+    }
+
+
+def _load_weights(load: Any, ckpt: dict[str, Any]) -> None:
+    """``load(ckpt['model'])``, turning torch's missing-key / shape errors into one that names the file."""
+    try:
+        load(ckpt["model"])
+    except RuntimeError as err:
+        arch = ckpt["config"].get("model", {}).get("arch", "?") if isinstance(ckpt["config"], dict) else "?"
+        # torch lists every mismatching tensor; the first one says enough, whole sentences only.
+        first = " ".join(str(err).split()).split(": ", 1)[-1].split(". ")[0][:300].rstrip(".")
+        raise BadCheckpoint(
+            f"checkpoint {ckpt.get('path', '')} holds weights of another architecture than its config "
+            f"(model.arch={arch}) describes, so they cannot be loaded (first problem: {first}). Use a checkpoint "
+            "written by launch/train.py for this model config") from None
+
+
+def restore_run_state(ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank: int, world_size: int,
+                      steps_per_epoch: int, force: bool) -> tuple[int, int]:
+    """Load weights, optimizer, RNG and loader position; returns ``(step, epoch)`` to continue from.
+
+    ``force`` (``checkpoint.resume=force``): another world size restarts the checkpoint's epoch with its
+    weights only, and an optimizer state of another layout is dropped, each with a warning.
+    """
+    path = ckpt.get("path", "")
+    saved_world = int(ckpt.get("world_size", world_size))
+    if saved_world != world_size:
+        # Steps, the loader position and the LR schedule count global batches of the old world size.
+        if not force:
+            raise BadCheckpoint(
+                f"checkpoint {path} was written by {saved_world} process(es), this run has {world_size}: the "
+                "global batch, the step count and the loader position would not match. Resume with "
+                f"{saved_world} process(es), or pass checkpoint.resume=force to continue from the start of the "
+                "checkpoint's epoch with the new world size.")
+        epoch = int(ckpt["epoch"])
+        warnings.warn(f"checkpoint.resume=force: world size {saved_world} -> {world_size}; restarting epoch "
+                      f"{epoch} at step {epoch * steps_per_epoch}", stacklevel=2)
+        _load_weights(engine.load_model_state, ckpt)
+        return epoch * steps_per_epoch, epoch
+    _load_weights(engine.load_model_state, ckpt)
+    if ckpt.get("optimizer") is not None:
+        try:
+            engine.load_optimizer_state(ckpt["optimizer"])
+        except ValueError as err:
+            if not force:
+                raise BadCheckpoint(f"checkpoint {path}: {err}") from None
+            warnings.warn("checkpoint.resume=force: optimizer state not restored (layout differs)", stacklevel=2)
+    rngs = ckpt.get("rng") or []
+    if len(rngs) == world_size:
+        set_rng_state(rngs[rank])
+    step, epoch = int(ckpt["step"]), int(ckpt["epoch"])
+    loader_state = ckpt.get("loader")
+    if loader_state is not None:
+        loader.load_state_dict(loader_state)
+        if int(loader_state.get("batches_done", 0)) >= steps_per_epoch:
+            epoch += 1  # saved at the end of an epoch: continue with the next one
+    return step, epoch
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Resume
+# ----------------------------------------------------------------------------------------------------------
+
+
+def check_compatible(ckpt: dict[str, Any], cfg_dict: dict[str, Any], fingerprint: str, *, force: bool,
+                     path: str | os.PathLike = "checkpoint") -> None:
+    """Refuse to resume a checkpoint trained with a different model/loss/data/optimizer config."""
+    if ckpt["config_fingerprint"] == fingerprint:
+        return
+    diff = config_diff(ckpt["config"], cfg_dict)
+    lines = "\n  ".join(diff) if diff else "(fingerprint differs)"
+    if force:
+        warnings.warn(f"resuming {path} despite config changes (checkpoint.resume=force):\n  {lines}", stacklevel=2)
+        return
+    raise BadCheckpoint(
+        f"cannot resume from {path}: the config differs from the one it was trained with:\n  {lines}\n"
+        "Use a new run_dir for a new experiment, pass checkpoint.resume=never to start over in this run_dir "
+        "(the old checkpoints are moved aside), or checkpoint.resume=force to continue anyway."
+    )
+
+
+def set_aside_checkpoints(run_dir: str | os.PathLike) -> None:
+    """``checkpoint.resume=never``: move existing checkpoints aside (collective), so that pruning never
+    deletes the new run's files in favour of an old run's higher step numbers."""
+    old = checkpoint_dir(run_dir)
+    if get_rank() == 0 and list_checkpoints(run_dir):
+        aside = old.with_name(f"checkpoints.old-{time.strftime('%Y%m%d-%H%M%S')}")
+        warnings.warn(f"checkpoint.resume=never: moving the existing checkpoints to {aside}", stacklevel=2)
+        shutil.move(str(old), str(aside))
+    barrier()
+
+
+def resolve_resume(cfg: Config) -> dict[str, Any] | None:
+    """The checkpoint a run should resume from, per ``cfg.checkpoint.resume``, or None to start fresh.
+
+    Collective: rank 0 picks the file, every rank loads the same one (run_dir is on a shared filesystem).
+    Reads only, apart from stray ``*.tmp`` files: with ``never`` it returns None and the caller moves the
+    old checkpoints aside with :func:`set_aside_checkpoints` once the run has started.
+    """
+    if cfg.checkpoint.resume == "never":
+        return None
+    path: str | None = None
+    if get_rank() == 0:
+        delete_stale_tmp(cfg.run_dir)
+        found = find_resume_checkpoint(cfg.run_dir)
+        # The run's own checkpoints win over checkpoint.path: after a requeue, the run must continue from
+        # its newest step, not restart from the file it was first initialised from.
+        if found:
+            path = str(found[0])
+        elif cfg.checkpoint.path:
+            path = cfg.checkpoint.path
+    path = broadcast_object(path)  # type: ignore[assignment]
+    if path is None:
+        return None
+    try:
+        ckpt = load_checkpoint(path)
+    except CheckpointError as err:
+        if path != cfg.checkpoint.path:
+            raise
+        raise type(err)(f"checkpoint.path: {err}. Fix checkpoint.path, or drop it to start from scratch") from None
+    check_compatible(ckpt, to_dict(cfg), fingerprint(cfg), force=cfg.checkpoint.resume == "force", path=path)
+    ckpt["path"] = path
+    return ckpt
+
+
+def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
+    """``(HypersolidModel with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation."""
+    if not isinstance(ckpt, dict):
+        ckpt = {**load_checkpoint(ckpt), "path": str(ckpt)}
+    cfg = from_dict(ckpt["config"])
+    model = build_model(cfg.model)
+    _load_weights(model.load_state_dict, ckpt)
+    model.eval()
+    return model, cfg
+
+
+def random_init_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``ckpt`` whose weights are the run's *initial* weights (same seed, same code path).
+
+    Evaluating it the same way as the trained checkpoint gives the randomly-initialised baseline that a
+    self-supervised run must beat.
+    """
+    cfg = from_dict(ckpt["config"])
+    torch.manual_seed(cfg.seed)  # the trainer seeds exactly like this before building the model
+    model = build_model(cfg.model)
+    return {**ckpt, "model": model.state_dict(), "optimizer": None, "step": 0, "epoch": 0, "loader": None}
