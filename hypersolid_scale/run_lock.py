@@ -25,7 +25,7 @@ from pathlib import Path
 LOCK_NAME = ".lock"
 
 # run directories (resolved) whose lock this process holds; the fd is closed in forked children (DataLoader
-# workers) so that a surviving child never keeps a dead trainer's lock alive.
+# workers, see close_in_forked_children) so that a surviving child never keeps a dead trainer's lock alive.
 _HELD: dict[Path, int] = {}
 
 
@@ -43,6 +43,7 @@ class RunLock:
         """Unlock and close; idempotent. Exiting the process releases the lock too."""
         if _HELD.get(self.run_dir) == self.fd:
             del _HELD[self.run_dir]
+            forget_fd(self.fd)
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
             finally:
@@ -95,17 +96,37 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> RunLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"host={socket.gethostname()} pid={os.getpid()} since={since}\n".encode(), 0)
     _HELD[run_dir] = fd
+    close_in_forked_children(fd)
     return RunLock(run_dir, path, fd)
 
 
+# Lock fds (this module's and the tracking spool's) closed in forked children: a forked child shares the
+# parent's open file description; closing the child's copy leaves the parent's lock in place, and means the
+# lock is released as soon as the process that took it dies, whatever its DataLoader workers do.
+_CLOSE_IN_CHILD: set[int] = set()
+
+
+def close_in_forked_children(fd: int) -> None:
+    """Have ``fd`` (a descriptor holding a flock) closed in every child this process forks from now on."""
+    _CLOSE_IN_CHILD.add(fd)
+
+
+def forget_fd(fd: int) -> bool:
+    """``fd`` is about to be closed by its owner: stop closing it in children. False if it was not registered
+    (already forgotten: its owner must not close it twice, the number may belong to another file by now)."""
+    if fd not in _CLOSE_IN_CHILD:
+        return False
+    _CLOSE_IN_CHILD.discard(fd)
+    return True
+
+
 def _close_in_child() -> None:
-    # A forked child shares the parent's open file description; closing the child's copy leaves the parent's
-    # lock in place, and means the lock is released as soon as the trainer itself dies.
-    for fd in _HELD.values():
+    for fd in _CLOSE_IN_CHILD:
         try:
             os.close(fd)
         except OSError:
             pass
+    _CLOSE_IN_CHILD.clear()
     _HELD.clear()
 
 

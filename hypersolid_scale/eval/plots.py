@@ -14,11 +14,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def _save(fig: plt.Figure, path: str | Path) -> Path:
+def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and close ``fig``; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
 
@@ -38,7 +39,7 @@ def plot_similarity_density(pos: np.ndarray, neg: np.ndarray, path: str | Path, 
     ax.set_ylabel("density")
     ax.set_title(title or "pairwise cosine similarity")
     ax.legend(frameon=False, fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_centroid_heatmap(cos: np.ndarray, path: str | Path, class_names: Sequence[str] | None = None) -> Path:
@@ -50,7 +51,7 @@ def plot_centroid_heatmap(cos: np.ndarray, path: str | Path, class_names: Sequen
         ax.set_xticks(range(len(class_names)), class_names, rotation=90, fontsize=7)
         ax.set_yticks(range(len(class_names)), class_names, fontsize=7)
     ax.set_title("class-centroid cosine similarity")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_dbscan_sweep(results: Sequence[dict], path: str | Path) -> Path:
@@ -66,7 +67,7 @@ def plot_dbscan_sweep(results: Sequence[dict], path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(frameon=False)
     ax.set_title("DBSCAN (cosine) against eps")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_interpolation_profile(profile: dict[str, list[float]], path: str | Path) -> Path:
@@ -83,4 +84,4 @@ def plot_interpolation_profile(profile: dict[str, list[float]], path: str | Path
     ax.grid(alpha=0.3)
     ax.legend(frameon=False)
     ax.set_title("interpolation profile")
-    return _save(fig, path)
+    return save_figure(fig, path)

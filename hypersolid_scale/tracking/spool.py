@@ -21,13 +21,11 @@ from array import array
 from collections import deque
 from pathlib import Path
 
+from hypersolid_scale.run_lock import close_in_forked_children, forget_fd
 from hypersolid_scale.tracking.records import TERMINAL_STATUSES, now_ms
 
 log = logging.getLogger(__name__)
 
-# Lock fds this process holds; closed in forked children (DataLoader workers), so that a child outliving
-# a killed trainer never makes its spool look alive.
-_LOCK_FDS: set[int] = set()
 _TAIL_BYTES = 1 << 16
 
 
@@ -48,26 +46,15 @@ def _lock(path: Path) -> int:
         if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise SpoolBusy(f"{path} is open in another tracker") from None
         raise
-    _LOCK_FDS.add(fd)
+    # closed in forked children (DataLoader workers): a child outliving a killed trainer must never make
+    # its spool look alive
+    close_in_forked_children(fd)
     return fd
 
 
 def _unlock(fd: int | None) -> None:
-    if fd is not None and fd in _LOCK_FDS:
-        _LOCK_FDS.discard(fd)
+    if fd is not None and forget_fd(fd):
         os.close(fd)  # closing the only descriptor of the open file drops its flock
-
-
-def _close_locks_in_child() -> None:
-    for fd in _LOCK_FDS:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _LOCK_FDS.clear()
-
-
-os.register_at_fork(after_in_child=_close_locks_in_child)
 
 
 class Spool:

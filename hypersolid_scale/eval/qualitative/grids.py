@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hypersolid_scale.eval.plots import plt  # imports matplotlib with the Agg backend first
+from hypersolid_scale.eval.plots import plt, save_figure  # imports matplotlib with the Agg backend first
 
 PANEL_INCHES = 1.5  # a 28 px image and a 224 px one get the same cell; `nearest` keeps small images crisp
 
@@ -61,9 +61,4 @@ def save_grid(columns: dict[str, Sequence[Panel]], path: str | Path, row_labels:
                 ax.set_ylabel(row_labels[r], fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
