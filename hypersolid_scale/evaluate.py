@@ -3,6 +3,13 @@
     python launch/eval.py --checkpoint runs/quickstart/checkpoints/step_00001407.pt \
         [--suite knn,linear,cluster,geometry,plots,qualitative] [--features backbone|projector] \
         [--output-dir DIR] [--device auto|cpu|cuda] [--no-mlflow] [data.key=value eval.key=value ...]
+    python launch/eval.py --backbone torchvision:resnet50 --weights r50.pth [--strip-prefix P] \
+        data.format=imagefolder data.path=... [--suite ...] [--output-dir DIR] [...]
+
+A published backbone (``--backbone SOURCE:NAME --weights FILE``, ``hypersolid_scale.models.external``) is
+evaluated on its pooled features with the same suites, on the data of the data.* overrides (the config is
+the defaults plus the overrides); its report goes to ``<dirname(FILE)>/eval/<stem>``, its MLflow run is a
+new one tagged ``eval.kind=external``.
 
 Steps: load the checkpoint and rebuild its model -> embed the train and test splits with the eval
 transform (sharded over ranks under torchrun, cached on disk) -> on rank 0, run the chosen suites on
@@ -21,10 +28,11 @@ traceback to ``<output dir>/errors.log``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +46,8 @@ from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint
 from hypersolid_scale.eval.report import format_table, write_report
 from hypersolid_scale.eval.suites import Images, Split, nothing_evaluated, run_suites
 
-__all__ = ["cli", "default_output_dir", "load_model", "main", "parse_args"]
+__all__ = ["Source", "checkpoint_source", "cli", "default_output_dir", "external_source", "load_model", "main",
+           "parse_args"]
 
 # Exit status when every requested metric was skipped (the report is still written, with the reasons).
 EXIT_NOTHING_EVALUATED = 3
@@ -49,13 +58,20 @@ OVERRIDABLE = ("data.", "eval.", "tracking.")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Evaluate a Hypersolid checkpoint (kNN, linear probe, clustering, "
-                                            "geometry, plots, qualitative figures).")
-    p.add_argument("--checkpoint", required=True, help="path to a step_*.pt file")
+    p = argparse.ArgumentParser(description="Evaluate a Hypersolid checkpoint or a published backbone (kNN, linear "
+                                            "probe, clustering, geometry, plots, qualitative figures).")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="path to a step_*.pt file")
+    source.add_argument("--backbone", help="a published backbone, SOURCE:NAME with SOURCE torchvision, timm or "
+                                           "hypersolid (e.g. torchvision:resnet50), evaluated with --weights")
+    p.add_argument("--weights", help="--backbone's weights: a state dict, or a checkpoint holding one")
+    p.add_argument("--strip-prefix", action="append", default=[], metavar="PREFIX",
+                   help="--weights: also strip this prefix from the tensor names (repeatable)")
     p.add_argument("--suite", default=None, help=f"comma-separated subset of {','.join(SUITES)} (default: "
                                                  "eval.suites, which leaves out the slow qualitative suite)")
     p.add_argument("--features", default=None, choices=FEATURES, help="default: eval.features (backbone)")
-    p.add_argument("--output-dir", default=None, help="default: <run_dir>/eval/<checkpoint name>")
+    p.add_argument("--output-dir", default=None, help="default: <run_dir>/eval/<checkpoint name>, "
+                                                      "<dirname(weights)>/eval/<weights name>")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("overrides", nargs="*", help="data.key=value / eval.key=value / tracking.key=value")
@@ -103,6 +119,73 @@ def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module,
     return model, cfg, ckpt
 
 
+@dataclass
+class Source:
+    """What is evaluated (``model.backbone`` gives the features), with its config and where it comes from."""
+
+    model: torch.nn.Module
+    cfg: Any
+    path: Path  # the checkpoint or weights file
+    home: Path  # the run directory or the weights' folder: default embedding cache and MLflow store
+    weights_id: str  # identity of the weights in the embedding cache's key
+    meta: dict[str, Any]
+    label: str  # what the printed table is about
+    kind: str = "offline-eval"  # eval.kind tag of a new MLflow run
+    tags: dict[str, Any] = field(default_factory=dict)
+    ckpt: dict[str, Any] = field(default_factory=dict)  # a training checkpoint's entries (MLflow run, step)
+
+
+def checkpoint_source(checkpoint: Path, overrides: list[str]) -> Source:
+    """A training checkpoint of this package, evaluated on the data it records (or the overrides')."""
+    from hypersolid_scale.data import in_channels
+
+    model, cfg, ckpt = load_model(checkpoint, overrides)
+    if in_channels(cfg.data) != cfg.model.in_channels:
+        raise ConfigError(f"data.dataset={cfg.data.dataset!r} has {in_channels(cfg.data)}-channel images but the "
+                          f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
+                          "training data")
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    meta = {"checkpoint": str(checkpoint), "step": int(ckpt["step"]), "epoch": int(ckpt["epoch"]),
+            "arch": cfg.model.arch}
+    return Source(model, cfg, checkpoint, run_dir, file_fingerprint(checkpoint), meta,
+                  label=f"{checkpoint} (step {ckpt['step']}, {cfg.model.arch}", ckpt=ckpt,
+                  tags={"eval.checkpoint": str(checkpoint.resolve()), "eval.step": int(ckpt["step"])})
+
+
+def external_source(backbone: str, weights: Path, strip_prefixes: list[str], overrides: list[str]) -> Source:
+    """A published backbone (``hypersolid_scale.models.external``) on the data of the defaults + overrides."""
+    from hypersolid_scale.config import load_config, to_dict
+    from hypersolid_scale.data import in_channels
+    from hypersolid_scale.models.external import load_external_backbone, parse_backbone
+
+    source, _ = parse_backbone(backbone)
+    allowed = OVERRIDABLE + (("model.",) if source == "hypersolid" else ())
+    for ov in overrides:
+        if "=" not in ov or not ov.startswith(allowed) or ov.startswith("model.arch="):
+            raise ConfigError(f"override {ov!r} is not allowed with --backbone: write section.key=value with a "
+                              f"section among {[s.rstrip('.') for s in allowed]} (model.* only for hypersolid: "
+                              "backbones; the architecture is --backbone's)")
+    cfg = load_config(None, overrides)
+    channels = in_channels(cfg.data)
+    if not any(ov.startswith("model.in_channels=") for ov in overrides):
+        cfg.model.in_channels = channels  # hypersolid: archs take the data's channels unless told otherwise
+    net, info = load_external_backbone(backbone, weights, data_channels=channels, model_cfg=cfg.model,
+                                       strip_prefixes=strip_prefixes)
+    model = torch.nn.ModuleDict({"backbone": net})  # the embedding extraction reads model.backbone
+    meta: dict[str, Any] = {
+        "backbone": backbone, "weights": str(weights), "arch": backbone, "loaded_tensors": info.loaded,
+        "dropped_keys": len(info.dropped), "dropped": info.dropped[:100], "missing_buffers": info.missing_buffers,
+        "strip_prefixes": list(strip_prefixes), "backbone_in_channels": info.in_channels}
+    if info.in_channels != channels:
+        meta["input"] = (f"the {channels}-channel images are repeated to the backbone's {info.in_channels} "
+                         "channels (after the dataset's eval transform and normalisation)")
+    ident = {"weights": file_fingerprint(weights), "backbone": backbone, "strip": list(strip_prefixes),
+             "model": to_dict(cfg)["model"] if source == "hypersolid" else None}
+    return Source(model, cfg, weights, weights.parent, hashlib.sha256(repr(ident).encode()).hexdigest(), meta,
+                  label=f"{weights} ({backbone}", kind="external",
+                  tags={"eval.backbone": backbone, "eval.weights": str(weights.resolve())})
+
+
 def capped(ds: Dataset, max_n: int | None, seed: int) -> Dataset:
     """A seeded random subset of at most ``max_n`` samples (a random one: datasets may be sorted by class)."""
     n = len(ds)  # type: ignore[arg-type]
@@ -111,14 +194,17 @@ def capped(ds: Dataset, max_n: int | None, seed: int) -> Dataset:
     return Subset(ds, subsample(n, max_n, seed).tolist())
 
 
-def default_output_dir(checkpoint: Path) -> Path:
-    """``<run_dir>/eval/<step_x>`` for checkpoints inside ``<run_dir>/checkpoints``, else next to the file."""
+def default_output_dir(checkpoint: Path, *, external: bool = False) -> Path:
+    """``<run_dir>/eval/<step_x>`` for checkpoints inside ``<run_dir>/checkpoints``, else next to the file;
+    ``<dirname(weights)>/eval/<stem>`` for the weights of a published backbone."""
+    if external:
+        return checkpoint.parent / "eval" / checkpoint.stem
     if checkpoint.parent.name == "checkpoints":
         return checkpoint.parent.parent / "eval" / checkpoint.stem
     return checkpoint.parent / f"eval_{checkpoint.stem}"
 
 
-def eval_datasets(cfg: Any, checkpoint: Path) -> tuple[Dataset, Dataset]:
+def eval_datasets(cfg: Any, checkpoint: Path | None) -> tuple[Dataset, Dataset]:
     """The (train, test) evaluation datasets of ``cfg.data``; a ``DataError`` saying how to point at them."""
     from hypersolid_scale.data import build_eval_datasets
 
@@ -127,7 +213,8 @@ def eval_datasets(cfg: Any, checkpoint: Path) -> tuple[Dataset, Dataset]:
     except (UserError, OSError, ValueError) as err:  # data's contract: missing, unreadable or inconsistent data
         # The location comes from the checkpoint's config, written where it was trained: say how to move it.
         cls = ConfigError if isinstance(err, ConfigError) else DataError
-        raise cls(f"cannot open the evaluation data recorded in checkpoint {str(checkpoint)!r} "
+        where = "given" if checkpoint is None else f"recorded in checkpoint {str(checkpoint)!r}"
+        raise cls(f"cannot open the evaluation data {where} "
                   f"(data.dataset={cfg.data.dataset!r}, data.path={cfg.data.path!r}): {err}. Pass data.path=... "
                   "(and data.test_path=...) to point at that data on this machine") from None
 
@@ -152,30 +239,29 @@ def sample_images(ds: Dataset, cfg: Any, n: int, seed: int) -> Images:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkpoint: Path, out_dir: Path,
-                  run_dir: Path) -> None:
+def log_to_mlflow(report: dict[str, Any], src: Source, out_dir: Path) -> None:
     """Log metrics (``eval/<name>`` at the checkpoint's step) and artifacts; fill report["meta"] with the run."""
     from hypersolid_scale.tracking import make_tracker
 
-    tags = {"eval.checkpoint": str(checkpoint.resolve()), "eval.step": int(ckpt["step"])}
-    tcfg = cfg.tracking
+    ckpt = src.ckpt
+    tcfg = src.cfg.tracking
     if ckpt.get("tracking_uri"):
         tcfg.tracking_uri = ckpt["tracking_uri"]
     elif tcfg.tracking_uri is None:  # training was not tracked: keep the eval run next to the training run
-        tcfg.tracking_uri = f"sqlite:///{run_dir.resolve()}/mlflow.db"
+        tcfg.tracking_uri = f"sqlite:///{src.home.resolve()}/mlflow.db"
     tracker = None
     attached = False
     if ckpt.get("mlflow_run_id"):
         try:
-            tracker = make_tracker(tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=tags,
+            tracker = make_tracker(tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=src.tags,
                                    attach=True)
             attached = True
         except ValueError as err:
             print(f"[eval] training run not found ({err}); logging to a new MLflow run instead", file=sys.stderr)
     if tracker is None:
-        tcfg.run_name = tcfg.run_name or f"eval-{checkpoint.stem}"
-        tracker = make_tracker(tcfg, out_dir, rank=0, tags={**tags, "eval.kind": "offline-eval"})
-    step = int(ckpt["step"])
+        tcfg.run_name = tcfg.run_name or f"eval-{src.path.stem}"
+        tracker = make_tracker(tcfg, out_dir, rank=0, tags={**src.tags, "eval.kind": src.kind})
+    step = int(ckpt.get("step", 0))
     numeric = {f"eval/{k}": float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
     tracker.log_metrics(numeric, step=step)
     if report.get("skipped"):  # the reasons are in report.md/report.json; the tag makes skipped runs searchable
@@ -190,7 +276,7 @@ def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkp
             sub = path.parent.relative_to(out_dir).as_posix()
         except ValueError:
             sub = "."
-        tracker.log_artifact(path, artifact_path=f"eval/{checkpoint.stem}" + ("" if sub == "." else f"/{sub}"))
+        tracker.log_artifact(path, artifact_path=f"eval/{src.path.stem}" + ("" if sub == "." else f"/{sub}"))
     # Attached to the training's run: its status is the training's (it may still be running).
     tracker.close(None if attached else "FINISHED")
     report["meta"].update(mlflow_run_id=tracker.run_id, tracking_uri=tracker.tracking_uri)
@@ -203,60 +289,60 @@ def log_to_mlflow(report: dict[str, Any], ckpt: dict[str, Any], cfg: Any, checkp
 
 def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], None] | None = None) -> int:
     """Evaluate; ``on_output_dir`` learns the output directory as soon as it is known to be the right one."""
-    from hypersolid_scale.data import in_channels
     from hypersolid_scale.distributed import cleanup, init_distributed
 
     args = parse_args(argv)
-    checkpoint = Path(args.checkpoint)
-    out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(checkpoint)
-    if on_output_dir is not None and (args.output_dir or checkpoint.is_file()):  # no folders for a mistyped path
+    if (args.backbone is None) != (args.weights is None) or (args.strip_prefix and args.backbone is None):
+        raise ConfigError("--weights and --strip-prefix go with --backbone, and --backbone needs --weights: pass "
+                          "--backbone SOURCE:NAME --weights FILE, or --checkpoint FILE alone")
+    path = Path(args.checkpoint or args.weights)
+    out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(path, external=bool(args.backbone))
+    if on_output_dir is not None and (args.output_dir or path.is_file()):  # no folders for a mistyped path
         on_output_dir(out_dir)
-    model, cfg, ckpt = load_model(checkpoint, args.overrides)
+    src = (external_source(args.backbone, path, args.strip_prefix, args.overrides) if args.backbone
+           else checkpoint_source(path, args.overrides))
+    cfg = src.cfg
     ev: EvalConfig = cfg.eval
     if args.suite is not None:
         ev.suites = [s.strip() for s in args.suite.split(",") if s.strip()]
     if args.features is not None:
         ev.features = args.features
     ev.validate()
-    if in_channels(cfg.data) != cfg.model.in_channels:
-        raise ConfigError(f"data.dataset={cfg.data.dataset!r} has {in_channels(cfg.data)}-channel images but the "
-                          f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
-                          "training data")
+    if args.backbone and (ev.features != "backbone" or "qualitative" in ev.suites):
+        raise ConfigError("--backbone has no projector and no figures of its own: evaluate its backbone features "
+                          "(drop --features projector) and leave the qualitative suite out of --suite")
     info, device = init_distributed(device=args.device)
     try:
-        model.to(device)
-        run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-        full = dict(zip(("train", "test"), eval_datasets(cfg, checkpoint)))
+        src.model.to(device)
+        full = dict(zip(("train", "test"), eval_datasets(cfg, None if args.backbone else path)))
         caps = {"train": ev.max_train_samples, "test": ev.max_test_samples}
         data = {split: capped(ds, caps[split], ev.seed) for split, ds in full.items()}
         t0 = time.perf_counter()
         splits: dict[str, Split] = {}
         if any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
-            splits = _embed(model, data, full, cfg, ev, checkpoint, run_dir, device, verbose=info.rank == 0)
+            splits = _embed(src, data, full, ev, device, verbose=info.rank == 0)
         embed_s = time.perf_counter() - t0
         if info.rank != 0:
             return 0
         images = (sample_images(data["test"], cfg, ev.qualitative_images, ev.seed)
                   if "qualitative" in ev.suites else None)
-        report = run_suites(splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=model,
+        report = run_suites(splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=src.model,
                             images=images)
         report["timings_s"] = {**({"embed": embed_s} if splits else {}), **report["timings_s"]}
         sizes = {"n_train": len(data["train"]), "n_test": len(data["test"])}  # type: ignore[arg-type]
-        report["meta"] = {"checkpoint": str(checkpoint), "step": int(ckpt["step"]), "epoch": int(ckpt["epoch"]),
-                          "arch": cfg.model.arch, "dataset": cfg.data.dataset, "features": ev.features,
+        report["meta"] = {**src.meta, "dataset": cfg.data.dataset, "features": ev.features,
                           "feature_dim": int(splits["train"][0].shape[1]) if splits else None, **sizes,
                           "suites": list(ev.suites), "world_size": info.world_size}
         report["eval_config"] = asdict(ev)
         write_report(report, out_dir)
         if not args.no_mlflow and cfg.tracking.enabled:
-            log_to_mlflow(report, ckpt, cfg, checkpoint, out_dir, run_dir)
+            log_to_mlflow(report, src, out_dir)
             write_report(report, out_dir)  # now with the MLflow run id
-        title = (f"{checkpoint} (step {ckpt['step']}, {cfg.model.arch}, {cfg.data.dataset}, "
-                 + (f"{ev.features} features, " if splits else "")
+        title = (f"{src.label}, {cfg.data.dataset}, " + (f"{ev.features} features, " if splits else "")
                  + f"n_train={sizes['n_train']}, n_test={sizes['n_test']})")
         print(format_table(report["metrics"], title=title, skipped=report["skipped"]))
-        for name, path in report.get("qualitative", {}).items():
-            print(f"[eval] qualitative {name}: {path}")
+        for name, png in report.get("qualitative", {}).items():
+            print(f"[eval] qualitative {name}: {png}")
         print(f"[eval] report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
               + (f"; MLflow run {report['meta']['mlflow_run_id']}" if "mlflow_run_id" in report["meta"] else ""))
         if nothing_evaluated(report):
@@ -269,18 +355,17 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         cleanup()
 
 
-def _embed(model: torch.nn.Module, data: dict[str, Dataset], full: dict[str, Dataset], cfg: Any, ev: EvalConfig,
-           checkpoint: Path, run_dir: Path, device: torch.device, *, verbose: bool) -> dict[str, Split]:
+def _embed(src: Source, data: dict[str, Dataset], full: dict[str, Dataset], ev: EvalConfig,
+           device: torch.device, *, verbose: bool) -> dict[str, Split]:
     """{split: (features, labels)} of the (capped) datasets, from the on-disk cache when it holds them."""
-    cache_dir = Path(ev.cache_dir) if ev.cache_dir else run_dir / "eval_cache"
-    ckpt_fp = file_fingerprint(checkpoint)
-    data_dict = asdict(cfg.data)
+    cache_dir = Path(ev.cache_dir) if ev.cache_dir else src.home / "eval_cache"
+    data_dict = asdict(src.cfg.data)
     splits: dict[str, Split] = {}
     for split, ds in data.items():
         # A subset is drawn with eval.seed, so the seed joins the cache key (which holds the sample count).
         key = data_dict if ds is full[split] else {**data_dict, "eval_subset_seed": ev.seed}
-        fp = embedding_fingerprint(ckpt_fp, key, split, ev.features, len(ds))  # type: ignore[arg-type]
-        x, y, hit = cached_embeddings(model, ds, cache_dir=cache_dir, fingerprint=fp, batch_size=ev.batch_size,
+        fp = embedding_fingerprint(src.weights_id, key, split, ev.features, len(ds))  # type: ignore[arg-type]
+        x, y, hit = cached_embeddings(src.model, ds, cache_dir=cache_dir, fingerprint=fp, batch_size=ev.batch_size,
                                       device=device, which=ev.features, num_workers=ev.num_workers,
                                       desc=f"embed {split}")
         splits[split] = (x, y)

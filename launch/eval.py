@@ -1,4 +1,5 @@
-"""Evaluate a checkpoint: ``python launch/eval.py --checkpoint PATH [--suite ...] [data.key=value ...]``.
+"""Evaluate a checkpoint or a published backbone:
+``python launch/eval.py --checkpoint PATH | --backbone SOURCE:NAME --weights FILE [--suite ...] [data.key=value ...]``.
 
 Under ``torchrun --nproc_per_node=N`` the embedding extraction is sharded over the N processes.
 Everything else lives in ``hypersolid_scale.evaluate``. Workers end when their launcher dies. A bad input
