@@ -127,7 +127,7 @@ def test_sync_batchnorm_on_one_rank_nccl_group():
 
 def test_deepspeed_zero2_one_rank_step():
     pytest.importorskip("deepspeed")
-        from hypersolid_scale.distributed import build_engine, cleanup
+    from hypersolid_scale.distributed import build_engine, cleanup
 
     model = small_model()
     try:
