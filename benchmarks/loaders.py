@@ -89,7 +89,7 @@ def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
     loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=device)
     build_s = time.perf_counter() - t0
     warm = 0.0
-    if cfg.dataset == "ffcv":  # first epoch compiles the pipelines with numba
+    if cfg.format == "ffcv":  # first epoch compiles the pipelines with numba
         t0 = time.perf_counter()
         for _ in loader:
             pass
@@ -103,7 +103,7 @@ def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
     out = {"images_per_s": n / elapsed, "images": n, "seconds": elapsed, "build_s": build_s, "warmup_s": warm}
-    if cfg.dataset == "ffcv":
+    if cfg.format == "ffcv":
         # FFCV's own share (decode + per-view crop + flip), without the photometric step that the
         # loader runs batched on `device`: what FFCV delivers when that step lives on a GPU.
         n_raw, t0 = 0, time.perf_counter()
@@ -186,9 +186,10 @@ def main(argv: list[str] | None = None) -> None:
                 if name == "tensor":
                     r = time_tensor_path(size, args.images, args.batch, device, args.epochs)
                 else:
-                    cfg = {"webdataset+PIL": lambda: DataConfig(dataset="webdataset", path=str(root), shuffle_buffer=256, **common),
-                           "ffcv": lambda: DataConfig(dataset="ffcv", path=str(root), ffcv_order="random", **common),
-                           "imagefolder+PIL": lambda: DataConfig(dataset="imagefolder", path=str(root / "folder"),
+                    cfg = {"webdataset+PIL": lambda: DataConfig(format="webdataset", path=str(root), shuffle_buffer=256,
+                                                                **common),
+                           "ffcv": lambda: DataConfig(format="ffcv", path=str(root), ffcv_order="random", **common),
+                           "imagefolder+PIL": lambda: DataConfig(format="imagefolder", path=str(root / "folder"),
                                                                  **common)}[name]()
                     r = time_loader(cfg, device, args.epochs)
             except Exception as err:  # noqa: BLE001 - one loader's failure must not end the others

@@ -32,8 +32,8 @@ from hypersolid_scale.data import DataConfig, build_train_loader  # noqa: E402
 from hypersolid_scale.data.builtin import ArraySplit  # noqa: E402
 from hypersolid_scale.data.loaders import InMemoryMultiCropLoader  # noqa: E402
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
-from hypersolid_scale.distributed import all_reduce_sum, get_rank, get_world_size  # noqa: E402
-from hypersolid_scale.distributed.env import cleanup, init_distributed  # noqa: E402
+from hypersolid_scale.distributed import (  # noqa: E402
+    all_reduce_sum, cleanup, get_rank, get_world_size, init_distributed)
 from hypersolid_scale.losses import HypersolidLoss  # noqa: E402
 from hypersolid_scale.models import ModelConfig, build_model  # noqa: E402
 
@@ -53,7 +53,7 @@ def quickstart_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig
 
 
 def resnet18_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig]:
-    data = DataConfig(dataset="webdataset", path="unused", preset="cifar100", num_local_views=6,
+    data = DataConfig(format="webdataset", dataset="cifar100", path="unused", preset="cifar100", num_local_views=6,
                       batch_size_per_gpu=batch)
     n = batch * get_world_size() * 4
     rng = np.random.default_rng(0)

@@ -1,4 +1,5 @@
-"""Helpers of the data tests: real Fashion-MNIST images, shards on disk, probe images, statistics."""
+"""Helpers of the data tests: real Fashion-MNIST images, shards on disk, probe images, statistics, a
+recorder of what each stage of lightly's DINOTransform did, a cap on a loader's batches per epoch."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ import io
 import math
 import tarfile
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 import pytest
+import torch
+from lightly.transforms.dino_transform import DINOTransform
 from PIL import Image
 
 from hypersolid_scale.data.builtin import fashion_mnist_dir, load_fashion_mnist
-from hypersolid_scale.data.transforms import build_pil_multicrop, instrument
+from hypersolid_scale.data.shard_writer import ShardWriter
+from hypersolid_scale.data.transforms import build_pil_multicrop
 
 
 def fashion_mnist_or_skip(split: str = "train"):
@@ -36,13 +41,17 @@ def jpg_bytes(arr: np.ndarray, quality: int = 90) -> bytes:
 
 
 def write_shard(path: Path, samples: list[tuple[str, str, bytes, int]]) -> None:
-    """samples: (key, image ext, image bytes, label)."""
-    with tarfile.open(path, "w") as tar:
+    """samples: (key, image ext, image bytes, label), written by the converter's shard writer."""
+    with ShardWriter(path) as writer:
         for key, ext, data, label in samples:
-            for name, payload in ((f"{key}.{ext}", data), (f"{key}.cls", str(label).encode())):
-                info = tarfile.TarInfo(name)
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
+            writer.add(key, {ext: data, "cls": str(label).encode()})
+
+
+def limit_batches(loader: Any, n: int) -> Any:
+    """Cap a training loader's batches per epoch at `n` (every rank alike), to keep a test short."""
+    assert n >= 1
+    loader._len = min(loader._len, n)
+    return loader
 
 
 def probe_images(n: int, size: int, seed: int = 0) -> np.ndarray:
@@ -176,3 +185,67 @@ def truncate_inside_sample(path: Path, k: int) -> None:
     """Cut a shard in the middle of the data of its k-th sample's first member."""
     _, data, size = _first_member_of_sample(path, k)
     path.write_bytes(path.read_bytes()[:data + size // 2])
+
+
+# ------------------------------------------------------------------ what lightly's stages did -------
+class _Stage:
+    """Runs one stage of a view transform and records what it drew and whether it changed the image.
+
+    The stage's own first random draw (torch.rand(1) for torchvision's random transforms,
+    np.random.random_sample() for lightly's blur/solarization) is peeked by saving and restoring the
+    generator state, so the recorded decision is exactly the one the stage then makes.
+    """
+
+    def __init__(self, inner: Any, key: str, sink: list[dict], view: Optional[str], keep: bool) -> None:
+        self.inner, self.key, self.sink, self.view, self.keep = inner, key, sink, view, keep
+
+    def _applied(self) -> Optional[bool]:
+        if self.key in ("blur", "solarize"):
+            state = np.random.get_state()
+            u = float(np.random.random_sample())
+            np.random.set_state(state)
+            return u < self.inner.prob
+        if self.key in ("flip", "jitter", "gray"):
+            state = torch.get_rng_state()
+            u = float(torch.rand(1))
+            torch.set_rng_state(state)
+            return u < self.inner.p if self.key != "jitter" else not self.inner.p < u
+        return None
+
+    def __call__(self, img: Any) -> Any:
+        applied = self._applied()
+        out = self.inner(img)
+        if self.view is not None:  # first stage of a view: open a new record
+            self.sink.append({"view": self.view})
+        changed = np.asarray(out).shape != np.asarray(img).shape or not np.array_equal(
+            np.asarray(out), np.asarray(img))
+        self.sink[-1][self.key] = applied
+        self.sink[-1][self.key + "_changed"] = bool(changed)
+        if self.keep:
+            self.sink[-1][self.key + "_image"] = np.asarray(out).copy()
+        return out
+
+
+def instrument(transform: DINOTransform, sink: list[dict]) -> DINOTransform:
+    """Wrap crop/flip/jitter/grayscale/blur/solarize of every view so that each call appends a record.
+
+    Each record: {"view": "global_0"|"global_1"|"local"; "flip", "jitter", "gray", "blur", "solarize":
+    bool applied; "<stage>_changed": bool, the output differs from the input; "flip_image": the view
+    after crop+flip (uint8 array)}. The wrapped stages run unchanged.
+    """
+    names = ["global_0", "global_1"] + ["local"] * (len(transform.transforms) - 2)
+    seen: set[int] = set()
+    for view_transform, name in zip(transform.transforms, names):
+        if id(view_transform) in seen:  # lightly shares one object between all local views
+            continue
+        seen.add(id(view_transform))
+        stages = view_transform.transform.transforms
+        # By class name: lightly picks torchvision's v1 or v2 transforms depending on the version.
+        keys = {"RandomResizedCrop": "crop", "RandomHorizontalFlip": "flip", "RandomApply": "jitter",
+                "RandomGrayscale": "gray", "GaussianBlur": "blur", "RandomSolarization": "solarize"}
+        for i, stage in enumerate(stages):
+            key = keys.get(type(stage).__name__)
+            if key is not None:
+                stages[i] = _Stage(stage, key, sink, name if key == "crop" else None, keep=key == "flip")
+    return transform
+

@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from _data_helpers import (assert_same_mean, check_pil_against, fashion_mnist_or_skip, pil_records,
-                           probe_images)
+from _data_helpers import (assert_same_mean, check_pil_against, fashion_mnist_or_skip, limit_batches,
+                           pil_records, probe_images)
 from hypersolid_scale.data import (PRESETS, DataConfig, build_eval_datasets, build_train_loader, in_channels,
                                    num_classes, resolve_preset)
 from hypersolid_scale.data.builtin import fashion_mnist_dir, load_digits, read_idx
@@ -47,7 +47,7 @@ def test_per_dataset_changes_of_the_paper_table() -> None:
 
 def test_config_selects_and_overrides_the_preset() -> None:
     assert resolve_preset(DataConfig()).name == "fashion_mnist"
-    assert resolve_preset(DataConfig(dataset="webdataset", path="x")).name == "default"
+    assert resolve_preset(DataConfig(format="webdataset", path="x")).name == "default"
     p = resolve_preset(DataConfig(preset="imagenet", num_local_views=2, global_crop_size=64,
                                   local_crop_scale=[0.1, 0.3]))
     assert (p.num_views, p.global_crop_size, p.local_crop_scale, p.eval_resize) == (4, 64, (0.1, 0.3), 73)
@@ -56,7 +56,7 @@ def test_config_selects_and_overrides_the_preset() -> None:
         resolve_preset(DataConfig(preset="nope"))
     for bad, match in ((dict(dataset="mnist"), "data.dataset"), (dict(augment="gpu"), "data.augment"),
                        (dict(global_crop_scale=[0.5, 0.2]), "global_crop_scale"),
-                       (dict(dataset="ffcv"), "needs data.path")):
+                       (dict(format="ffcv"), "needs data.path")):
         with pytest.raises(ValueError, match=match):
             DataConfig(**bad).validate()
 
@@ -170,7 +170,7 @@ def test_in_memory_loader_splits_ranks_and_resumes_exactly() -> None:
 
 def test_pil_path_of_a_builtin_dataset() -> None:
     cfg = DataConfig(dataset="digits", augment="pil", batch_size_per_gpu=16, num_workers=0, num_local_views=2)
-    loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU, epoch_length=3)
+    loader = limit_batches(build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU), 3)
     batches = list(loader)
     assert len(batches) == len(loader) == 3
     assert [tuple(v.shape) for v in batches[0][0]] == [(16, 1, 16, 16)] * 2 + [(16, 1, 8, 8)] * 2

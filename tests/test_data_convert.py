@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import struct
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from _data_helpers import fashion_mnist_or_skip, jpg_bytes, png_bytes
+from _data_helpers import fashion_mnist_or_skip, jpg_bytes, limit_batches, png_bytes
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.convert import main, sha256
 from hypersolid_scale.data.webdataset import ShardIndexDataset
@@ -86,10 +91,10 @@ def test_builtin_dataset_to_shards_then_train_and_eval(tmp_path) -> None:
     assert main(["--builtin", "digits", "--out", str(out), "--formats", "webdataset", "--shard-size", "500"]) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert (m["splits"]["train"]["count"], m["splits"]["test"]["count"]) == (1437, 360)
-    cfg = DataConfig(dataset="webdataset", path=str(out), preset="digits", batch_size_per_gpu=64,
+    cfg = DataConfig(format="webdataset", path=str(out), preset="digits", batch_size_per_gpu=64,
                      num_workers=0, num_local_views=2)
     assert num_classes(cfg) == 10
-    loader = build_train_loader(cfg, rank=1, world_size=2, seed=0, device=torch.device("cpu"), epoch_length=2)
+    loader = limit_batches(build_train_loader(cfg, rank=1, world_size=2, seed=0, device=torch.device("cpu")), 2)
     views, labels = next(iter(loader))
     assert [tuple(v.shape) for v in views] == [(64, 1, 16, 16)] * 2 + [(64, 1, 8, 8)] * 2
     assert 0 <= int(labels.min()) and int(labels.max()) <= 9
@@ -125,3 +130,122 @@ def test_torchvision_root_to_shards(tmp_path) -> None:
     assert (m["splits"]["train"]["count"], m["splits"]["test"]["count"]) == (40, 40)
     img, label = ShardIndexDataset(str(out / "test"), mode="L")[0]
     assert img.size == (28, 28) and label == int(fashion_mnist_or_skip("test").labels[0])
+
+
+# ----------------------------------------------------------------------------- image size limit --
+def claimed_size_jpeg(side: int, real: int = 48) -> bytes:
+    """A valid `real` x `real` JPEG whose frame header (SOF) is patched to claim `side` x `side`: libjpeg
+    decodes it without error, filling the rest, so it would decode to side^2 pixels."""
+    data = bytearray(jpg_bytes(np.random.default_rng(0).integers(0, 256, (real, real, 3), dtype=np.uint8)))
+    i = 2
+    while data[i + 1] not in (0xC0, 0xC1, 0xC2):  # walk the marker segments to the frame header
+        i += 2 + struct.unpack(">H", data[i + 2:i + 4])[0]
+    data[i + 5:i + 9] = struct.pack(">HH", side, side)
+    return bytes(data)
+
+
+def test_images_over_max_side_are_listed_counted_and_skipped(tmp_path) -> None:
+    src, out = photo_folder(tmp_path / "photos"), tmp_path / "out"
+    (src / "coat" / "bomb.jpg").write_bytes(claimed_size_jpeg(9000))
+    assert Image.open(src / "coat" / "bomb.jpg").size == (9000, 9000)
+    wide = np.zeros((20, 40), np.uint8)  # 800 px: under PIL's pixel limit of 32^2, over the side limit
+    (src / "bag" / "wide.png").write_bytes(png_bytes(wide))
+    assert convert("--folder", str(src), "--out", str(out), "--formats", "webdataset") == 0
+    m = json.loads((out / "manifest.json").read_text())
+    too_large = sorted(Path(b["name"]).name for b in m["bad_files"] if b["reason"] == "too_large")
+    assert too_large == ["bomb.jpg"] and m["bad_counts"] == {"too_large": 1, "undecodable": 2}
+    assert m["splits"]["train"]["count"] == 22  # 21 photos and the wide one
+    bomb = next(b for b in m["bad_files"] if b["reason"] == "too_large")
+    assert "9000 x 9000 px, over --max-side 8192" in bomb["error"]
+    # A lower limit: the side check rejects by the longer side, whatever the pixel count.
+    assert convert("--folder", str(src), "--out", str(tmp_path / "o32"), "--formats", "webdataset",
+                   "--max-side", "32") == 0
+    m = json.loads((tmp_path / "o32" / "manifest.json").read_text())
+    errors = {Path(b["name"]).name: b["error"] for b in m["bad_files"] if b["reason"] == "too_large"}
+    assert sorted(errors) == ["bomb.jpg", "wide.png"] and "40 x 20 px, over --max-side 32" in errors["wide.png"]
+    assert "9000 x 9000 px, over --max-side 32" in errors["bomb.jpg"] and m["splits"]["train"]["count"] == 21
+    assert Image.MAX_IMAGE_PIXELS == _PIL_DEFAULT_LIMIT  # the process-wide setting is put back
+    with pytest.raises(SystemExit):
+        main(["--folder", str(src), "--out", str(tmp_path / "o0"), "--max-side", "0"])
+
+
+_PIL_DEFAULT_LIMIT = Image.MAX_IMAGE_PIXELS
+
+# Run in a fresh interpreter: peak RSS (ru_maxrss) only grows, so it must start from the converter's own
+# imports. Rejected bombs first (each would decode to 243 MB), then 200 images of 512 x 512 (150 MB if held).
+_MEMORY_SCRIPT = """
+import resource, sys
+from pathlib import Path
+import numpy as np
+from PIL import Image
+src, bombs, out = (Path(a) for a in sys.argv[1:4])
+from hypersolid_scale.data.convert import main
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+start = peak()
+main(["--folder", str(bombs), "--out", str(out / "bombs"), "--formats", "webdataset"])
+after_bombs = peak()
+main(["--folder", str(src), "--out", str(out / "photos"), "--formats", "webdataset,folder", "--shard-size", "64"])
+print(start, after_bombs, peak(), sorted(m for m in ("torch", "ffcv") if m in sys.modules))
+"""
+
+
+@pytest.mark.slow  # about 40 s on a busy 2-core machine: writing and converting 200 images
+def test_memory_stays_bounded_while_converting(tmp_path) -> None:
+    rng = np.random.default_rng(0)
+    for i in range(200):
+        d = tmp_path / "src" / f"class{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        small = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+        small.resize((512, 512), Image.BILINEAR).save(d / f"{i:03d}.jpg", quality=85)
+    (tmp_path / "bombs" / "a").mkdir(parents=True)
+    for i in range(3):
+        (tmp_path / "bombs" / "a" / f"bomb{i}.jpg").write_bytes(claimed_size_jpeg(9000 + i))  # 81+ Mpx each
+    (tmp_path / "bombs" / "a" / "ok.jpg").write_bytes(jpg_bytes(np.zeros((64, 64, 3), np.uint8)))
+    run = subprocess.run([sys.executable, "-c", _MEMORY_SCRIPT, str(tmp_path / "src"), str(tmp_path / "bombs"),
+                          str(tmp_path / "out")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    start, after_bombs, end, heavy = run.stdout.strip().splitlines()[-1].split(" ", 3)
+    # Rejected from the header: decoding one would take 243 MB (3 bytes x 81 Mpx).
+    assert float(after_bombs) - float(start) < 64, run.stdout
+    bombs = json.loads((tmp_path / "out" / "bombs" / "manifest.json").read_text())
+    assert bombs["bad_counts"]["too_large"] == 3 and bombs["splits"]["train"]["count"] == 1
+    # 200 images of 512 x 512 (0.75 MB each decoded): one at a time, not all.
+    assert float(end) - float(after_bombs) < 64, run.stdout
+    assert heavy == "[]"  # no torch / FFCV for webdataset and folder outputs (~700 MB of RSS on import)
+    m = json.loads((tmp_path / "out" / "photos" / "manifest.json").read_text())
+    assert m["splits"]["train"]["count"] == 200 and len(m["splits"]["train"]["shards"]) == 4
+
+
+def test_an_interrupted_run_resumes_without_decoding_finished_shards_again(tmp_path, monkeypatch) -> None:
+    from hypersolid_scale.data.convert import Converter
+
+    src = photo_folder(tmp_path / "photos")
+    convert("--folder", str(src), "--out", str(tmp_path / "whole"), "--formats", "webdataset,folder")
+    reference = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    decoded: list[str] = []
+    real = Converter.open_checked
+
+    def stop_at_the_15th(self, it):
+        decoded.append(it.name)
+        if len(decoded) == 15:
+            raise KeyboardInterrupt  # killed with one sample in the fourth shard
+        return real(self, it)
+
+    monkeypatch.setattr(Converter, "open_checked", stop_at_the_15th)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,folder")
+    progress = json.loads((out / ".progress.json").read_text())["train"]
+    assert [s["count"] for s in progress] == [4, 4, 4] and not (out / "manifest.json").exists()
+    assert [Path(b["name"]).name for s in progress for b in s["bad"]] == ["truncated.jpg"]  # bag's last file
+    assert not list((out / "train").glob("*.tmp"))  # the interrupted shard was not left behind
+    decoded.clear()
+    monkeypatch.setattr(Converter, "open_checked", lambda self, it: decoded.append(it.name) or real(self, it))
+    assert convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,folder", "--resume") == 0
+    assert len(decoded) == 23 - progress[-1]["consumed"]  # only the images after the finished shards
+    assert json.loads((out / "manifest.json").read_text()) == reference
+    for d in ("train", "folder"):
+        assert sorted(str(p.relative_to(out)) for p in (out / d).rglob("*")) == \
+            sorted(str(p.relative_to(tmp_path / "whole")) for p in (tmp_path / "whole" / d).rglob("*"))
+    for s in reference["splits"]["train"]["shards"]:
+        assert sha256(out / "train" / s["name"]) == s["sha256"]

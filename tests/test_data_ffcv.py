@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from _data_helpers import check_pil_against, crop_geometry, pil_records, png_bytes, probe_images
+from _data_helpers import (check_pil_against, crop_geometry, limit_batches, pil_records, png_bytes,
+                           probe_images)
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes, resolve_preset
 from hypersolid_scale.data.convert import main as convert
 from hypersolid_scale.data.ffcv import FFCV_IMPORT_ERROR, check_beton
@@ -42,7 +43,7 @@ def probe_dataset(tmp_path_factory) -> Path:
 
 
 def cfg_for(path: Path, **kw) -> DataConfig:
-    base = dict(dataset="ffcv", path=str(path), preset="default", global_crop_size=32, local_crop_size=16,
+    base = dict(format="ffcv", path=str(path), preset="default", global_crop_size=32, local_crop_size=16,
                 num_local_views=2, batch_size_per_gpu=32, num_workers=1, ffcv_order="random")
     base.update(kw)
     return DataConfig(**base)
@@ -83,7 +84,7 @@ def test_ffcv_views_have_the_statistics_of_the_pil_path(probe_dataset: Path) -> 
 
 def test_ffcv_full_batches_and_eval_dataset(probe_dataset: Path) -> None:
     cfg = cfg_for(probe_dataset, num_local_views=0, preset="cifar", global_crop_size=None, local_crop_size=None)
-    loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU, epoch_length=2)
+    loader = limit_batches(build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU), 2)
     batches = list(loader)
     assert len(batches) == 2
     views, labels = batches[0]

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from _data_helpers import (convert_shards, fashion_mnist_or_skip, jpg_bytes, member_offsets, png_bytes,
-                           truncate_before_sample, truncate_inside_sample, write_shard)
+from _data_helpers import (convert_shards, fashion_mnist_or_skip, jpg_bytes, limit_batches, member_offsets,
+                           png_bytes, truncate_before_sample, truncate_inside_sample, write_shard)
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.presets import PRESETS
 from hypersolid_scale.data.shards import shard_key, split_urls
@@ -140,13 +140,13 @@ def test_shard_index_dataset_and_config_entry_point(tmp_path) -> None:
     img, label = ds[37]
     ref = fashion_mnist_or_skip().images[label]
     np.testing.assert_array_equal(np.asarray(img), ref)
-    cfg = DataConfig(dataset="webdataset", path=str(tmp_path), preset="fashion_mnist", num_classes=60,
+    cfg = DataConfig(format="webdataset", path=str(tmp_path), preset="fashion_mnist", num_classes=60,
                      batch_size_per_gpu=8, num_workers=0, num_local_views=2)
     train, test = build_eval_datasets(cfg)
     assert (len(train), len(test)) == (60, 20)
     x, y = test[3]
     assert tuple(x.shape) == (1, 28, 28) and torch.equal(x, test[3][0]) and isinstance(y, int)
-    ld = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU, epoch_length=2)
+    ld = limit_batches(build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU), 2)
     assert len(ld) == 2 and len(list(ld)) == 2
 
 
@@ -237,7 +237,7 @@ def test_http_and_pipe_stream_the_same_batches_as_local_files(converted, http_se
     for i in (0, 7, 19):
         assert remote[i][1] == near[i][1] and np.array_equal(np.asarray(remote[i][0]), np.asarray(near[i][0]))
     # The config entry points: data.path / data.test_path as URLs, data.manifest for counts and classes.
-    cfg = DataConfig(dataset="webdataset", path=f"{base}/train/{SHARDS}", test_path=f"{base}/test/shard-000000.tar",
+    cfg = DataConfig(format="webdataset", path=f"{base}/train/{SHARDS}", test_path=f"{base}/test/shard-000000.tar",
                      manifest=manifest, preset="fashion_mnist", batch_size_per_gpu=16, num_workers=0,
                      num_local_views=1)
     assert num_classes(cfg) == 80
@@ -338,7 +338,7 @@ def test_losing_more_than_max_lost_fraction_is_an_error(converted) -> None:
     with pytest.warns(UserWarning):
         assert len(list(ok)) == 5
     with pytest.raises(ValueError, match="max_lost_fraction"):
-        DataConfig(dataset="webdataset", path="x", max_lost_fraction=1.5).validate()
+        DataConfig(format="webdataset", path="x", max_lost_fraction=1.5).validate()
 
 
 def test_verify_shards_compares_the_sha256(converted) -> None:

@@ -112,13 +112,7 @@ class ResumableEpochs:
         self._done = 0
         self.stats: dict[str, float] = {}
 
-    _len: int = 0
-
-    def limit_batches(self, n: int) -> None:
-        """Cap batches per epoch (quick runs); every rank gets the same cap."""
-        if n < 1:
-            raise ValueError(f"epoch_length must be >= 1, got {n}")
-        self._len = min(self._len, n)
+    _len: int = 0  # batches per epoch, the same on every rank
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:

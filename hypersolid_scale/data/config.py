@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-DATASETS = ("fashion_mnist", "digits", "webdataset", "ffcv", "imagefolder")
-AUGMENT_BACKENDS = ("auto", "pil", "tensor")
+from hypersolid_scale.data.builtin import BUILTIN_DATASETS
+from hypersolid_scale.errors import ConfigError
+
+AUGMENT_MODES = ("auto", "pil", "tensor")
 EVAL_SPLITS = ("test", "holdout")
 FFCV_ORDERS = ("random", "quasi_random", "sequential")
 
@@ -18,8 +20,12 @@ FFCV_ORDERS = ("random", "quasi_random", "sequential")
 @dataclass
 class DataConfig:
     # --- what ---------------------------------------------------------------------------------------
-    # builtin: "fashion_mnist" | "digits"; files: "webdataset" | "ffcv" | "imagefolder".
-    dataset: str = "fashion_mnist"
+    # How the data is stored: "builtin" (a dataset this package loads into memory itself), "webdataset"
+    # (tar shards), "ffcv" (.beton files) or "imagefolder" (one subfolder per class).
+    format: str = "builtin"
+    # The dataset's name. builtin: "fashion_mnist" (the default) | "digits". File formats: an optional free
+    # name (e.g. "cifar10", "stl10", "imagenet1k") that picks the multi-crop preset when preset=auto.
+    dataset: Optional[str] = None
     # Training data. webdataset: a shard directory, a conversion output root holding train/, or brace
     # patterns of paths or URLs ("d/shard-{000000..000009}.tar", "https://host/train/shard-{0..9}.tar",
     # "pipe:aws s3 cp s3://bucket/train/shard-{000000..000099}.tar -", s3:// and gs:// with fsspec);
@@ -29,6 +35,10 @@ class DataConfig:
     path: Optional[str] = None
     # Held-out data of the same kind as `path` (default: the `test` split next to `path`).
     test_path: Optional[str] = None
+    # Labelled data of the same kind as `path` that evaluation (kNN monitor, linear probe) trains on.
+    # Default: the `train` split of `path`; when `path` is a split the conversion manifest marks as
+    # unlabelled (e.g. STL-10's "unlabeled"), the labelled `train` split next to it.
+    eval_train_path: Optional[str] = None
     # "test": evaluate on the test split; "holdout": carve `holdout_fraction` out of the training split
     # (deterministic, by index) when a dataset has no test split.
     eval_split: str = "test"
@@ -39,7 +49,8 @@ class DataConfig:
     max_train_samples: Optional[int] = None
 
     # --- multi-crop ---------------------------------------------------------------------------------
-    # "auto" picks the dataset's preset (fashion_mnist -> fashion_mnist, digits -> digits, else default).
+    # "auto" picks the preset named like data.dataset (fashion_mnist, digits, cifar10, cifar100, stl10,
+    # food101, imagenet; imagenet1k and imagenet100 -> imagenet), else "default".
     preset: str = "auto"
     num_local_views: Optional[int] = None
     global_crop_size: Optional[int] = None
@@ -48,7 +59,7 @@ class DataConfig:
     local_crop_scale: Optional[list[float]] = None
     # "pil": lightly's DINOTransform per sample (the reference semantics); "tensor": the batched torch
     # implementation of the same augmentations (fast path for in-memory builtin datasets);
-    # "auto": tensor for builtin datasets, pil for webdataset/imagefolder. FFCV always decodes + crops in
+    # "auto": tensor for the builtin format, pil for webdataset/imagefolder. FFCV always decodes + crops in
     # FFCV and applies the photometric augmentations batched on the training device.
     augment: str = "auto"
 
@@ -69,33 +80,45 @@ class DataConfig:
     ffcv_os_cache: bool = False  # True: memory-map the whole file (dataset fits in RAM)
     ffcv_batches_ahead: int = 3
 
+    def builtin_name(self) -> str:
+        """The builtin dataset this config names (fashion_mnist when data.dataset is unset)."""
+        return self.dataset or "fashion_mnist"
+
     def validate(self) -> None:
-        """Raise ValueError naming the bad field and the allowed values."""
-        if self.dataset not in DATASETS:
-            raise ValueError(f"data.dataset={self.dataset!r} is not one of {DATASETS}")
-        if self.augment not in AUGMENT_BACKENDS:
-            raise ValueError(f"data.augment={self.augment!r} is not one of {AUGMENT_BACKENDS}")
-        if self.eval_split not in EVAL_SPLITS:
-            raise ValueError(f"data.eval_split={self.eval_split!r} is not one of {EVAL_SPLITS}")
-        if self.ffcv_order not in FFCV_ORDERS:
-            raise ValueError(f"data.ffcv_order={self.ffcv_order!r} is not one of {FFCV_ORDERS}")
-        if self.batch_size_per_gpu < 1:
-            raise ValueError(f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}")
-        if self.num_workers < 0:
-            raise ValueError(f"data.num_workers must be >= 0, got {self.num_workers}")
-        if not 0.0 <= self.max_lost_fraction <= 1.0:
-            raise ValueError(f"data.max_lost_fraction must be in [0, 1] (1.0 never stops), "
-                             f"got {self.max_lost_fraction}")
-        if not 0.0 < self.holdout_fraction < 1.0:
-            raise ValueError(f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}")
-        if self.num_local_views is not None and self.num_local_views < 0:
-            raise ValueError(f"data.num_local_views must be >= 0, got {self.num_local_views}")
+        """Raise ConfigError naming the bad field and the allowed values."""
+        from hypersolid_scale.data import formats
+
+        # Formats are registered by their modules in hypersolid_scale/data/formats/.
+        if self.dataset in formats.names() and self.dataset != "builtin":  # what data.dataset used to mean
+            raise ConfigError(f"data.dataset={self.dataset!r} names a storage format: set "
+                              f"data.format={self.dataset} (data.dataset is the dataset's name, e.g. cifar10)")
+        if self.format not in formats.names():
+            raise ConfigError(f"data.format={self.format!r} is not one of {formats.names()}")
+        if self.format == "builtin" and self.builtin_name() not in BUILTIN_DATASETS:
+            raise ConfigError(
+                f"data.dataset={self.dataset!r} is not a builtin dataset {BUILTIN_DATASETS}; for other data "
+                "convert it (python -m hypersolid_scale.data.convert --help) and set data.format=webdataset, "
+                "ffcv or imagefolder and data.path")
+        checks = (
+            (self.augment in AUGMENT_MODES, f"data.augment={self.augment!r} is not one of {AUGMENT_MODES}"),
+            (self.eval_split in EVAL_SPLITS, f"data.eval_split={self.eval_split!r} is not one of {EVAL_SPLITS}"),
+            (self.ffcv_order in FFCV_ORDERS, f"data.ffcv_order={self.ffcv_order!r} is not one of {FFCV_ORDERS}"),
+            (self.batch_size_per_gpu >= 1, f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}"),
+            (self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}"),
+            (0.0 <= self.max_lost_fraction <= 1.0,
+             f"data.max_lost_fraction must be in [0, 1] (1.0 never stops), got {self.max_lost_fraction}"),
+            (0.0 < self.holdout_fraction < 1.0,
+             f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}"),
+            (self.num_local_views is None or self.num_local_views >= 0,
+             f"data.num_local_views must be >= 0, got {self.num_local_views}"),
+        )
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
         for name in ("global_crop_scale", "local_crop_scale"):
             scale = getattr(self, name)
             if scale is not None and (len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0):
-                raise ValueError(f"data.{name} must be [min, max] with 0 < min <= max <= 1, got {scale}")
-        if self.dataset in ("webdataset", "ffcv", "imagefolder") and not self.path:
-            raise ValueError(
-                f"data.dataset={self.dataset!r} needs data.path (convert images first: "
-                "python -m hypersolid_scale.data.convert --help)"
-            )
+                raise ConfigError(f"data.{name} must be [min, max] with 0 < min <= max <= 1, got {scale}")
+        if formats.get(self.format).needs_path and not self.path:
+            raise ConfigError(f"data.format={self.format!r} needs data.path (convert images first: "
+                              "python -m hypersolid_scale.data.convert --help)")

@@ -1,14 +1,22 @@
-"""Convert images to WebDataset shards, an FFCV .beton and/or an image folder, with a manifest.
+"""Convert images to WebDataset shards, FFCV .beton files and/or an image folder, with a manifest.
 
-    python -m hypersolid_scale.data.convert --folder PHOTOS/ --out data/photos --formats webdataset,ffcv
+    python -m hypersolid_scale.data.convert --folder /data/photos --out data/photos
     python -m hypersolid_scale.data.convert --builtin fashion_mnist --out data/fmnist
     python -m hypersolid_scale.data.convert --torchvision CIFAR10 --root ~/cifar --out data/cifar10
+    python -m hypersolid_scale.data.convert --torchvision STL10 --root ~/stl10 --out data/stl10 \\
+        --split train,test,unlabeled --formats webdataset
 
 Output: OUT/<split>/shard-000000.tar ..., OUT/<split>.beton, OUT/folder/<split>/<class>/*.png,
-OUT/manifest.json (classes, counts per class, shards with sha256, bad files). Every file is written to
-a temporary name and renamed when complete; OUT/.progress.json records finished shards so that
-`--resume` continues an interrupted run. An existing complete output is never touched: the command
-refuses (exit 2) unless --resume (then it checks and does nothing).
+OUT/manifest.json (classes, counts per class, shards with sha256, bad files and their counts; a split
+without labels, e.g. STL-10's "unlabeled", is marked "labeled": false and its samples have label -1).
+Every file is written to a temporary name and renamed when complete; OUT/.progress.json records finished
+shards so that `--resume` continues an interrupted run. An existing complete output is never touched:
+the command refuses (exit 2) unless --resume (then it checks and does nothing).
+
+Bad images are listed, counted and skipped, never fatal: files that do not decode, and images whose
+header claims a side over --max-side pixels (checked before decoding; a small file can claim 9000 x 9000
+pixels and would decode to 243 MB). Images stream one at a time from the source to the outputs, so memory
+does not grow with the number of images.
 """
 
 from __future__ import annotations
@@ -19,86 +27,46 @@ import io
 import json
 import os
 import sys
-import tarfile
-from dataclasses import dataclass
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from hypersolid_scale.data.builtin import BUILTIN_DATASETS, load_builtin
+from hypersolid_scale.data.builtin import BUILTIN_DATASETS
 from hypersolid_scale.data.common import MANIFEST
+from hypersolid_scale.data.shard_writer import ShardWriter, sha256
+from hypersolid_scale.data.sources import Item, Source, builtin_source, folder_source, torchvision_source
+from hypersolid_scale.errors import ConfigError, run_cli
+
+__all__ = ["Converter", "Item", "ImageTooLarge", "main", "sha256", "folder_class_name", "hash_name"]
 
 FORMATS = ("webdataset", "ffcv", "folder")
-_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+# The longest side accepted by default. 8192 px keeps every photo of a 48-megapixel camera (8000 x 6000)
+# and 8K video frames, and bounds one decoded RGB image at 8192^2 * 3 = 201 MB; larger images are
+# usually scans or crafted headers, and a training crop of 224 px gains nothing from them.
+DEFAULT_MAX_SIDE = 8192
 
 
-@dataclass
-class Item:
-    """One source image: `load()` -> PIL image (may raise for a corrupt file)."""
-
-    name: str
-    label: int
-    load: Callable[[], Image.Image]
+class ImageTooLarge(ValueError):
+    """An image whose header claims a side over --max-side (rejected before decoding)."""
 
 
-def _open_file(path: str) -> Callable[[], Image.Image]:
-    def load() -> Image.Image:
-        img = Image.open(path)
-        img.load()  # force the full decode: a truncated file fails here
-        return img
-    return load
-
-
-def _folder_items(root: Path, classes: list[str]) -> list[Item]:
-    items = []
-    for label, cls in enumerate(classes):
-        for f in sorted((root / cls).rglob("*")):
-            if f.suffix.lower() in _IMAGE_SUFFIXES:
-                items.append(Item(str(f.relative_to(root)), label, _open_file(str(f))))
-    return items
-
-
-def folder_source(path: str) -> tuple[list[str], dict[str, list[Item]]]:
-    """root/<class>/* (one split, "train") or root/{train,test}/<class>/*."""
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"--folder {path!r} is not a directory")
-    split_roots = {s: root / s for s in ("train", "test") if (root / s).is_dir()} or {"train": root}
-    classes = sorted(d.name for d in split_roots["train"].iterdir() if d.is_dir())
-    if not classes:
-        raise ValueError(f"--folder {path!r} has no class subfolders (expected {path}/<class>/<image>)")
-    return classes, {s: _folder_items(r, classes) for s, r in split_roots.items()}
-
-
-def _array_items(images: np.ndarray, labels: np.ndarray, prefix: str) -> list[Item]:
-    return [Item(f"{prefix}_{i:07d}", int(labels[i]), (lambda a=images[i]: Image.fromarray(a)))
-            for i in range(len(labels))]
-
-
-def builtin_source(name: str, path: Optional[str]) -> tuple[list[str], dict[str, list[Item]]]:
-    splits = {s: load_builtin(name, s, path) for s in ("train", "test")}
-    return list(splits["train"].classes), {s: _array_items(d.images, d.labels, s) for s, d in splits.items()}
-
-
-def torchvision_source(name: str, root: str) -> tuple[list[str], dict[str, list[Item]]]:
-    import torchvision.datasets as tvd
-
-    cls = getattr(tvd, name, None)
-    if cls is None:
-        raise ValueError(f"--torchvision {name!r} is not a torchvision.datasets class (e.g. CIFAR10, FashionMNIST)")
-    out: dict[str, list[Item]] = {}
-    classes: list[str] = []
-    for split in ("train", "test"):
-        try:
-            ds = cls(root, train=(split == "train"), download=False)
-        except TypeError:
-            ds = cls(root, split=split, download=False)
-        classes = list(getattr(ds, "classes", classes)) or [str(i) for i in range(10)]
-        out[split] = [Item(f"{split}_{i:07d}", int(ds[i][1]), (lambda i=i, ds=ds: ds[i][0])) for i in range(len(ds))]
-    return classes, out
+@contextmanager
+def pixel_limit(max_side: int) -> Iterator[None]:
+    """PIL's decompression-bomb guard at max_side^2 pixels, as an error, for images the converter does not
+    open itself (torchvision datasets decode inside `__getitem__`)."""
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max_side * max_side
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
 
 
 def _prepare(img: Image.Image, mode: str, resize: Optional[int]) -> Image.Image:
@@ -117,28 +85,41 @@ def _encode(img: Image.Image, fmt: str, quality: int) -> bytes:
     return buf.getvalue()
 
 
-def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _atomic_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
 
 
+def folder_class_name(label: int, classes: list[str]) -> str:
+    """Class directory: the label number first, so that sorted directories keep the label order
+    (what ImageFolder assumes), and no path separators ("T-shirt/top")."""
+    width = len(str(len(classes) - 1))
+    return f"{label:0{width}d}_" + "".join(c if c.isalnum() or c in "-_" else "_" for c in classes[label])
+
+
+def hash_name(name: str) -> str:
+    """Short stable id of a source name, so keys stay unique when file stems repeat across classes."""
+    return hashlib.sha1(name.encode()).hexdigest()[:8]
+
+
+def sample_key(name: str) -> str:
+    # No dots in keys: WebDataset splits "<key>.<ext>" at the first dot.
+    return f"{Path(name).stem.replace('.', '_')}_{hash_name(name)}"
+
+
 class Converter:
     def __init__(self, out: str, *, formats: list[str], shard_size: int, image_format: str, quality: int,
-                 mode: str, resize: Optional[int], resume: bool, ffcv_mode: str) -> None:
+                 mode: str, resize: Optional[int], resume: bool, ffcv_mode: str,
+                 max_side: int = DEFAULT_MAX_SIDE) -> None:
         self.out = Path(out)
         self.formats, self.shard_size, self.image_format = formats, shard_size, image_format
         self.quality, self.mode, self.resize, self.resume, self.ffcv_mode = quality, mode, resize, resume, ffcv_mode
+        self.max_side = max_side
+        self.ext = "jpg" if image_format == "jpg" else "png"
         self.progress_path = self.out / ".progress.json"
         self.progress: dict[str, Any] = {}
+        self._writer: Optional[ShardWriter] = None  # the shard being written
 
     def check_output(self) -> bool:
         """True when there is nothing to do. Raises SystemExit(2) rather than touch an existing output."""
@@ -157,107 +138,194 @@ class Converter:
         self.out.mkdir(parents=True, exist_ok=True)
         return False
 
-    def decode_check(self, split: str, items: list[Item], bad: list[dict]) -> list[Item]:
-        good = []
-        for it in tqdm(items, desc=f"check {split}", unit="img"):
-            try:
-                it.load()
-                good.append(it)
-            except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file to list
-                bad.append({"split": split, "name": it.name, "error": f"{type(e).__name__}: {e}"})
-                print(f"bad image skipped: {it.name}: {type(e).__name__}: {e}", file=sys.stderr)
-        return good
+    # ------------------------------------------------------------------------------ one image --
+    def open_checked(self, it: Item) -> Image.Image:
+        """The item's image, decoded, after its header size passed --max-side."""
+        try:
+            img = it.load()
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:  # PIL's guard (pixel_limit)
+            raise ImageTooLarge(f"{e} (the limit is --max-side {self.max_side} squared; raise --max-side to keep "
+                                "such images)") from e
+        w, h = img.size
+        if max(w, h) > self.max_side:
+            img.close()
+            raise ImageTooLarge(f"its header says {w} x {h} px, over --max-side {self.max_side} "
+                                "(raise --max-side to keep such images)")
+        img.load()  # the full decode: a truncated file fails here
+        return img
 
-    def write_shards(self, split: str, items: list[Item]) -> list[dict]:
+    def encode(self, it: Item) -> bytes:
+        return _encode(_prepare(self.open_checked(it), self.mode, self.resize), self.ext, self.quality)
+
+    def _bad(self, split: str, it: Item, err: Exception) -> dict:
+        reason = "too_large" if isinstance(err, ImageTooLarge) else "undecodable"
+        print(f"bad image skipped: {it.name}: {type(err).__name__}: {err}", file=sys.stderr)
+        return {"split": split, "name": it.name, "reason": reason, "error": f"{type(err).__name__}: {err}"}
+
+    def _folder_dest(self, split: str, it: Item, classes: list[str]) -> Path:
+        return self.out / "folder" / split / folder_class_name(it.label, classes) / \
+            f"{Path(it.name).stem}_{hash_name(it.name)}.{self.ext}"
+
+    # ------------------------------------------------------------------------------ one split --
+    def _resume_point(self, split: str, items: Sequence[Item], done: list[dict]) -> tuple[int, list[dict]]:
+        """(source items the finished shards used up, bad files among them). Recorded with each shard; for a
+        record without it, the images are checked again until the shards' sample count is reached."""
+        if not done:
+            return 0, []
+        if all("consumed" in d and "bad" in d for d in done):
+            return int(done[-1]["consumed"]), [b for d in done for b in d["bad"]]
+        need, bad, k = sum(int(d["count"]) for d in done), [], 0
+        while need > 0 and k < len(items):
+            try:
+                self.open_checked(items[k])
+                need -= 1
+            except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file to list
+                bad.append(self._bad(split, items[k], e))
+            k += 1
+        return k, bad
+
+    def _intact_shards(self, split: str) -> list[dict]:
+        """The recorded shards of `split` up to the first missing or changed one (those get rewritten)."""
         d = self.out / split
-        d.mkdir(exist_ok=True)
         done: list[dict] = self.progress.setdefault(split, [])
-        # Keep the intact prefix of recorded shards; from the first missing or changed one on, rewrite.
         intact = 0
         while intact < len(done) and (d / done[intact]["name"]).is_file() and \
                 sha256(d / done[intact]["name"]) == done[intact]["sha256"]:
             intact += 1
         del done[intact:]
-        start = len(done) * self.shard_size
-        ext = "jpg" if self.image_format == "jpg" else "png"
-        bar = tqdm(total=len(items), initial=start, desc=f"shards {split}", unit="img")
-        for k in range(len(done), (len(items) + self.shard_size - 1) // self.shard_size):
-            name = f"shard-{k:06d}.tar"
-            tmp = d / (name + ".tmp")
-            chunk = items[k * self.shard_size:(k + 1) * self.shard_size]
-            with tarfile.open(tmp, "w") as tar:
-                for it in chunk:
-                    # No dots in keys: WebDataset splits "<key>.<ext>" at the first dot.
-                    key = f"{Path(it.name).stem.replace('.', '_')}_{hash_name(it.name)}"
-                    payload = {ext: _encode(_prepare(it.load(), self.mode, self.resize), ext, self.quality),
-                               "cls": str(it.label).encode()}
-                    for e, data in payload.items():
-                        info = tarfile.TarInfo(f"{key}.{e}")
-                        info.size, info.mtime, info.mode = len(data), 0, 0o644
-                        tar.addfile(info, io.BytesIO(data))
-                    bar.update(1)
-            os.replace(tmp, d / name)
-            done.append({"name": name, "count": len(chunk), "sha256": sha256(d / name)})
-            _atomic_json(self.progress_path, self.progress)
-        bar.close()
         return done
 
-    def write_folder(self, split: str, items: list[Item], classes: list[str]) -> None:
-        for it in tqdm(items, desc=f"folder {split}", unit="img"):
-            ext = "jpg" if self.image_format == "jpg" else "png"
-            dest = self.out / "folder" / split / folder_class_name(it.label, classes) / \
-                f"{Path(it.name).stem}_{hash_name(it.name)}.{ext}"
-            if dest.is_file():
+    def convert_split(self, split: str, items: Sequence[Item], classes: list[str], labeled: bool,
+                      bad: list[dict]) -> dict[str, Any]:
+        """Stream every image of `split` once to the shards and the folder; FFCV reads the good ones after."""
+        shards = "webdataset" in self.formats
+        folder = "folder" in self.formats
+        done = self._intact_shards(split) if shards else []
+        if shards:
+            (self.out / split).mkdir(exist_ok=True)
+        start, earlier_bad = self._resume_point(split, items, done)
+        bad += earlier_bad
+        bad_names = {b["name"] for b in earlier_bad}
+        good = [k for k in range(start) if items[k].name not in bad_names]
+        if folder:  # images of finished shards: written with them, unless a file went missing
+            for k in good:
+                dest = self._folder_dest(split, items[k], classes)
+                if not dest.is_file():
+                    self._write_file(dest, self.encode(items[k]))
+        pending: list[dict] = []  # bad files since the last finished shard
+        try:
+            self._stream(split, items, classes, start, done, good, bad, pending, shards, folder)
+        except BaseException:  # interrupted: the unfinished shard goes; finished ones and their record stay
+            if self._writer is not None:
+                self._writer.abort()
+            raise
+        if self._writer is not None:
+            self._finish_shard(done, len(items), pending)
+        entry: dict[str, Any] = {"count": len(good), "labeled": labeled}
+        if labeled:
+            per_class = {c: 0 for c in classes}
+            for k in good:
+                per_class[classes[items[k].label]] += 1
+            entry["per_class"] = per_class
+        if shards:
+            entry["shards"] = [{key: d[key] for key in ("name", "count", "sha256")} for d in done]
+        if "ffcv" in self.formats:
+            entry["beton"] = self.write_beton(split, [items[k] for k in good])
+        return entry
+
+    def _stream(self, split: str, items: Sequence[Item], classes: list[str], start: int, done: list[dict],
+                good: list[int], bad: list[dict], pending: list[dict], shards: bool,
+                folder: bool) -> None:
+        """Items `start`.. one at a time: check, encode once, write to the folder and the current shard
+        (`self._writer`, left open at the end when the items do not fill it)."""
+        self._writer = None
+        for k in tqdm(range(start, len(items)), desc=f"convert {split}", unit="img", initial=start,
+                      total=len(items)):
+            it = items[k]
+            try:
+                data = self.encode(it) if shards or folder else None
+                if data is None:
+                    self.open_checked(it)
+            except Exception as e:  # noqa: BLE001 - any decoder failure is a bad file to list
+                pending.append(self._bad(split, it, e))
+                bad.append(pending[-1])
                 continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".tmp")
-            tmp.write_bytes(_encode(_prepare(it.load(), self.mode, self.resize), ext, self.quality))
-            os.replace(tmp, dest)
+            good.append(k)
+            if folder and not (dest := self._folder_dest(split, it, classes)).is_file():
+                assert data is not None
+                self._write_file(dest, data)
+            if shards:
+                if self._writer is None:
+                    self._writer = ShardWriter(self.out / split / f"shard-{len(done):06d}.tar")
+                assert data is not None
+                self._writer.add(sample_key(it.name), {self.ext: data, "cls": str(it.label).encode()})
+                if self._writer.count == self.shard_size:
+                    self._finish_shard(done, k + 1, pending)
+
+    def _finish_shard(self, done: list[dict], consumed: int, pending: list[dict]) -> None:
+        """Close the current shard and record it, with how far into the items it reached and the bad files
+        met since the previous shard (what --resume needs to skip them without decoding)."""
+        assert self._writer is not None
+        done.append({**self._writer.close(), "consumed": consumed, "bad": list(pending)})
+        self._writer = None
+        pending.clear()
+        _atomic_json(self.progress_path, self.progress)
+
+    @staticmethod
+    def _write_file(dest: Path, data: bytes) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
 
     def write_beton(self, split: str, items: list[Item]) -> dict:
         from hypersolid_scale.data.ffcv import write_beton
 
         dest = self.out / f"{split}.beton"
-        rgb = [lambda it=it: np.asarray(_prepare(it.load(), "RGB", self.resize)) for it in items]
+        rgb = [lambda it=it: np.asarray(_prepare(self.open_checked(it), "RGB", self.resize)) for it in items]
         # FFCV allocates whole pages per writer chunk: small pages keep small-image files small.
-        side = self.resize or max(np.asarray(items[0].load()).shape[:2]) if items else 0
+        side = self.resize or (max(self.open_checked(items[0]).size) if items else 0)
         page_size = 1 << 21 if side <= 512 else 1 << 23
         write_beton(str(dest), rgb, [it.label for it in items], write_mode=self.ffcv_mode,
                     jpeg_quality=self.quality, page_size=page_size)
         return {"name": dest.name, "count": len(items), "sha256": sha256(dest), "bytes": dest.stat().st_size}
 
-    def run(self, classes: list[str], splits: dict[str, list[Item]], source: str) -> dict:
+    def run(self, classes: list[str], splits: dict[str, Sequence[Item]], source: str,
+            unlabeled: frozenset[str] | set[str] = frozenset()) -> dict:
         manifest: dict[str, Any] = {"format_version": 1, "source": source, "classes": classes,
                                     "num_classes": len(classes), "formats": self.formats, "splits": {},
                                     "bad_files": []}
-        for split, items in splits.items():
-            good = self.decode_check(split, items, manifest["bad_files"])
-            per_class = {c: 0 for c in classes}
-            for it in good:
-                per_class[classes[it.label]] += 1
-            entry: dict[str, Any] = {"count": len(good), "per_class": per_class}
-            if "webdataset" in self.formats:
-                entry["shards"] = self.write_shards(split, good)
-            if "folder" in self.formats:
-                self.write_folder(split, good, classes)
-            if "ffcv" in self.formats:
-                entry["beton"] = self.write_beton(split, good)
-            manifest["splits"][split] = entry
+        if "folder" in self.formats and unlabeled & set(splits):
+            raise ConfigError(f"--formats folder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they have "
+                              "no labels and an image folder needs a class folder per image; convert them with "
+                              "--formats webdataset or ffcv")
+        with pixel_limit(self.max_side):
+            for split, items in splits.items():
+                manifest["splits"][split] = self.convert_split(split, items, classes, split not in unlabeled,
+                                                               manifest["bad_files"])
+        reasons = [b["reason"] for b in manifest["bad_files"]]
+        manifest["bad_counts"] = {r: reasons.count(r) for r in ("too_large", "undecodable")}
         _atomic_json(self.out / MANIFEST, manifest)
         self.progress_path.unlink(missing_ok=True)
         return manifest
 
 
-def folder_class_name(label: int, classes: list[str]) -> str:
-    """Class directory: the label number first, so that sorted directories keep the label order
-    (what ImageFolder assumes), and no path separators ("T-shirt/top")."""
-    width = len(str(len(classes) - 1))
-    return f"{label:0{width}d}_" + "".join(c if c.isalnum() or c in "-_" else "_" for c in classes[label])
-
-
-def hash_name(name: str) -> str:
-    """Short stable id of a source name, so keys stay unique when file stems repeat across classes."""
-    return hashlib.sha1(name.encode()).hexdigest()[:8]
+def _source(p: argparse.ArgumentParser, args: argparse.Namespace) -> Source:
+    splits = [s.strip() for s in (args.split or "train,test").split(",") if s.strip()]
+    if args.folder:
+        source = folder_source(args.folder)
+    elif args.builtin:
+        source = builtin_source(args.builtin, args.root)
+    else:
+        if not args.root:
+            p.error("--torchvision needs --root")
+        return torchvision_source(args.torchvision, args.root, splits)
+    if args.split:  # folder and builtin sources: keep the named splits
+        missing = [s for s in splits if s not in source.splits]
+        if missing:
+            raise ConfigError(f"--split {missing} not in this source's splits {sorted(source.splits)}")
+        source.splits = {s: source.splits[s] for s in splits}
+    return source
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -266,8 +334,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--folder", help="image folder: ROOT/<class>/* or ROOT/{train,test}/<class>/*")
     src.add_argument("--builtin", choices=BUILTIN_DATASETS, help="a built-in dataset")
-    src.add_argument("--torchvision", help="torchvision.datasets class name (already downloaded to --root)")
+    src.add_argument("--torchvision", help="torchvision.datasets class name (already downloaded to --root); "
+                     "STL10 is read from its binary files directly")
     p.add_argument("--root", help="dataset root for --torchvision; idx directory for --builtin fashion_mnist")
+    p.add_argument("--split", default=None, help="comma list of splits to convert (default: train,test; "
+                   "STL10 also has 'unlabeled', 100,000 images without labels)")
     p.add_argument("--out", required=True)
     p.add_argument("--formats", default="webdataset,ffcv", help=f"comma list of {FORMATS}")
     p.add_argument("--shard-size", type=int, default=5000, help="samples per tar shard")
@@ -275,6 +346,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--quality", type=int, default=90, help="JPEG quality")
     p.add_argument("--mode", choices=("keep", "RGB", "L"), default="keep", help="color mode of stored images")
     p.add_argument("--resize", type=int, default=None, help="resize every image to N x N (e.g. 224)")
+    p.add_argument("--max-side", type=int, default=DEFAULT_MAX_SIDE,
+                   help="skip (and list) images whose header claims a longer side, in pixels "
+                   f"(default {DEFAULT_MAX_SIDE})")
     p.add_argument("--ffcv-mode", choices=("raw", "jpg", "smart"), default="raw", help="FFCV image storage")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion into --out")
     p.add_argument("--limit", type=int, default=None, help="keep the first N images of each split (quick tries)")
@@ -285,29 +359,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--formats: {bad or formats} not in {FORMATS}")
     if args.shard_size < 1:
         p.error("--shard-size must be >= 1")
+    if args.max_side < 1:
+        p.error("--max-side must be >= 1")
     conv = Converter(args.out, formats=formats, shard_size=args.shard_size, image_format=args.image_format,
                      quality=args.quality, mode=args.mode, resize=args.resize, resume=args.resume,
-                     ffcv_mode=args.ffcv_mode)
-    if args.folder:
-        classes, splits = folder_source(args.folder)
-        source = f"folder:{args.folder}"
-    elif args.builtin:
-        classes, splits = builtin_source(args.builtin, args.root)
-        source = f"builtin:{args.builtin}"
-    else:
-        if not args.root:
-            p.error("--torchvision needs --root")
-        classes, splits = torchvision_source(args.torchvision, args.root)
-        source = f"torchvision:{args.torchvision}:{args.root}"
+                     ffcv_mode=args.ffcv_mode, max_side=args.max_side)
+    source = _source(p, args)
     if conv.check_output():
         return 0
-    if args.limit is not None:
-        splits = {k: v[:args.limit] for k, v in splits.items()}
-    manifest = conv.run(classes, splits, source)
+    splits = source.splits if args.limit is None else {k: v[:args.limit] for k, v in source.splits.items()}
+    manifest = conv.run(source.classes, splits, source.description, source.unlabeled)
     counts = {s: e["count"] for s, e in manifest["splits"].items()}
-    print(f"wrote {args.out}: {counts} samples, {len(manifest['bad_files'])} bad files skipped")
+    n_bad = manifest["bad_counts"]
+    print(f"wrote {args.out}: {counts} samples, {sum(n_bad.values())} bad files skipped "
+          f"({n_bad['too_large']} over --max-side, {n_bad['undecodable']} undecodable)")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, sys.argv[1:]))

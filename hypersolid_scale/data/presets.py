@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from hypersolid_scale.data.config import DataConfig
+from hypersolid_scale.errors import ConfigError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -98,14 +99,23 @@ PRESETS: dict[str, MultiCropPreset] = {
     "digits": _DIGITS,
 }
 
-_DATASET_PRESET = {"fashion_mnist": "fashion_mnist", "digits": "digits"}
+# preset=auto: data.dataset -> preset; any other name (or none) -> "default".
+_DATASET_PRESET = {name: name for name in ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "food101",
+                                           "imagenet")}
+_DATASET_PRESET.update(imagenet1k="imagenet", imagenet100="imagenet")
+
+
+def auto_preset_name(cfg: DataConfig) -> str:
+    """The preset preset=auto picks: the one named like the dataset, else "default"."""
+    dataset = cfg.builtin_name() if cfg.format == "builtin" else cfg.dataset
+    return _DATASET_PRESET.get((dataset or "").lower(), "default")
 
 
 def resolve_preset(cfg: DataConfig) -> MultiCropPreset:
     """The preset named by ``cfg.preset`` (``auto``: the dataset's own), with the config's overrides."""
-    name = cfg.preset if cfg.preset != "auto" else _DATASET_PRESET.get(cfg.dataset, "default")
+    name = cfg.preset if cfg.preset != "auto" else auto_preset_name(cfg)
     if name not in PRESETS:
-        raise ValueError(f"data.preset={name!r} is unknown; choose one of {sorted(PRESETS)} or 'auto'")
+        raise ConfigError(f"data.preset={name!r} is unknown; choose one of {sorted(PRESETS)} or 'auto'")
     preset = PRESETS[name]
     overrides: dict = {}
     for key in ("num_local_views", "global_crop_size", "local_crop_size"):

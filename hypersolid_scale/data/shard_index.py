@@ -161,6 +161,9 @@ class ShardIndexDataset(Dataset):
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         n = len(self.items)
+        if not -n <= i < n:  # ends `for x in dataset`, which the fill-in below would otherwise never end
+            raise IndexError(f"index {i} out of range for {n} samples")
+        i %= n
         for k in range(min(n, _MAX_FILL)):
             j = (i + k) % n
             try:

@@ -1,16 +1,15 @@
 """PIL-path transforms: lightly's DINOTransform for training views, a deterministic one for evaluation.
 
 The PIL path is the semantic reference: the batched tensor path (`tensor_aug.py`) and the FFCV path are
-tested against it. `instrument` wraps the stages of a built DINOTransform so that a test can read what
-each stage did to each view without changing what it does. `seeded_global_rngs` makes a sample's
-views a function of (seed, epoch, sample index) only (docs/design.md §3b).
+tested against it. `seeded_global_rngs` makes a sample's views a function of (seed, epoch, sample index)
+only (docs/design.md §3b).
 """
 
 from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -81,65 +80,3 @@ def build_eval_transform(preset: MultiCropPreset) -> Callable[[Image.Image], tor
         T.ToTensor(),
         T.Normalize(mean=list(preset.mean), std=list(preset.std)),
     ])
-
-
-class _Stage:
-    """Runs one stage of a view transform and records what it drew and whether it changed the image.
-
-    The stage's own first random draw (torch.rand(1) for torchvision's random transforms,
-    np.random.random_sample() for lightly's blur/solarization) is peeked by saving and restoring the
-    generator state, so the recorded decision is exactly the one the stage then makes.
-    """
-
-    def __init__(self, inner: Any, key: str, sink: list[dict], view: Optional[str], keep: bool) -> None:
-        self.inner, self.key, self.sink, self.view, self.keep = inner, key, sink, view, keep
-
-    def _applied(self) -> Optional[bool]:
-        if self.key in ("blur", "solarize"):
-            state = np.random.get_state()
-            u = float(np.random.random_sample())
-            np.random.set_state(state)
-            return u < self.inner.prob
-        if self.key in ("flip", "jitter", "gray"):
-            state = torch.get_rng_state()
-            u = float(torch.rand(1))
-            torch.set_rng_state(state)
-            return u < self.inner.p if self.key != "jitter" else not self.inner.p < u
-        return None
-
-    def __call__(self, img: Any) -> Any:
-        applied = self._applied()
-        out = self.inner(img)
-        if self.view is not None:  # first stage of a view: open a new record
-            self.sink.append({"view": self.view})
-        changed = np.asarray(out).shape != np.asarray(img).shape or not np.array_equal(
-            np.asarray(out), np.asarray(img))
-        self.sink[-1][self.key] = applied
-        self.sink[-1][self.key + "_changed"] = bool(changed)
-        if self.keep:
-            self.sink[-1][self.key + "_image"] = np.asarray(out).copy()
-        return out
-
-
-def instrument(transform: DINOTransform, sink: list[dict]) -> DINOTransform:
-    """Wrap crop/flip/jitter/grayscale/blur/solarize of every view so that each call appends a record.
-
-    Each record: {"view": "global_0"|"global_1"|"local"; "flip", "jitter", "gray", "blur", "solarize":
-    bool applied; "<stage>_changed": bool, the output differs from the input; "flip_image": the view
-    after crop+flip (uint8 array)}. The wrapped stages run unchanged.
-    """
-    names = ["global_0", "global_1"] + ["local"] * (len(transform.transforms) - 2)
-    seen: set[int] = set()
-    for view_transform, name in zip(transform.transforms, names):
-        if id(view_transform) in seen:  # lightly shares one object between all local views
-            continue
-        seen.add(id(view_transform))
-        stages = view_transform.transform.transforms
-        # By class name: lightly picks torchvision's v1 or v2 transforms depending on the version.
-        keys = {"RandomResizedCrop": "crop", "RandomHorizontalFlip": "flip", "RandomApply": "jitter",
-                "RandomGrayscale": "gray", "GaussianBlur": "blur", "RandomSolarization": "solarize"}
-        for i, stage in enumerate(stages):
-            key = keys.get(type(stage).__name__)
-            if key is not None:
-                stages[i] = _Stage(stage, key, sink, name if key == "crop" else None, keep=key == "flip")
-    return transform

@@ -1,0 +1,159 @@
+"""The registry of storage formats (data.format): how each builds its training loader and evaluation data.
+
+Every module of this package defines one `Format` subclass and registers an instance with `register`;
+`get` and `names` import them all on first use. A new format is one new module here (plus its tests).
+Modules here stay cheap to import: torch, webdataset or FFCV are imported inside the methods that need
+them, so validating a config or running the converter does not load them.
+
+File formats (`FileFormat`) share one rule for where a split lives: a conversion output root holds its
+splits at the format's `layouts` (e.g. `<root>/train/` shards, `<root>/train.beton`); a `data.path` that
+is not such a root is the split itself, and the held-out split is looked for inside the root, then next
+to the split (`<root>/<split>` and `<root>/test`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+from hypersolid_scale.data.common import find_manifest
+from hypersolid_scale.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+    from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.presets import MultiCropPreset
+
+SPLITS = ("train", "test")
+
+
+class Format:
+    """A storage format: subclasses implement `train_loader`, `eval_dataset` and `num_classes`."""
+
+    name: str = ""
+    needs_path: bool = True  # data.path is required
+
+    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
+                     device: torch.device) -> Any:
+        """An iterable of `(views, labels)` batches with set_epoch/state_dict/load_state_dict (common.py)."""
+        raise NotImplementedError
+
+    def eval_dataset(self, cfg: DataConfig, preset: MultiCropPreset, split: str) -> Dataset:
+        """(image (C, H, W) float normalised, int label) items of `split` ("train" or "test")."""
+        raise NotImplementedError
+
+    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+        """The number of classes, or None when the data does not tell."""
+        raise NotImplementedError
+
+
+class FileFormat(Format):
+    """A format read from files under data.path: implements the split rule on top of `open_eval`."""
+
+    # Where split S lives inside a conversion output root, tried in order ("{split}" is replaced by S).
+    layouts: tuple[str, ...] = ("{split}",)
+    layout_is_file = False  # a split is a file (FFCV's .beton), not a directory
+
+    def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
+        """The evaluation dataset of the split at `path`."""
+        raise NotImplementedError
+
+    def _exists(self, p: Path) -> bool:
+        return p.is_file() if self.layout_is_file else p.is_dir()
+
+    def in_root(self, path: str, split: str) -> Optional[str]:
+        """`split` inside a conversion output root at `path`, or None when `path` holds no such split."""
+        for layout in self.layouts:
+            cand = Path(path) / layout.format(split=split)
+            if self._exists(cand):
+                return str(cand)
+        return None
+
+    def split_path(self, path: str, split: str) -> str:
+        """`split` of a conversion output root, else `path` itself (data.path is the split)."""
+        return self.in_root(path, split) or path
+
+    def sibling(self, path: str, split: str) -> Optional[str]:
+        """`split` next to the split at `path` (`<root>/train` -> `<root>/test`), if it exists."""
+        p = Path(path)
+        cand = p.parent / self.layouts[-1].format(split=split)
+        return str(cand) if self._exists(cand) and cand.resolve() != p.resolve() else None
+
+    def test_path(self, cfg: DataConfig) -> str:
+        if cfg.test_path:
+            return cfg.test_path
+        assert cfg.path is not None
+        found = self.in_root(cfg.path, "test") or self.sibling(cfg.path, "test")
+        if found is None:
+            raise ConfigError(f"no held-out split found next to data.path={cfg.path!r}: set data.test_path, or "
+                              "data.eval_split=holdout to carve one out of the training data")
+        return found
+
+    def eval_train_path(self, cfg: DataConfig) -> str:
+        """The labelled data evaluation trains on: data.eval_train_path, else the training split, else (when
+        the manifest marks the training split as unlabelled) the labelled `train` split next to it."""
+        if cfg.eval_train_path:
+            return cfg.eval_train_path
+        assert cfg.path is not None
+        path = self.split_path(cfg.path, "train")
+        if not is_unlabeled(path):
+            return path
+        labelled = self.sibling(path, "train")
+        if labelled is None or is_unlabeled(labelled):
+            raise ConfigError(f"data.path={cfg.path!r} holds no labels (the conversion manifest says so) and no "
+                              "labelled 'train' split lies next to it: set data.eval_train_path to labelled data "
+                              "of the same dataset for evaluation")
+        return labelled
+
+    def eval_dataset(self, cfg: DataConfig, preset: MultiCropPreset, split: str) -> Dataset:
+        return self.open_eval(cfg, preset, self.eval_train_path(cfg) if split == "train" else self.test_path(cfg))
+
+    def manifest(self, cfg: DataConfig) -> Optional[dict]:
+        return find_manifest(cfg.path)
+
+    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+        manifest = self.manifest(cfg)
+        return int(manifest["num_classes"]) if manifest is not None and "num_classes" in manifest else None
+
+
+def is_unlabeled(path: str) -> bool:
+    """True when the conversion manifest above `path` marks the split at `path` as having no labels."""
+    manifest = find_manifest(path)
+    if manifest is None:
+        return False
+    name = Path(path).name.split(".")[0]  # "unlabeled" or "unlabeled.beton"
+    return manifest.get("splits", {}).get(name, {}).get("labeled", True) is False
+
+
+_REGISTRY: dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+    if not fmt.name or fmt.name in _REGISTRY:
+        raise ValueError(f"format name {fmt.name!r} is empty or registered twice")
+    _REGISTRY[fmt.name] = fmt
+    return fmt
+
+
+def _discover() -> None:
+    if _REGISTRY:
+        return
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def names() -> tuple[str, ...]:
+    """The registered formats, "builtin" first."""
+    _discover()
+    return tuple(sorted(_REGISTRY, key=lambda n: (n != "builtin", n)))
+
+
+def get(name: str) -> Format:
+    _discover()
+    if name not in _REGISTRY:
+        raise ConfigError(f"data.format={name!r} is not one of {names()}")
+    return _REGISTRY[name]

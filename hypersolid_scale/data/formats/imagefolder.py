@@ -1,0 +1,58 @@
+"""data.format=imagefolder: a folder with one subfolder per class (torchvision's ImageFolder), PIL
+multi-crop in DataLoader workers. data.path: the folder, or a conversion output root holding folder/<split>."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from hypersolid_scale.data.formats import FileFormat, register
+from hypersolid_scale.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+    from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.presets import MultiCropPreset
+
+
+def image_folder(root: str, mode: str, transform: Optional[Callable]) -> Dataset:
+    """(transform(image), class index) of root/<class>/<image>, images converted to `mode`."""
+    from PIL import Image
+    from torchvision.datasets import ImageFolder
+
+    if not Path(root).is_dir():
+        raise DataError(f"image folder {root!r} does not exist (expected one subfolder per class)")
+    return ImageFolder(root, transform=transform, loader=lambda f: Image.open(f).convert(mode))
+
+
+class ImageFolderFormat(FileFormat):
+    name = "imagefolder"
+    layouts = ("folder/{split}", "{split}")
+
+    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
+                     device: torch.device) -> Any:
+        from hypersolid_scale.data.loaders import MapStyleMultiCropLoader
+        from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
+
+        assert cfg.path is not None
+        ds = image_folder(self.split_path(cfg.path, "train"), pil_mode(preset), build_pil_multicrop(preset))
+        return MapStyleMultiCropLoader(ds, rank=rank, world_size=world_size, seed=seed,
+                                       batch_size=cfg.batch_size_per_gpu, num_workers=cfg.num_workers,
+                                       max_samples=cfg.max_train_samples)
+
+    def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
+        from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
+
+        return image_folder(path, pil_mode(preset), build_eval_transform(preset))
+
+    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+        found = super().num_classes(cfg)
+        if found is not None or not cfg.path:
+            return found
+        root = Path(self.split_path(cfg.path, "train"))  # no manifest: count the class folders
+        return sum(1 for d in root.iterdir() if d.is_dir()) if root.is_dir() else None
+
+
+register(ImageFolderFormat())

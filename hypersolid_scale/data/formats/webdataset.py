@@ -1,0 +1,48 @@
+"""data.format=webdataset: tar shards read through the webdataset library (data/webdataset.py), PIL
+multi-crop in DataLoader workers; evaluation reads the shards at random (data/shard_index.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from hypersolid_scale.data.formats import FileFormat, register
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import Dataset
+
+    from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.presets import MultiCropPreset
+
+
+class WebDatasetFormat(FileFormat):
+    name = "webdataset"
+    layouts = ("{split}",)
+
+    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
+                     device: torch.device) -> Any:
+        from hypersolid_scale.data.webdataset import WebDatasetLoader
+
+        assert cfg.path is not None
+        return WebDatasetLoader(self.split_path(cfg.path, "train"), preset, rank=rank, world_size=world_size,
+                                seed=seed, batch_size=cfg.batch_size_per_gpu, num_workers=cfg.num_workers,
+                                shuffle_buffer=cfg.shuffle_buffer, num_samples=cfg.max_train_samples,
+                                manifest=cfg.manifest, verify_shards=cfg.verify_shards,
+                                max_lost_fraction=cfg.max_lost_fraction)
+
+    def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
+        from hypersolid_scale.data.shard_index import ShardIndexDataset
+        from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
+
+        return ShardIndexDataset(path, mode=pil_mode(preset), transform=build_eval_transform(preset),
+                                 manifest=cfg.manifest, verify=cfg.verify_shards)
+
+    def manifest(self, cfg: DataConfig) -> Optional[dict]:
+        if cfg.manifest:  # remote shards: the manifest named by data.manifest
+            from hypersolid_scale.data.shards import Manifest
+
+            return Manifest.load(cfg.manifest).data
+        return super().manifest(cfg)
+
+
+register(WebDatasetFormat())

@@ -1,0 +1,148 @@
+"""data.format vs data.dataset, the registry of formats, where each format finds its splits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pytest
+import torch
+
+from hypersolid_scale.config import load_config
+from hypersolid_scale.data import (DataConfig, build_eval_datasets, build_train_loader, formats, in_channels,
+                                   num_classes, resolve_preset)
+from hypersolid_scale.errors import ConfigError
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("fmt", ["webdataset", "ffcv", "imagefolder"])
+def test_a_format_in_data_dataset_says_to_set_data_format(fmt: str) -> None:
+    with pytest.raises(ConfigError, match=rf"set data.format={fmt} \(data.dataset is the dataset's name"):
+        DataConfig(dataset=fmt, path="data/x").validate()
+    with pytest.raises(ConfigError, match=rf"data.dataset='{fmt}'.*set data.format={fmt}"):
+        load_config(None, [f"data.dataset={fmt}", "data.path=data/x"])
+    # The same data under the new keys is accepted; the dataset's name is free for file formats.
+    load_config(None, [f"data.format={fmt}", "data.dataset=my_photos", "data.path=data/x"])
+
+
+def test_format_and_dataset_are_checked() -> None:
+    assert formats.names() == ("builtin", "ffcv", "imagefolder", "webdataset")
+    with pytest.raises(ConfigError, match=r"data.format='parquet' is not one of \('builtin', 'ffcv'"):
+        DataConfig(format="parquet").validate()
+    with pytest.raises(ConfigError, match=r"data.dataset='cifar10' is not a builtin dataset.*data.format=webdataset"):
+        DataConfig(dataset="cifar10").validate()
+    with pytest.raises(ConfigError, match="data.format='webdataset' needs data.path"):
+        DataConfig(format="webdataset", dataset="cifar10").validate()
+    DataConfig().validate()  # builtin Fashion-MNIST, no path needed
+    DataConfig(dataset="digits").validate()
+
+
+@pytest.mark.parametrize("fmt, dataset, preset", [
+    ("builtin", None, "fashion_mnist"), ("builtin", "digits", "digits"), ("webdataset", None, "default"),
+    ("webdataset", "cifar100", "cifar100"), ("ffcv", "ImageNet1k", "imagenet"), ("imagefolder", "stl10", "stl10"),
+    ("webdataset", "my_photos", "default"), ("webdataset", "fashion_mnist", "fashion_mnist"),
+])
+def test_preset_auto_follows_the_dataset_name(fmt: str, dataset: Optional[str], preset: str) -> None:
+    cfg = DataConfig(format=fmt, dataset=dataset, path=None if fmt == "builtin" else "x")
+    assert resolve_preset(cfg).name == preset
+    assert resolve_preset(DataConfig(format=fmt, dataset=dataset, path="x", preset="cifar")).name == "cifar"
+
+
+def test_split_rules_of_the_file_formats(tmp_path: Path) -> None:
+    """Reference: the layouts the converter writes (OUT/<split>/, OUT/<split>.beton, OUT/folder/<split>/)."""
+    root = tmp_path / "out"
+    for d in ("train", "test", "folder/train", "folder/test"):
+        (root / d).mkdir(parents=True)
+    for f in ("train.beton", "test.beton"):
+        (root / f).write_bytes(b"")
+    wds, ffcv, folder = (formats.get(n) for n in ("webdataset", "ffcv", "imagefolder"))
+    r = str(root)
+    assert (wds.split_path(r, "train"), ffcv.split_path(r, "train"), folder.split_path(r, "train")) == \
+        (f"{r}/train", f"{r}/train.beton", f"{r}/folder/train")
+    # data.path naming the split itself: it is the training data; the held-out split is its sibling.
+    for fmt, split, held_out in ((wds, f"{r}/train", f"{r}/test"), (ffcv, f"{r}/train.beton", f"{r}/test.beton"),
+                                 (folder, f"{r}/folder/train", f"{r}/folder/test")):
+        assert fmt.split_path(split, "train") == split
+        assert fmt.test_path(DataConfig(format=fmt.name, path=r)) == held_out
+        assert fmt.test_path(DataConfig(format=fmt.name, path=split)) == held_out
+        assert fmt.test_path(DataConfig(format=fmt.name, path=split, test_path="elsewhere")) == "elsewhere"
+    (root / "test").rmdir()
+    with pytest.raises(ConfigError, match="no held-out split found next to data.path=.*data.eval_split=holdout"):
+        wds.test_path(DataConfig(format="webdataset", path=r))
+
+
+class _Arrays(formats.Format):
+    """A format whose data is two in-memory arrays: what a new format module has to provide."""
+
+    name = "test_arrays"
+    needs_path = False
+
+    def train_loader(self, cfg: DataConfig, preset: Any, *, rank: int, world_size: int, seed: int,
+                     device: torch.device) -> Any:
+        from hypersolid_scale.data.builtin import ArraySplit
+        from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
+
+        images = np.random.default_rng(0).integers(0, 256, (64, 20, 20), dtype=np.uint8)
+        return InMemoryMultiCropLoader(ArraySplit(images, np.arange(64) % 4, ()), preset, rank=rank,
+                                       world_size=world_size, seed=seed, batch_size=cfg.batch_size_per_gpu)
+
+    def eval_dataset(self, cfg: DataConfig, preset: Any, split: str) -> Any:
+        return torch.utils.data.TensorDataset(torch.zeros(8 if split == "train" else 4, 1, 16, 16))
+
+    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+        return 4
+
+
+@pytest.fixture
+def arrays_format():
+    fmt = formats.register(_Arrays())
+    yield fmt
+    del formats._REGISTRY[fmt.name]
+
+
+def test_a_registered_format_is_used_by_every_entry_point(arrays_format) -> None:
+    with pytest.raises(ValueError, match="registered twice"):
+        formats.register(_Arrays())
+    cfg = DataConfig(format="test_arrays", preset="digits", batch_size_per_gpu=8, num_local_views=1, seed_offset=3)
+    cfg.validate()
+    loader = build_train_loader(cfg, rank=1, world_size=2, seed=4, device=CPU)
+    assert loader.seed == 7 and loader.rank == 1 and len(loader) == 64 // 16  # seed + data.seed_offset
+    views, labels = next(iter(loader))
+    assert [tuple(v.shape) for v in views] == [(8, 1, 16, 16)] * 2 + [(8, 1, 8, 8)]
+    train, test = build_eval_datasets(cfg)
+    assert (len(train), len(test)) == (8, 4)
+    train, held = build_eval_datasets(DataConfig(format="test_arrays", eval_split="holdout", holdout_fraction=0.25))
+    assert (len(train), len(held)) == (6, 2)
+    assert num_classes(cfg) == 4 and num_classes(DataConfig(format="test_arrays", num_classes=9)) == 9
+    assert in_channels(cfg) == 1
+
+
+def test_num_classes_from_the_manifest_or_the_class_folders(tmp_path: Path) -> None:
+    for c in ("a", "b", "c"):
+        (tmp_path / "photos" / c).mkdir(parents=True)
+    assert num_classes(DataConfig(format="imagefolder", path=str(tmp_path / "photos"))) == 3
+    (tmp_path / "shards").mkdir()
+    with pytest.raises(ConfigError, match="cannot tell the number of classes.*set data.num_classes"):
+        num_classes(DataConfig(format="webdataset", path=str(tmp_path / "shards")))
+    (tmp_path / "manifest.json").write_text(json.dumps({"num_classes": 7}))
+    assert num_classes(DataConfig(format="webdataset", path=str(tmp_path / "shards"))) == 7
+    assert num_classes(DataConfig(format="webdataset", path="x", manifest=str(tmp_path / "manifest.json"))) == 7
+    assert num_classes(DataConfig()) == 10
+
+
+def test_validating_configs_and_converting_do_not_import_torch_or_the_readers() -> None:
+    code = ("import sys\n"
+            "import hypersolid_scale.data.convert\n"
+            "from hypersolid_scale.data import DataConfig, in_channels\n"
+            "for f in ('builtin', 'webdataset', 'ffcv', 'imagefolder'):\n"
+            "    DataConfig(format=f, path='x').validate()\n"
+            "assert in_channels(DataConfig(format='webdataset', path='x')) == 3\n"
+            "print(sorted(m for m in ('torch', 'webdataset', 'ffcv', 'lightly') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
