@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmark suite: CUDA tests, repulsion backends, training throughput, loaders; JSON + PNG.
 #
-#     bash benchmarks/gpu_suite.sh [--device cuda|cpu] [--quick] [--out DIR]    (default out: benchmarks/results/gpu)
+#     bash benchmarks/gpu_suite.sh [--device cuda|cpu] [--quick] [--out DIR] [--parts a,b]
+#         (default out: benchmarks/results/gpu; parts: cuda_tests,repulsion,train_throughput,loaders, default all)
 #
 # Budget: under 6 minutes on one H100 (each part has its own time limit; a part that cannot run records
 # `skipped: <reason>` and the suite goes on). `--device cpu --quick` runs the same code on tiny sizes.
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 DEVICE=cuda
 QUICK=0
+PARTS=cuda_tests,repulsion,train_throughput,loaders
 OUT=benchmarks/results/gpu
 COMMAND="bash benchmarks/gpu_suite.sh $*"
 while [ $# -gt 0 ]; do
@@ -21,8 +23,10 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
     --out=*) OUT="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
-    *) echo "gpu_suite.sh: unknown argument '$1' (expected --device cuda|cpu, --quick, --out DIR)" >&2; exit 2 ;;
+    --parts) PARTS="$2"; shift 2 ;;
+    --parts=*) PARTS="${1#*=}"; shift ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "gpu_suite.sh: unknown argument '$1' (expected --device cuda|cpu, --quick, --out DIR, --parts LIST)" >&2; exit 2 ;;
   esac
 done
 case "$DEVICE" in cuda|cpu) ;; *) echo "gpu_suite.sh: --device must be cuda or cpu, got '$DEVICE'" >&2; exit 2 ;; esac
@@ -38,6 +42,7 @@ SUITE_START=$(date +%s)
 part() {
   local name="$1" limit="$2"; shift 2
   local t0 rc
+  case ",$PARTS," in *",$name,"*) ;; *) echo "== $name: not in --parts"; return 0 ;; esac
   t0=$(date +%s)
   echo "== $name (limit ${limit}s): $*"
   timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
