@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     model, cfg = build_model_from_checkpoint(args.checkpoint)
     _, test = build_eval_datasets(cfg.data)
     images, labels = first_of_each_class(test, args.images)
-    names = list(FASHION_MNIST_CLASSES) if cfg.data.dataset == "fashion_mnist" else None
+    fmnist = cfg.data.format == "builtin" and cfg.data.builtin_name() == "fashion_mnist"
+    names = list(FASHION_MNIST_CLASSES) if fmnist else None
     preset = resolve_preset(cfg.data)
     t1 = time.perf_counter()
     skips = SkipLog()

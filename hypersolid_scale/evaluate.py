@@ -141,7 +141,7 @@ def checkpoint_source(checkpoint: Path, overrides: list[str]) -> Source:
 
     model, cfg, ckpt = load_model(checkpoint, overrides)
     if in_channels(cfg.data) != cfg.model.in_channels:
-        raise ConfigError(f"data.dataset={cfg.data.dataset!r} has {in_channels(cfg.data)}-channel images but the "
+        raise ConfigError(f"{cfg.data.describe()} has {in_channels(cfg.data)}-channel images but the "
                           f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
                           "training data")
     run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
@@ -215,7 +215,7 @@ def eval_datasets(cfg: Any, checkpoint: Path | None) -> tuple[Dataset, Dataset]:
         cls = ConfigError if isinstance(err, ConfigError) else DataError
         where = "given" if checkpoint is None else f"recorded in checkpoint {str(checkpoint)!r}"
         raise cls(f"cannot open the evaluation data {where} "
-                  f"(data.dataset={cfg.data.dataset!r}, data.path={cfg.data.path!r}): {err}. Pass data.path=... "
+                  f"({cfg.data.describe()}, data.path={cfg.data.path!r}): {err}. Pass data.path=... "
                   "(and data.test_path=...) to point at that data on this machine") from None
 
 
@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
                             images=images)
         report["timings_s"] = {**({"embed": embed_s} if splits else {}), **report["timings_s"]}
         sizes = {"n_train": len(data["train"]), "n_test": len(data["test"])}  # type: ignore[arg-type]
-        report["meta"] = {**src.meta, "dataset": cfg.data.dataset, "features": ev.features,
+        report["meta"] = {**src.meta, "dataset": cfg.data.describe(), "features": ev.features,
                           "feature_dim": int(splits["train"][0].shape[1]) if splits else None, **sizes,
                           "suites": list(ev.suites), "world_size": info.world_size}
         report["eval_config"] = asdict(ev)
@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         if not args.no_mlflow and cfg.tracking.enabled:
             log_to_mlflow(report, src, out_dir)
             write_report(report, out_dir)  # now with the MLflow run id
-        title = (f"{src.label}, {cfg.data.dataset}, " + (f"{ev.features} features, " if splits else "")
+        title = (f"{src.label}, {cfg.data.describe()}, " + (f"{ev.features} features, " if splits else "")
                  + f"n_train={sizes['n_train']}, n_test={sizes['n_test']})")
         print(format_table(report["metrics"], title=title, skipped=report["skipped"]))
         for name, png in report.get("qualitative", {}).items():

@@ -84,6 +84,11 @@ class DataConfig:
         """The builtin dataset this config names (fashion_mnist when data.dataset is unset)."""
         return self.dataset or "fashion_mnist"
 
+    def describe(self) -> str:
+        """How messages and reports name the data: ``data.format=builtin data.dataset=fashion_mnist``."""
+        name = self.builtin_name() if self.format == "builtin" else self.dataset
+        return f"data.format={self.format}" + (f" data.dataset={name}" if name else "")
+
     def validate(self) -> None:
         """Raise ConfigError naming the bad field and the allowed values."""
         from hypersolid_scale.data import formats
