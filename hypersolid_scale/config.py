@@ -27,6 +27,7 @@ from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.losses.config import LossConfig
+from hypersolid_scale.methods.config import METHODS, MethodConfig
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import OptimConfig
@@ -68,10 +69,24 @@ class CheckpointConfig:
 
 
 @dataclass
+class TrainLossConfig(LossConfig, MethodConfig):
+    """The ``loss`` section: which objective trains the backbone (``loss.name``, one of ``METHODS``), the
+    Hypersolid loss's keys (:class:`LossConfig`, read when ``name`` is hypersolid) and each baseline's section
+    (``loss.simclr.*``, ... from :class:`MethodConfig`, read only for the chosen baseline).
+
+    One class with both parents, so that ``HypersolidLoss.from_config`` and ``build_method`` take it as is.
+    """
+
+    def validate(self) -> None:
+        MethodConfig.validate(self)
+        LossConfig.validate(self)
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
+    loss: TrainLossConfig = field(default_factory=TrainLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -186,6 +201,27 @@ def validate(cfg: Config) -> None:
             f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
             "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
         )
+    _validate_method(cfg)
+
+
+def _validate_method(cfg: Config) -> None:
+    """What a baseline (``loss.name`` other than hypersolid) cannot be combined with."""
+    name = cfg.loss.name
+    if name == "hypersolid":
+        return
+    if cfg.eval.features != "backbone":
+        raise ConfigError(f"eval.features={cfg.eval.features!r} reads Hypersolid's projector, which a loss.name={name} "
+                          "run does not train (its heads are the method's own); set eval.features=backbone")
+    # ZeRO 1/2 reduce the gradients into DeepSpeed's own partitioned buffers, out of reach of the step where
+    # DINO and SwaV drop the gradients of the parts their schedules keep frozen.
+    frozen = {"dino": ("loss.dino.freeze_last_layer_epochs", cfg.loss.dino.freeze_last_layer_epochs),
+              "swav": ("loss.swav.freeze_prototypes_steps", cfg.loss.swav.freeze_prototypes_steps)}.get(name)
+    if cfg.dist.engine == "deepspeed" and cfg.dist.zero_stage > 0 and frozen is not None and frozen[1] > 0:
+        raise ConfigError(
+            f"loss.name={name} with dist.engine=deepspeed and dist.zero_stage={cfg.dist.zero_stage}: {frozen[0]}="
+            f"{frozen[1]} freezes part of the head by dropping its gradients before the optimizer step, which "
+            "ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or "
+            f"{frozen[0]}=0")
 
 
 _RENAMED = {"dist.backend": "dist.transport"}  # former name -> name; old checkpoints' configs are migrated
@@ -274,7 +310,14 @@ def to_yaml(cfg: Config) -> str:
 
 
 def _training_relevant(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in flatten(cfg_dict).items() if not k.startswith(_RESUMABLE_PREFIXES)}
+    """The keys that define what is trained. A baseline's section counts only when it is the chosen
+    ``loss.name``, and ``loss.name`` itself only when it is not the default: a Hypersolid config then
+    hashes as it did before the baselines existed, so older checkpoints keep resuming."""
+    flat = {k: v for k, v in flatten(cfg_dict).items() if not k.startswith(_RESUMABLE_PREFIXES)}
+    chosen = flat.get("loss.name", "hypersolid")
+    unread = tuple(f"loss.{m}." for m in METHODS if m not in ("hypersolid", chosen))
+    return {k: v for k, v in flat.items()
+            if not k.startswith(unread) and not (k == "loss.name" and v == "hypersolid")}
 
 
 def fingerprint(cfg: Config | dict[str, Any]) -> str:

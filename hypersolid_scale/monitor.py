@@ -89,7 +89,7 @@ def plot_loss(history: list[tuple[int, float]], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     steps, losses = zip(*history)
     ax.plot(steps, losses)
-    ax.set(xlabel="step", ylabel="loss", title="Hypersolid training loss")
+    ax.set(xlabel="step", ylabel="loss", title="training loss")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -1,6 +1,10 @@
 """Everything a training run needs, built from its Config: seeds, precision, model, engine, loss, loader and
 learning-rate schedule, in one plain container (``Run``).
 
+``loss.name`` other than hypersolid trains a baseline (:mod:`hypersolid_scale.methods`): the engine then
+wraps a :class:`MethodModel` (the backbone and the method's heads, teacher and state in ONE module), so
+that the BatchNorm conversion and DDP cover the heads too and the checkpoint's model state holds them.
+
 A user error met while building (data that is not where ``data.path`` says) may hit one rank only (a shard
 on one node's disk): :func:`on_every_rank` makes every rank raise it together, so that none is left waiting
 in a collective for a rank that has left, and rank 0 reports it once.
@@ -15,13 +19,15 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from hypersolid_scale.config import Config
 from hypersolid_scale.data import build_train_loader, in_channels
 from hypersolid_scale.distributed import (Engine, WorldInfo, all_reduce_max_flag, build_engine, gather_objects,
-                                          resolve_transport)
+                                          get_world_size, resolve_transport)
 from hypersolid_scale.errors import ConfigError, DataError, UserError
 from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.methods import Method, build_method
 from hypersolid_scale.models import build_model
 from hypersolid_scale.optim import lr_schedule, optimizer_factory
 from hypersolid_scale.step_monitor import NonFiniteGuard
@@ -85,13 +91,25 @@ def _train_loader(cfg: Config, info: WorldInfo, device: torch.device) -> Any:
                         "prepare the data first (README, section Data)") from None
 
 
+class MethodModel(nn.Module):
+    """A baseline's whole trainable state: ``backbone`` (the weights evaluation reads) and ``method`` (heads,
+    momentum teacher, DINO's center, SwaV's queue, the step count). ``forward(views) -> (loss, stats)``."""
+
+    def __init__(self, backbone: nn.Module, feature_dim: int, method: Method) -> None:
+        super().__init__()
+        self.backbone, self.feature_dim, self.method = backbone, feature_dim, method
+
+    def forward(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return self.method(views, self.backbone)
+
+
 @dataclass
 class Run:
     cfg: Config
     info: WorldInfo
     device: torch.device
     engine: Engine
-    loss_fn: HypersolidLoss
+    loss_fn: HypersolidLoss | None  # None for a baseline: its loss is inside ``method``
     loader: Any
     lr: np.ndarray
     steps_per_epoch: int
@@ -99,10 +117,40 @@ class Run:
     bf16: bool
     transport: str  # the process group's (gloo | nccl), "none" in a single process
     guard: NonFiniteGuard | None = None
+    method: Method | None = None  # the baseline (loss.name != hypersolid); it lives in engine.model
 
     def __post_init__(self) -> None:
         if self.guard is None:
             self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
+
+    @property
+    def backbone(self) -> nn.Module:
+        return self.engine.model.backbone
+
+
+def _steps_per_epoch(cfg: Config, loader: Any, info: WorldInfo) -> int:
+    if len(loader) < 1:
+        raise ConfigError(f"the training set gives no full batch of data.batch_size_per_gpu="
+                          f"{cfg.data.batch_size_per_gpu} per rank on {info.world_size} rank(s); lower the batch size")
+    return len(loader)
+
+
+def _method_model(cfg: Config, model: nn.Module, steps_per_epoch: int) -> MethodModel:
+    """The baseline on the freshly initialised backbone (the same initial backbone as a Hypersolid run with
+    this seed: ``build_model`` ran first); Hypersolid's projector is dropped."""
+    if cfg.loss.name == "swav" and cfg.loss.swav.queue_length > 0 and get_world_size() > 1 \
+            and cfg.dist.engine == "ddp":
+        # DDP broadcasts every buffer from rank 0 before each forward, the per-rank queue included.
+        raise ConfigError("loss.swav.queue_length > 0 keeps a queue per rank, which DistributedDataParallel "
+                          "overwrites with rank 0's at every step; set loss.swav.queue_length=0 or run in one "
+                          "process")
+    method = build_method(cfg.loss, model.backbone, model.feature_dim, steps_per_epoch=steps_per_epoch)
+    return MethodModel(model.backbone, model.feature_dim, method)
+
+
+def _trainable_only(make: Callable[[Any], torch.optim.Optimizer]) -> Callable[[Any], torch.optim.Optimizer]:
+    """The optimizer over the parameters that require grad: a baseline's teacher only follows by EMA."""
+    return lambda params: make([p for p in params if p.requires_grad])
 
 
 def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
@@ -114,20 +162,26 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     bf16 = resolve_bf16(cfg.dist.bf16, device)
     model = build_model(cfg.model)  # identical on every rank: the seed was set just before
     o = cfg.optim
-    engine = build_engine(model, optimizer_factory(o), engine=cfg.dist.engine, device=device, bf16=bf16,
+    make_optimizer, loader, method = optimizer_factory(o), None, None
+    if cfg.loss.name != "hypersolid":
+        # The method's epoch schedules need the loader's length; its heads are initialised after the backbone.
+        loader = on_every_rank(lambda: _train_loader(cfg, info, device), info.rank)
+        model = _method_model(cfg, model, _steps_per_epoch(cfg, loader, info))
+        method, make_optimizer = model.method, _trainable_only(make_optimizer)
+    engine = build_engine(model, make_optimizer, engine=cfg.dist.engine, device=device, bf16=bf16,
                           grad_clip=o.grad_clip, sync_bn=cfg.dist.sync_bn, compile=cfg.dist.compile,
                           zero_stage=cfg.dist.zero_stage, batch_size_per_gpu=cfg.data.batch_size_per_gpu)
-    loader = on_every_rank(lambda: _train_loader(cfg, info, device), info.rank)
-    steps_per_epoch = len(loader)
-    if steps_per_epoch < 1:
-        raise ConfigError(f"the training set gives no full batch of data.batch_size_per_gpu="
-                          f"{cfg.data.batch_size_per_gpu} per rank on {info.world_size} rank(s); lower the batch size")
+    if loader is None:
+        loader = on_every_rank(lambda: _train_loader(cfg, info, device), info.rank)
+    steps_per_epoch = _steps_per_epoch(cfg, loader, info)
     total = cfg.epochs * steps_per_epoch
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)
     transport = resolve_transport(cfg.dist.transport, device) if info.world_size > 1 else "none"
     # Sync-free loss: non-finite input is caught by the guard, and every rank's batch has the same size
     # (data.batch_size_per_gpu, full batches only), so the all_gather needs no size exchange.
-    loss_fn = HypersolidLoss.from_config(cfg.loss, check_finite=False, same_rows_per_rank=True).to(device)
+    loss_fn = None if method is not None else \
+        HypersolidLoss.from_config(cfg.loss, check_finite=False, same_rows_per_rank=True).to(device)
     lrs = lr_schedule(o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch)
-    return Run(cfg, info, device, engine, loss_fn, loader, lrs, steps_per_epoch, total, bf16, transport)
+    return Run(cfg, info, device, engine, loss_fn, loader, lrs, steps_per_epoch, total, bf16, transport,
+               method=engine.model.method if method is not None else None)

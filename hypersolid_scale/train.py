@@ -44,9 +44,11 @@ from tqdm import tqdm
 
 from hypersolid_scale import checkpoint as ckpt_lib
 from hypersolid_scale.config import Config, load_config, save_config, to_dict
-from hypersolid_scale.distributed import WorldInfo, barrier, broadcast_object, cleanup, init_distributed
+from hypersolid_scale.distributed import (WorldInfo, all_reduce_sum, barrier, broadcast_object, cleanup,
+                                          init_distributed)
 from hypersolid_scale.errors import EXIT_BAD_INPUT, UserError, report
 from hypersolid_scale.losses import PackedStats
+from hypersolid_scale.losses.stats import pack
 from hypersolid_scale.monitor import log_monitor, memory_gb, plot_loss, summed_loader_stats
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
@@ -122,12 +124,10 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
     lr = float(run.lr[min(step, len(run.lr) - 1)])  # a host array: no device involved
     for group in run.engine.param_groups:
         group["lr"] = lr
+    if run.method is not None:
+        return method_step(run, views, step, lr)
     feats = run.engine.forward(views)  # (B, V, D) float32
-    if feats.shape[0] != run.cfg.data.batch_size_per_gpu:
-        # The loss's all_gather trusts equal per-rank batches (no size exchange): a short batch is a bug.
-        raise RuntimeError(f"rank {run.info.rank} got a batch of {feats.shape[0]} images at step {step}, expected "
-                           f"data.batch_size_per_gpu={run.cfg.data.batch_size_per_gpu}; the training loader must "
-                           "yield full batches only")
+    check_batch(run, feats.shape[0], step)
     loss = run.loss_fn(feats)
     run.engine.backward(loss)
     grad_norm = run.engine.step()
@@ -137,6 +137,37 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
     packed = run.loss_fn.packed_stats.extend(stats)
     run.guard.record(step, packed)
     return packed
+
+
+def method_step(run: Run, views: list[torch.Tensor], step: int, lr: float) -> PackedStats:
+    """A baseline's step (``loss.name`` != hypersolid), in the order :mod:`hypersolid_scale.methods` asks
+    for: forward (the engine's wrapped module holds backbone and method), backward, the method's gradient
+    schedule, optimizer step, the teacher's EMA. Its statistics are averaged over ranks here (each rank's
+    loss is its share of the global-batch loss): one small all-reduce, no host read."""
+    check_batch(run, views[0].shape[0], step)
+    with run.engine.autocast():
+        loss, stats = run.engine.wrapped(views)
+    run.engine.backward(loss)
+    run.method.before_optimizer_step()
+    grad_norm = run.engine.step()
+    run.method.after_step(step, run.total_steps, run.backbone)
+    packed = pack(stats)
+    if run.info.world_size > 1:
+        packed = PackedStats(packed.names, all_reduce_sum(packed.values) / run.info.world_size)
+    extra: dict[str, torch.Tensor | float] = {"lr": lr}
+    if grad_norm is not None:
+        extra["grad_norm"] = grad_norm
+    packed = packed.extend(extra)
+    run.guard.record(step, packed)
+    return packed
+
+
+def check_batch(run: Run, rows: int, step: int) -> None:
+    if rows != run.cfg.data.batch_size_per_gpu:
+        # The losses' all_gathers trust equal per-rank batches (no size exchange): a short batch is a bug.
+        raise RuntimeError(f"rank {run.info.rank} got a batch of {rows} images at step {step}, expected "
+                           f"data.batch_size_per_gpu={run.cfg.data.batch_size_per_gpu}; the training loader must "
+                           "yield full batches only")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -277,10 +308,8 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                 history.extend(zip(range(step - meter.n + 1, step + 1), losses))
                 loader_stats = summed_loader_stats(run)  # collective: every rank, before rank 0 logs
                 if rank0:
-                    bar.write(f"epoch {epoch:3d} | step {step:7d} | loss {mean['loss']:.4f} | align "
-                              f"{mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | active pairs "
-                              f"{mean['active_pairs']:.0f} | {mean['images_per_s']:.0f} img/s | "
-                              f"{time.perf_counter() - meter.t_epoch:.0f} s")
+                    bar.write(f"epoch {epoch:3d} | step {step:7d} | {epoch_terms(mean, run.cfg.loss.name)} | "
+                              f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - meter.t_epoch:.0f} s")
                     tracker.log_metrics({f"loader/{k}": v for k, v in loader_stats.items()}, step=step)
             if not preempted and step < run.total_steps:
                 preempted = stop.now(stop_requested())  # before a monitor that may take minutes
@@ -306,6 +335,14 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
     finally:
         bar.close()
         tracker.close(status=status)
+
+
+def epoch_terms(mean: dict[str, float], method: str) -> str:
+    """The epoch line's loss terms: Hypersolid's loss, alignment, repulsion and active pairs; a baseline's loss."""
+    if method != "hypersolid":
+        return f"{method} loss {mean['loss']:.4f}"
+    return (f"loss {mean['loss']:.4f} | align {mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | "
+            f"active pairs {mean['active_pairs']:.0f}")
 
 
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:

@@ -20,7 +20,7 @@ from hypersolid_scale.checkpoint.files import (BadCheckpoint, checkpoint_dir, de
                                                find_resume_checkpoint, list_checkpoints, load_checkpoint)
 from hypersolid_scale.config import Config, config_diff, fingerprint, from_dict, to_dict
 from hypersolid_scale.distributed import Engine, barrier, broadcast_object, gather_objects, get_rank
-from hypersolid_scale.errors import CheckpointError
+from hypersolid_scale.errors import CheckpointError, ConfigError
 from hypersolid_scale.models import build_model
 
 
@@ -70,8 +70,11 @@ def run_state(*, cfg: Config, engine: Engine, loader: Any, step: int, rank: int,
     rngs = gather_objects(rng_state())
     if rank != 0:
         return None
+    model, method = split_method_state(engine.model.state_dict())
+    extra = {} if method is None else {"method": method}
     return {
-        "model": {k: (v.float() if v.is_floating_point() else v).cpu() for k, v in engine.model.state_dict().items()},
+        "model": model,
+        **extra,
         "optimizer": optim_state,
         "step": step,
         "epoch": int(loader_state["epoch"]),
@@ -85,11 +88,39 @@ def run_state(*, cfg: Config, engine: Engine, loader: Any, step: int, rank: int,
     }
 
 
+METHOD_PREFIX = "method."  # a baseline's heads, teacher and state inside the trained module (MethodModel.method)
+
+
+def _portable(v: Any) -> Any:
+    """fp32 CPU tensors; a module's extra state (a dict of host values and tensors, SwaV's queue) likewise."""
+    if isinstance(v, torch.Tensor):
+        return (v.float() if v.is_floating_point() else v).cpu()
+    if isinstance(v, dict):
+        return {k: _portable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_portable(x) for x in v)
+    return v
+
+
+def split_method_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(model, method)``: the checkpoint's ``model`` (the backbone, and Hypersolid's projector) and, for a
+    baseline, ``method`` (everything under ``method.``); None for Hypersolid, whose layout stays as it was."""
+    model = {k: _portable(v) for k, v in state.items() if not k.startswith(METHOD_PREFIX)}
+    method = {k[len(METHOD_PREFIX):]: _portable(v) for k, v in state.items() if k.startswith(METHOD_PREFIX)}
+    return model, (method or None)
+
+
+def _trained_state(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The trained module's state dict again: ``model`` plus ``method`` under its prefix (baselines)."""
+    return {**ckpt["model"], **{METHOD_PREFIX + k: v for k, v in (ckpt.get("method") or {}).items()}}
+
+
 def _load_weights(load: Any, ckpt: dict[str, Any]) -> None:
-    """``load(ckpt['model'])``, turning torch's missing-key / shape errors into one that names the file."""
+    """``load(model and method state)``, turning torch's missing-key / shape errors (and a SwaV queue of
+    another size) into one that names the file."""
     try:
-        load(ckpt["model"])
-    except RuntimeError as err:
+        load(_trained_state(ckpt))
+    except (RuntimeError, ValueError) as err:
         arch = ckpt["config"].get("model", {}).get("arch", "?") if isinstance(ckpt["config"], dict) else "?"
         # torch lists every mismatching tensor; the first one says enough, whole sentences only.
         first = " ".join(str(err).split()).split(": ", 1)[-1].split(". ")[0][:300].rstrip(".")
@@ -207,13 +238,38 @@ def resolve_resume(cfg: Config) -> dict[str, Any] | None:
     return ckpt
 
 
+class NoProjector(nn.Module):
+    """Stands in for Hypersolid's projector in a model built from a baseline's checkpoint, which trained
+    its own heads: asking for projector features is an error that says what to use instead."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ConfigError(f"this checkpoint was trained with loss.name={self.method}, which has no Hypersolid "
+                          "projector; evaluate its backbone features (eval.features=backbone)")
+
+
 def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
-    """``(HypersolidModel with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation."""
+    """``(HypersolidModel with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation.
+
+    A baseline's checkpoint (``loss.name`` other than hypersolid) gives its backbone, with a
+    :class:`NoProjector` in place of the projector.
+    """
     if not isinstance(ckpt, dict):
         ckpt = {**load_checkpoint(ckpt), "path": str(ckpt)}
     cfg = from_dict(ckpt["config"])
     model = build_model(cfg.model)
-    _load_weights(model.load_state_dict, ckpt)
+    if cfg.loss.name == "hypersolid":
+        _load_weights(model.load_state_dict, ckpt)
+    else:
+        # Only the backbone's weights: the method's state is not needed to embed images.
+        prefix = "backbone."
+        backbone_only = {**ckpt, "model": {k[len(prefix):]: v for k, v in ckpt["model"].items()
+                                           if k.startswith(prefix)}, "method": None}
+        _load_weights(model.backbone.load_state_dict, backbone_only)
+        model.projector = NoProjector(cfg.loss.name)
     model.eval()
     return model, cfg
 
@@ -227,4 +283,7 @@ def random_init_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     cfg = from_dict(ckpt["config"])
     torch.manual_seed(cfg.seed)  # the trainer seeds exactly like this before building the model
     model = build_model(cfg.model)
-    return {**ckpt, "model": model.state_dict(), "optimizer": None, "step": 0, "epoch": 0, "loader": None}
+    fresh = {**ckpt, "model": model.state_dict(), "optimizer": None, "step": 0, "epoch": 0, "loader": None}
+    if "method" in fresh:  # a baseline's: its backbone is what evaluation reads
+        fresh["method"] = None
+    return fresh

@@ -1,0 +1,214 @@
+"""The baselines (loss.name = simclr | vicreg | barlowtwins | byol | dino | swav) through the trainer's own
+path, launch/train.py: they train, log their loss under ``train/loss``, checkpoint the method's state (heads,
+teacher, DINO's center, the step count), resume bitwise, and 2 processes equal 1 process. Also the config
+keys that choose them and the Hypersolid checkpoints written before they existed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from hypersolid_scale import checkpoint as ck
+from hypersolid_scale.config import fingerprint, load_config, to_dict
+from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.methods import METHODS
+from hypersolid_scale.train import main
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINES = [m for m in METHODS if m != "hypersolid"]
+STEPS = 4
+# sklearn digits and a 4-channel CNN: a step takes milliseconds. Heads shrunk to match.
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "data.num_local_views=2",
+        "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu", "deterministic=true",
+        "tracking.log_every_n_steps=1", "checkpoint.every_n_steps=2", "checkpoint.keep_last=0"]
+HEADS = {
+    "simclr": ["loss.simclr.hidden_dim=32", "loss.simclr.out_dim=16"],
+    "vicreg": ["loss.vicreg.hidden_dim=32", "loss.vicreg.out_dim=32"],
+    "barlowtwins": ["loss.barlowtwins.hidden_dim=32", "loss.barlowtwins.out_dim=32"],
+    # momentum 0.9: the teacher moves visibly in 4 steps.
+    "byol": ["loss.byol.hidden_dim=32", "loss.byol.out_dim=16", "loss.byol.momentum_base=0.9"],
+    "dino": ["loss.dino.hidden_dim=32", "loss.dino.bottleneck_dim=16", "loss.dino.out_dim=64",
+             "loss.dino.momentum_base=0.9", "loss.dino.freeze_last_layer_epochs=0"],
+    "swav": ["loss.swav.hidden_dim=32", "loss.swav.out_dim=16", "loss.swav.n_prototypes=10",
+             "loss.swav.freeze_prototypes_steps=1"],
+}
+
+
+def _args(method: str, *extra: str) -> list[str]:
+    return [*TINY, f"loss.name={method}", *HEADS[method], *extra]
+
+
+def _launch(run_dir: Path, args: list[str], nproc: int = 1) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd = [*(torchrun if nproc > 1 else [sys.executable]), str(REPO / "launch" / "train.py"), *args,
+           f"run_dir={run_dir}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc.stdout
+
+
+def _logged_losses(run_dir: Path) -> list[float]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve()}/mlflow.db")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert len(runs) == 1
+    history = client.get_metric_history(runs[0].info.run_id, "train/loss")
+    return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory):
+    """``straight(method)`` -> run_dir of an uninterrupted 4-step run (batch 16, checkpoints at 2 and 4)."""
+    root = tmp_path_factory.mktemp("baselines")
+
+    @cache
+    def run(method: str) -> Path:
+        run_dir = root / method
+        _launch(run_dir, _args(method, f"max_steps={STEPS}", "data.batch_size_per_gpu=16"))
+        return run_dir
+
+    return run
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_every_baseline_trains_logs_its_loss_and_checkpoints_its_state(straight, method: str) -> None:
+    run_dir = straight(method)
+    losses = _logged_losses(run_dir)
+    assert len(losses) == STEPS and all(torch.isfinite(torch.tensor(losses)))
+    assert len(set(losses)) > 1, f"{method}: the loss did not change over {STEPS} steps: {losses}"
+    steps = [int(p.stem.split("_")[1]) for p in ck.list_checkpoints(run_dir)]
+    assert steps == [2, STEPS]
+    state = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
+    assert state["config"]["loss"]["name"] == method
+    assert state["method"]["_extra_state"]["step"] == STEPS  # the step count behind the epoch schedules
+    assert all(k.startswith("backbone.") for k in state["model"]), "only the backbone is the model's"
+    first = ck.load_checkpoint(ck.list_checkpoints(run_dir)[0])
+    moved = [k for k, v in state["method"].items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+             and not torch.equal(v, first["method"][k])]
+    assert moved, f"{method}: no head tensor changed between steps 2 and {STEPS}"
+    if method in ("byol", "dino"):  # the momentum teacher follows the student
+        assert any(k.startswith("teacher_") for k in moved), moved
+    if method == "dino":
+        assert "criterion.center" in moved
+
+
+@pytest.mark.parametrize("method", ["simclr", "byol", "dino"])
+def test_resume_equals_the_uninterrupted_run_bitwise(straight, tmp_path: Path, method: str) -> None:
+    reference = straight(method)
+    at_two = ck.list_checkpoints(reference)[0]
+    out = _launch(tmp_path / "resumed", _args(method, f"max_steps={STEPS}", "data.batch_size_per_gpu=16",
+                                              f"checkpoint.path={at_two}", "tracking.enabled=false"))
+    assert f"resumed from {at_two} at step 2" in out
+    a = ck.load_checkpoint(ck.list_checkpoints(reference)[-1])
+    b = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "resumed")[-1])
+    assert a["step"] == b["step"] == STEPS
+    for part in ("model", "method"):
+        assert a[part].keys() == b[part].keys()
+        for k, v in a[part].items():
+            if isinstance(v, torch.Tensor):
+                assert torch.equal(v, b[part][k]), f"{method}: {part}.{k} differs after resume"
+            else:
+                assert v == b[part][k], f"{method}: {part}.{k}"
+    for s, t in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(s[k], t[k]) for k in s)
+
+
+def relative_errors(got: dict, ref: dict) -> dict[str, float]:
+    return {k: float((got[k] - r).abs().max() / r.abs().max().clamp_min(1e-12))
+            for k, r in ref.items() if isinstance(r, torch.Tensor) and r.is_floating_point()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["simclr", "byol"])
+def test_two_processes_equal_one_process(tmp_path: Path, method: str) -> None:
+    """2 ranks x 8 images = 1 rank x 16 after 2 SGD steps: parameters, teacher, BatchNorm statistics and
+    the logged loss (each rank's share, averaged over ranks)."""
+    common = _args(method, "max_steps=2", "data.max_train_samples=64", "optim.name=sgd", "optim.momentum=0.9",
+                   "optim.lr=0.1")
+    _launch(tmp_path / "one", [*common, "data.batch_size_per_gpu=16"])
+    _launch(tmp_path / "two", [*common, "data.batch_size_per_gpu=8"], nproc=2)
+    one = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "one")[-1])
+    two = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "two")[-1])
+    assert (one["world_size"], two["world_size"], two["step"]) == (1, 2, 2)
+    for part in ("model", "method"):
+        errors = relative_errors(two[part], one[part])
+        bad = {k: e for k, e in errors.items() if e > 1e-5}
+        assert not bad, f"{method} {part}: 2 processes differ from 1 process: {bad}"
+    assert any("running_var" in k for k in one["method"]), "the heads' BatchNorm must be compared too"
+    # The comparison can fail: training moved the weights far beyond the tolerance.
+    first = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "one")[0])
+    init = {k: v for k, v in ck.random_init_checkpoint(first)["model"].items() if k in one["model"]}
+    assert init.keys() == one["model"].keys()  # the baseline's backbone starts as Hypersolid's would
+    assert max(relative_errors(one["model"], init).values()) > 1e-2
+    assert _logged_losses(tmp_path / "two") == pytest.approx(_logged_losses(tmp_path / "one"), rel=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Config and checkpoint compatibility (in process, fast)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_loss_name_and_sections_are_validated() -> None:
+    with pytest.raises(ConfigError, match=r"loss.name='simclrr'.*hypersolid \| simclr \| vicreg"):
+        load_config(None, ["loss.name=simclrr"])
+    with pytest.raises(ConfigError, match=r"loss.byol.momentum_base=1.5.*\[0, 1\]"):
+        load_config(None, ["loss.name=byol", "loss.byol.momentum_base=1.5"])
+    with pytest.raises(ConfigError, match="loss.swav.n_protoypes"):
+        load_config(None, ["loss.swav.n_protoypes=10"])
+    with pytest.raises(ConfigError, match="eval.features=backbone"):
+        load_config(None, ["loss.name=simclr", "eval.features=projector"])
+    with pytest.raises(ConfigError, match="freeze_last_layer_epochs"):
+        load_config(None, ["loss.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2"])
+    # What is allowed: the same with the gradient-dropping schedule off, or without ZeRO.
+    load_config(None, ["loss.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2",
+                       "loss.dino.freeze_last_layer_epochs=0"])
+    load_config(None, ["loss.name=swav", "dist.engine=deepspeed", "dist.zero_stage=0"])
+
+
+def test_only_the_chosen_baseline_enters_the_fingerprint() -> None:
+    hyper = to_dict(load_config(None, []))
+    # A Hypersolid config hashes as before the baselines existed: older checkpoints keep resuming.
+    before = {**hyper, "loss": {k: v for k, v in hyper["loss"].items() if k != "name" and k not in BASELINES}}
+    assert fingerprint(before) == fingerprint(hyper)
+    assert fingerprint(load_config(None, ["loss.dino.out_dim=128"])) == fingerprint(hyper)
+    byol = load_config(None, ["loss.name=byol"])
+    assert fingerprint(byol) != fingerprint(hyper)
+    assert fingerprint(load_config(None, ["loss.name=byol", "loss.byol.out_dim=64"])) != fingerprint(byol)
+    assert fingerprint(load_config(None, ["loss.name=byol", "loss.dino.out_dim=64"])) == fingerprint(byol)
+
+
+def test_a_hypersolid_checkpoint_without_method_keys_still_resumes(tmp_path: Path) -> None:
+    """A checkpoint written before loss.name existed: no such keys in its config, no "method" entry."""
+    run_dir = tmp_path / "run"
+    args = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
+            "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
+            "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu",
+            f"run_dir={run_dir}", "data.max_train_samples=128", "max_steps=2", "tracking.enabled=false"]
+    assert main(args) == 0
+    newest = ck.list_checkpoints(run_dir)[-1]
+    state = torch.load(newest, weights_only=True)
+    assert "method" not in state
+    state["config"]["loss"] = {k: v for k, v in state["config"]["loss"].items()
+                               if k != "name" and k not in BASELINES}
+    ck.atomic_save(state, newest)
+    assert main([a.replace("max_steps=2", "max_steps=3") for a in args]) == 0
+    assert ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])["step"] == 3
+
+
+def test_a_baseline_checkpoint_evaluates_its_backbone(straight) -> None:
+    path = ck.list_checkpoints(straight("simclr"))[-1]
+    model, cfg = ck.build_model_from_checkpoint(path)
+    state = ck.load_checkpoint(path)
+    assert cfg.loss.name == "simclr"
+    for k, v in model.backbone.state_dict().items():
+        assert torch.equal(v.float(), state["model"][f"backbone.{k}"]), k
+    with pytest.raises(ConfigError, match="no Hypersolid projector"):
+        model.projector(torch.zeros(1, model.feature_dim))
