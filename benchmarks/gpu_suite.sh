@@ -66,7 +66,7 @@ else
             --large-from 8192 --neighbors-max 131072 --share --share-batch 128 --share-steps 5 --budget-s 80)
   TT_ARGS=(--budget-s 135 --compile-reserve-s 50)
   LD_ARGS=(--images 1024 --batch 64 --workers 16 --sizes 224 --threads 4)
-  LIMITS=(90 120 150 50)
+  LIMITS=(150 120 150 50)
 fi
 [ "$DEVICE" = cpu ] && [ "$QUICK" = 0 ] && echo "note: --device cpu without --quick takes long"
 
