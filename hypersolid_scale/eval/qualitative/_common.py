@@ -101,7 +101,8 @@ def pca_rgb(features: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """
     if features.dim() != 2:
         raise ValueError(f"pca_rgb expects (pixels, channels) features, got shape {tuple(features.shape)}")
-    x = features.detach().to(torch.float64)
+    # On the CPU whatever the model's device: the eigenproblem runs in LAPACK (scipy) anyway.
+    x = features.detach().to("cpu", torch.float64)
     x = x - x.mean(dim=0, keepdim=True)
     # float32 for the (pixels x D) product (4096 x 960 for a 64 px ResNet-18 hypercolumn), float64 for the
     # eigenproblem, where near-equal eigenvalues need the precision. LAPACK's subset solver computes only the
@@ -147,7 +148,7 @@ def to_display(images: torch.Tensor, mean: tuple[float, ...] | None, std: tuple[
         lo = flat.amin(dim=1).view(-1, 1, 1, 1)
         span = (flat.amax(dim=1) - flat.amin(dim=1)).view(-1, 1, 1, 1)
         x = torch.where(span > 0, (x - lo) / span.clamp_min(1e-12), torch.zeros_like(x))
-    return x.permute(0, 2, 3, 1).numpy()
+    return x.permute(0, 2, 3, 1).cpu().numpy()
 
 
 def stretch_display(images: torch.Tensor, quantile: float = 0.01) -> np.ndarray:
@@ -160,4 +161,4 @@ def stretch_display(images: torch.Tensor, quantile: float = 0.01) -> np.ndarray:
     hi = flat.quantile(1.0 - quantile, dim=1).view(-1, 1, 1, 1)
     span = hi - lo
     x = torch.where(span > 0, ((x - lo) / span.clamp_min(1e-12)).clamp(0.0, 1.0), torch.zeros_like(x))
-    return x.permute(0, 2, 3, 1).numpy()
+    return x.permute(0, 2, 3, 1).cpu().numpy()
