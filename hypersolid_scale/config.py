@@ -26,8 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.eval.config import EvalConfig
-from hypersolid_scale.losses.config import LossConfig
-from hypersolid_scale.methods.config import METHODS, MethodConfig
+from hypersolid_scale.methods.config import METHODS, TrainLossConfig
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import OptimConfig
@@ -66,20 +65,6 @@ class CheckpointConfig:
     keep_last: int = 3  # older step_*.pt files are deleted; 0 keeps all
     resume: str = "auto"  # auto (newest valid checkpoint in run_dir, if any) | never | force (ignore config changes)
     path: str | None = None  # resume from this file instead of run_dir/checkpoints
-
-
-@dataclass
-class TrainLossConfig(LossConfig, MethodConfig):
-    """The ``loss`` section: which objective trains the backbone (``loss.name``, one of ``METHODS``), the
-    Hypersolid loss's keys (:class:`LossConfig`, read when ``name`` is hypersolid) and each baseline's section
-    (``loss.simclr.*``, ... from :class:`MethodConfig`, read only for the chosen baseline).
-
-    One class with both parents, so that ``HypersolidLoss.from_config`` and ``build_method`` take it as is.
-    """
-
-    def validate(self) -> None:
-        MethodConfig.validate(self)
-        LossConfig.validate(self)
 
 
 @dataclass
@@ -289,15 +274,29 @@ def to_dict(cfg: Config) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
 
 
-def from_dict(d: dict[str, Any]) -> Config:
-    """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors, renamed keys of
-    configs stored by older versions (checkpoints) are read under their new name."""
+_FORMAT_NAMES = ("webdataset", "ffcv", "imagefolder")  # once values of data.dataset, now of data.format
+
+
+def migrate(d: dict[str, Any]) -> dict[str, Any]:
+    """A config dict stored by an older version (a checkpoint's), as this version names it: renamed keys
+    under their new name, and a storage format written as ``data.dataset`` moved to ``data.format``."""
     for old, new in _RENAMED.items():
         (section, old_key), new_key = old.split("."), new.split(".")[1]
         if isinstance(d.get(section), dict) and old_key in d[section]:
             moved = {k: v for k, v in d[section].items() if k != old_key}
             d = {**d, section: {new_key: d[section][old_key], **moved}}
-    overrides_free = OmegaConf.create(d)
+    data = d.get("data")
+    if isinstance(data, dict) and "format" not in data:
+        was_format = data.get("dataset") in _FORMAT_NAMES
+        d = {**d, "data": {**data, "format": data["dataset"] if was_format else "builtin",
+                           "dataset": None if was_format else data.get("dataset")}}
+    return d
+
+
+def from_dict(d: dict[str, Any]) -> Config:
+    """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors, configs stored by
+    older versions (checkpoints) are read through :func:`migrate`."""
+    overrides_free = OmegaConf.create(migrate(d))
     try:
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), overrides_free))
     except OmegaConfBaseException as err:
@@ -327,9 +326,23 @@ def fingerprint(cfg: Config | dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _as_read_now(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` as this version reads it: migrated, keys added since at their defaults, and the builtin
+    dataset's default name spelled out. A dict this version cannot read is compared as it is."""
+    try:
+        out = to_dict(from_dict(d))
+    except ValueError:
+        return d
+    if out["data"]["format"] == "builtin" and out["data"]["dataset"] is None:
+        out["data"]["dataset"] = "fashion_mnist"
+    return out
+
+
 def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable ``key: old -> new`` lines for the keys that enter the fingerprint."""
-    a, b = _training_relevant(old), _training_relevant(new)
+    """Human-readable ``key: old -> new`` lines for the keys that enter the fingerprint, comparing both
+    configs as this version reads them (so a config stored by an older version, with keys renamed or added
+    since, differs only where the training it describes differs). Empty: the same training."""
+    a, b = _training_relevant(_as_read_now(old)), _training_relevant(_as_read_now(new))
     return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
             for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
@@ -379,5 +392,5 @@ def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
 
 __all__ = [
     "CheckpointConfig", "Config", "DistConfig", "OptimConfig", "config_diff", "fingerprint", "flatten",
-    "from_dict", "load_config", "load_sweep", "save_config", "to_dict", "to_yaml", "validate",
+    "from_dict", "migrate", "load_config", "load_sweep", "save_config", "to_dict", "to_yaml", "validate",
 ]

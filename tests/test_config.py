@@ -181,3 +181,22 @@ def test_dist_backend_is_now_dist_transport(tmp_path: Path) -> None:
     old["dist"]["backend"] = old["dist"].pop("transport")
     assert from_dict(old).dist.transport == "gloo"
     assert fingerprint(old) == fingerprint(load_config(None, ["dist.transport=nccl"]))
+
+
+def test_configs_stored_by_older_versions_read_and_compare_as_the_same_training():
+    # A checkpoint's config from before data.format and dist.transport existed: the storage format was
+    # data.dataset, the transport dist.backend, and keys added since are absent.
+    new = to_dict(load_config(None, ["data.format=webdataset", "data.path=/d", "dist.transport=gloo"]))
+    old = {**new, "data": {k: v for k, v in new["data"].items() if k not in ("format", "eval_train_path")},
+           "dist": {("backend" if k == "transport" else k): v for k, v in new["dist"].items()}}
+    old["data"]["dataset"] = "webdataset"
+    read = from_dict(old)
+    assert read.data.format == "webdataset" and read.data.dataset is None and read.dist.transport == "gloo"
+    assert config_diff(old, new) == []
+    # builtin: the old default name equals the new unset name; a real change is still reported
+    builtin = to_dict(load_config(None, []))
+    old_builtin = {**builtin, "data": {**{k: v for k, v in builtin["data"].items() if k != "format"},
+                                       "dataset": "fashion_mnist"}}
+    assert config_diff(old_builtin, builtin) == []
+    changed = to_dict(load_config(None, ["data.dataset=digits"]))
+    assert config_diff(old_builtin, changed) == ["data.dataset: 'fashion_mnist' -> 'digits'"]

@@ -183,7 +183,10 @@ def check_compatible(ckpt: dict[str, Any], cfg_dict: dict[str, Any], fingerprint
     if ckpt["config_fingerprint"] == fingerprint:
         return
     diff = config_diff(ckpt["config"], cfg_dict)
-    lines = "\n  ".join(diff) if diff else "(fingerprint differs)"
+    if not diff:
+        # Written by an older version whose config had fewer keys or other names: the same training.
+        return
+    lines = "\n  ".join(diff)
     if force:
         warnings.warn(f"resuming {path} despite config changes (checkpoint.resume=force):\n  {lines}", stacklevel=2)
         return

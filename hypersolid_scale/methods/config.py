@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.losses.config import LossConfig
 
 METHODS: tuple[str, ...] = ("hypersolid", "simclr", "vicreg", "barlowtwins", "byol", "dino", "swav")
 
@@ -163,3 +164,17 @@ def _check_section(prefix: str, section: object) -> None:
     if base is not None and base > end:
         raise ConfigError(f"{prefix}.momentum_base={base} must be <= {prefix}.momentum_end={end} (the teacher's "
                           "EMA momentum rises from base to end)")
+
+
+@dataclass
+class TrainLossConfig(LossConfig, MethodConfig):
+    """The ``loss`` section: which objective trains the backbone (``loss.name``, one of ``METHODS``), the
+    Hypersolid loss's keys (:class:`LossConfig`, read when ``name`` is hypersolid) and each baseline's section
+    (``loss.simclr.*``, ... from :class:`MethodConfig`, read only for the chosen baseline).
+
+    One class with both parents, so that ``HypersolidLoss.from_config`` and ``build_method`` take it as is.
+    """
+
+    def validate(self) -> None:
+        MethodConfig.validate(self)
+        LossConfig.validate(self)
