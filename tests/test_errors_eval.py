@@ -12,7 +12,7 @@ import torch
 
 from hypersolid_scale.config import load_config
 from hypersolid_scale.models import build_model
-from _eval_helpers import TINY_MODEL, make_checkpoint, run_launch_eval
+from _eval_helpers import TINY_MODEL, make_checkpoint, one_error_line, run_launch_eval
 
 # Words of an instruction: every message must say what to do, not only what went wrong.
 FIX = re.compile(r"\b(use|pass|point|choose|write|evaluate|copy|list|set|upgrade|correct|drop|remove)\b", re.IGNORECASE)
@@ -20,15 +20,9 @@ FIX = re.compile(r"\b(use|pass|point|choose|write|evaluate|copy|list|set|upgrade
 
 def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
     """The single ``error:`` line of a run that exited 2; it holds every needle and an instruction."""
-    everything = proc.stdout + proc.stderr
-    assert proc.returncode == 2, f"exit {proc.returncode}:\n{everything[-3000:]}"
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert "Traceback" not in everything and "weights_only=False" not in everything, everything[-3000:]
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-    assert FIX.search(lines[0]), f"no instruction in {lines[0]!r}"
-    return lines[0]
+    line = one_error_line(proc, *needles)
+    assert FIX.search(line), f"no instruction in {line!r}"
+    return line
 
 
 def evaluate(checkpoint: Path, *args: str, debug: bool = False) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ from hypersolid_scale.tracking import (  # noqa: E402
 )
 
 REPO = Path(__file__).resolve().parents[1]
-HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+from conftest import HTTP_ENV  # noqa: E402  (the variables restore_http_env restores)
 
 
 def steps_of(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -55,17 +55,6 @@ def default_run(tmp_path_factory):
     tracker.set_tags({"world_size": 2})
     tracker.close()
     return run_dir, tracker
-
-
-@pytest.fixture
-def restore_http_env():
-    saved = {name: os.environ.get(name) for name in HTTP_ENV}
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 def test_default_store_holds_everything(default_run):

@@ -27,24 +27,12 @@ from hypersolid_scale.tracking import TrackingConfig, make_tracker  # noqa: E402
 from hypersolid_scale.tracking.spool import LoggedSteps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
 
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory) -> str:
     """One SQLite store for the module: creating an MLflow database takes seconds."""
     return f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
-
-
-@pytest.fixture
-def restore_http_env():
-    saved = {name: os.environ.get(name) for name in HTTP_ENV}
-    yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
