@@ -11,6 +11,10 @@ phase with synchronisation between phases (so phases do not overlap as they woul
 "repulsion share" is the loss phase (forward + its share of backward) relative to the whole step.
 Communication is the all-reduce of a gradient-sized buffer (what DDP does, here not overlapped).
 Writes benchmarks/results/train_step.json and train_step.png.
+
+A profiler, so it runs its own loop: the trainer's ``train_step`` never synchronises between phases (that
+is what keeps a GPU fed), so it cannot be split like this; the trainer's step is timed whole, against a plain
+reference loop, by ``benchmarks/train_throughput.py``.
 """
 
 from __future__ import annotations
