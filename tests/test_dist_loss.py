@@ -11,12 +11,11 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from hypersolid_scale.distributed import cleanup, init_distributed
 from hypersolid_scale.losses import HypersolidLoss
 from loss_reference import make_feats
-from _net import free_port
+from _net import spawn_ranks
 
 WORLD = 2
 CASES = [
@@ -84,9 +83,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dist")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("dist"))
 
 
 @pytest.mark.slow

@@ -12,12 +12,11 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from hypersolid_scale.distributed import cleanup, convert_global_batchnorm, init_distributed
 from hypersolid_scale.methods import METHODS
 from test_methods import B, build, make_views
-from _net import free_port
+from _net import spawn_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")
 
@@ -54,9 +53,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("methods_dist")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=WORLD, join=True)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("methods_dist"))
 
 
 @pytest.mark.slow
