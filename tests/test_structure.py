@@ -126,3 +126,43 @@ def test_every_third_party_import_is_declared():
                 elif not {o.lower().replace("_", "-") for o in owners} & declared:
                     missing.add(f"{top} from {owners} (imported by {path.relative_to(ROOT)})")
     assert not missing, "imports not declared in pyproject.toml: " + "; ".join(sorted(missing))
+
+
+def _top_level_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def _broken_test_imports(tests_dir: Path) -> list[str]:
+    """``from <tests module> import name`` (also inside functions) where that module defines no ``name``."""
+    local = {p.stem: p for p in tests_dir.glob("*.py")}
+    broken = []
+    for path in sorted(tests_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in local:
+                defined = _top_level_names(local[node.module])
+                broken += [f"{path.name}:{node.lineno} imports {a.name} from {node.module}, which has none"
+                           for a in node.names if a.name not in defined]
+    return broken
+
+
+def test_tests_import_only_names_their_helpers_define():
+    """A helper moved between test modules must not leave an import behind (it fails only when that
+    test runs, which may be a slow one)."""
+    broken = _broken_test_imports(ROOT / "tests")
+    assert not broken, "; ".join(broken)
+
+
+def test_the_test_import_check_catches_a_missing_name(tmp_path):
+    (tmp_path / "helpers.py").write_text("def present():\n    pass\n")
+    (tmp_path / "test_x.py").write_text("def test_y():\n    from helpers import present, gone\n")
+    assert _broken_test_imports(tmp_path) == ["test_x.py:2 imports gone from helpers, which has none"]

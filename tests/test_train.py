@@ -248,7 +248,7 @@ def test_loader_counters_are_summed_over_ranks_before_logging(tmp_path) -> None:
     import json
 
     import torch.multiprocessing as mp
-    from test_dist_loss import free_port
+    from _net import free_port
 
     mp.spawn(_loader_stats_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
