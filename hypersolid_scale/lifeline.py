@@ -40,14 +40,16 @@ def _pid1_is_launcher() -> bool:
     return any(name in cmd for name in (b"torchrun", b"torch.distributed.run", b"slurmstepd"))
 
 
-def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None) -> bool:
+def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None, *, always: bool = False) -> bool:
     """Have the kernel send ``sig`` to this process when its parent dies; returns False if the parent is gone.
 
     ``parent`` is the parent pid recorded as early as possible; the parent may have died before ``prctl``
     took effect (no signal will come then), which shows as a changed parent pid, or, if it died even before
-    ``parent`` was recorded, as being re-parented to pid 1. No-op (True) off Linux or outside a launcher.
+    ``parent`` was recorded, as being re-parented to pid 1. No-op (True) off Linux or outside a launcher,
+    unless ``always`` (a process that starts its own children, e.g. the comparison's trainings, and wants them
+    to end with it: call it in the child before ``exec``; the setting survives ``exec``).
     """
-    if not sys.platform.startswith("linux") or not under_launcher():
+    if not sys.platform.startswith("linux") or not (always or under_launcher()):
         return True
     parent = os.getppid() if parent is None else parent
     libc = ctypes.CDLL(None, use_errno=True)

@@ -30,7 +30,12 @@ _HELD: dict[Path, int] = {}
 
 
 class RunDirLocked(RuntimeError):
-    """Another live process holds the run directory's lock; ``str(err)`` is the one-line explanation."""
+    """Another live process holds the run directory's lock; ``str(err)`` is the one-line explanation and
+    ``holder`` names that process (``host=... pid=... since=...``)."""
+
+    def __init__(self, message: str, holder: str = ""):
+        super().__init__(message)
+        self.holder = holder
 
 
 @dataclass
@@ -91,7 +96,7 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> RunLock:
         raise RunDirLocked(
             f"run_dir {run_dir} is in use by another training ({holder}); wait for it to finish, stop it "
             "(kill the pid above; a killed holder's lock is released automatically), or pass another "
-            "run_dir=...") from None
+            "run_dir=...", holder) from None
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"host={socket.gethostname()} pid={os.getpid()} since={since}\n".encode(), 0)

@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"checkpoint"},
     {"step_monitor", "train", "preemption", "run_state", "monitor", "run_builder", "training"},
     {"evaluate"},
+    {"compare"},
 ]
 MAX_LINES = 400
 

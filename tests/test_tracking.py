@@ -165,6 +165,19 @@ def test_bad_input_is_refused_with_clear_errors(default_run, tmp_path):
         tracker.log_metrics({"loss": 1.0}, 1)
 
 
+def test_a_run_started_with_a_parent_is_its_child(default_run, tmp_path):
+    uri, parent = default_run[1].tracking_uri, default_run[1].run_id
+    child = make_tracker(TrackingConfig(tracking_uri=uri, parent_run_id=parent), tmp_path / "child", rank=0)
+    orphan = make_tracker(TrackingConfig(tracking_uri=uri), tmp_path / "orphan", rank=0)
+    for t in (child, orphan):
+        t.close()
+    client = MlflowClient(uri)
+    assert client.get_run(child.run_id).data.tags.get("mlflow.parentRunId") == parent
+    assert "mlflow.parentRunId" not in client.get_run(orphan.run_id).data.tags
+    with pytest.raises(ValueError, match="parent_run_id='runs/7'.*32 hex digits"):
+        make_tracker(TrackingConfig(tracking_uri=uri, parent_run_id="runs/7"), tmp_path / "bad", rank=0)
+
+
 def test_a_refused_value_is_dropped_alone(default_run, tmp_path, caplog):
     """MLflow refuses to change a logged param (e.g. a forced config change on resume): that one value is
     dropped with a warning, and neither the rest of its batch nor later records are held up."""

@@ -107,7 +107,8 @@ class MlflowTracker(Tracker):
             else:
                 experiment_id = experiment.experiment_id
             run_name = cfg.run_name or default_run_name(run_dir)
-            return self._client.create_run(experiment_id, run_name=run_name).info.run_id
+            tags = {"mlflow.parentRunId": cfg.parent_run_id} if cfg.parent_run_id else None
+            return self._client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
         except Exception as err:  # noqa: BLE001
             # One message with the cause and the fixes, not the client's chain of wrapped tracebacks.
             raise start_error(self.tracking_uri, err) from None

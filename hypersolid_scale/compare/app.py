@@ -1,0 +1,159 @@
+"""``launch/compare.py``: every method through the same trainer, budget and evaluation; one table, two figures.
+
+    python launch/compare.py [--setting quickstart] [--methods all] [--seeds 3] [--baseline-seeds 1]
+        [--steps 300] [--nproc 2] [--out DIR] [--quick] [--no-mlflow] [key=value ...]
+
+For each (method, seed): ``torchrun launch/train.py`` with the setting's config (``configs/<setting>.yaml`` for
+Hypersolid, ``configs/baselines/<method>_<setting>.yaml``), the seed and ``max_steps=--steps``; then
+``launch/eval.py`` on its final checkpoint (kNN, linear probe, clustering, geometry; backbone features). Then
+``<out>/compare.md`` / ``compare.json`` (mean ± std over seeds), ``dbscan_nmi_vs_eps.png`` and
+``metrics.png``. MLflow: one parent run (the table's numbers, the files) with one child run per training
+(the training's own run, which its evaluation also logs into). Starting it again on the same ``--out``
+resumes (see ``hypersolid_scale.compare.runner``). Exit 0 when every training and evaluation succeeded, 1
+when some failed (the table holds the others), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from hypersolid_scale.compare import figures, table
+from hypersolid_scale.compare.plan import Budget, Training, check_budget, parse_methods, plan
+from hypersolid_scale.compare.runner import Paths, Runner, State
+from hypersolid_scale.errors import UserError
+from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock
+from hypersolid_scale.tracking import TrackingConfig, make_tracker
+
+EXPERIMENT = "compare"
+# --quick: every method, two seeds where several are asked for (so that mean ± std is exercised), a few
+# steps, the evaluation on a subset: minutes, for CI and for trying the command.
+QUICK = {"steps": 6, "seeds": 2, "baseline_seeds": 1, "eval_samples": 1000}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Train every method at a matched budget (same images seen) with several "
+                                            "seeds, evaluate each the same way, and write the comparison.")
+    p.add_argument("--setting", default="quickstart", help="configs/<setting>.yaml and configs/baselines/"
+                                                           "<method>_<setting>.yaml (default: quickstart)")
+    p.add_argument("--methods", default="all", help="comma-separated methods, or all (default)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds of Hypersolid and SimCLR (default 3)")
+    p.add_argument("--baseline-seeds", type=int, default=1, help="seeds of the other methods (default 1)")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps of every training (default 300)")
+    p.add_argument("--nproc", type=int, default=2, help="processes per training (torchrun; default 2)")
+    p.add_argument("--eval-samples", type=int, default=None,
+                   help="evaluate on a seeded subset of this many images per split (default: all)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="evaluation device")
+    p.add_argument("--out", default=None, help="output directory (default runs/compare-<setting>-<time>); "
+                                               "an existing one is resumed")
+    p.add_argument("--configs", default=None, help="the configs folder (default: the repository's configs/)")
+    p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
+    p.add_argument("--no-mlflow", action="store_true", help="track nothing")
+    p.add_argument("overrides", nargs="*", help="key=value overrides for every training (e.g. data.path=...)")
+    args = p.parse_intermixed_args(list(argv))
+    if args.quick:
+        given = set(argv)
+        for key, value in QUICK.items():
+            if f"--{key.replace('_', '-')}" not in given:
+                setattr(args, key, value)
+    return args
+
+
+def _header(args: argparse.Namespace, budget: Budget, trainings: list[Training]) -> str:
+    return (f"# Comparison: {args.setting}, {budget.steps} steps x global batch {budget.global_batch} = "
+            f"{budget.images_seen} images seen per training, {len(trainings)} trainings on {args.nproc} "
+            f"process(es) each; evaluation on backbone features"
+            + (f" of {args.eval_samples} images per split" if args.eval_samples else "") + ".")
+
+
+def _collect(paths: Paths, state: State, trainings: list[Training], budget: Budget
+             ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    reports: dict[str, list[dict[str, Any]]] = {}
+    info: dict[str, dict[str, Any]] = {}
+    for t in trainings:
+        if state.run(t.name).get("eval") != "done":
+            continue
+        reports.setdefault(t.method, []).append(json.loads(paths.report(t).read_text()))
+        i = info.setdefault(t.method, {"seeds": 0, "images_seen": budget.images_seen,
+                                       "views": budget.views[t.method], "train_s": [], "eval_s": []})
+        i["seeds"] += 1
+        i["train_s"].append(state.run(t.name).get("train_s", 0.0))
+        i["eval_s"].append(state.run(t.name).get("eval_s", 0.0))
+    return reports, info
+
+
+def main(argv: Sequence[str], repo: Path) -> int:
+    args = parse_args(argv)
+    methods = parse_methods(args.methods)
+    out = Path(args.out or f"runs/compare-{args.setting}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    configs = Path(args.configs).resolve() if args.configs else repo / "configs"
+    trainings = plan(configs, args.setting, methods, args.seeds, args.baseline_seeds, args.overrides)
+    budget = check_budget(trainings, steps=args.steps, nproc=args.nproc, out_dir=out)
+    if args.eval_samples is not None and args.eval_samples < 1:
+        raise UserError(f"--eval-samples {args.eval_samples}: it must be >= 1 (or left out for all images)")
+    try:
+        lock = acquire_run_lock(out)  # one comparison per output directory
+    except RunDirLocked as err:
+        raise UserError(f"--out {out} is in use by another comparison ({err.holder}); wait for it to finish, "
+                        "stop it (kill that pid; its lock is released), or pass another --out") from None
+    paths, state = Paths(out), State(out)
+    tracker = None
+    tracking = ["tracking.enabled=false"]
+    if not args.no_mlflow:
+        cfg = TrackingConfig(tracking_uri=f"sqlite:///{out}/mlflow.db", experiment=EXPERIMENT,
+                             run_name=f"compare-{args.setting}")
+        tracker = make_tracker(cfg, out, rank=0, resume_run_id=state.data.get("parent_run_id"),
+                               tags={"kind": "compare", "setting": args.setting})
+        state.data["parent_run_id"] = tracker.run_id
+        state.save()
+        tracking = [f"tracking.tracking_uri={cfg.tracking_uri}", f"tracking.experiment={EXPERIMENT}",
+                    f"tracking.parent_run_id={tracker.run_id}"]
+    evals = ["eval.knn_k=[20]", "eval.batch_size=1000"]
+    if args.eval_samples:
+        evals += [f"eval.max_train_samples={args.eval_samples}", f"eval.max_test_samples={args.eval_samples}"]
+    runner = Runner(paths, state, repo, args.steps, args.nproc, tracking, evals, not args.no_mlflow, args.device)
+    header = _header(args, budget, trainings)
+    print(header + f"\noutput: {out} (logs in {out / 'logs'})", flush=True)
+    failures: dict[str, str] = {}
+    status = "FAILED"
+    try:
+        with tqdm(total=2 * len(trainings), desc="compare", unit="stage", dynamic_ncols=True) as bar:
+            for t in trainings:
+                for stage, work in (("train", runner.train), ("eval", runner.evaluate)):
+                    bar.set_postfix_str(f"{stage} {t.name}")
+                    error = None if t.name in failures else work(t)
+                    if error:
+                        failures[t.name] = error
+                        tqdm.write(f"{t.name}: {error} (log: {paths.log(t, stage)})")
+                    bar.update()
+        reports, info = _collect(paths, state, trainings, budget)
+        summary = table.summarise(reports)
+        js, md = table.write(out, summary, info, table.skipped_reasons(reports), header)
+        title = f"{args.setting}: {budget.images_seen} images seen per training"
+        pngs = [p for p in (figures.plot_dbscan(reports, out / "dbscan_nmi_vs_eps.png", title),
+                            figures.plot_bars(summary, out / "metrics.png", title)) if p is not None]
+        print("\n" + md.read_text().split("\n", 2)[2])
+        if tracker is not None:
+            tracker.log_params({"setting": args.setting, "steps": args.steps, "global_batch": budget.global_batch,
+                                "images_seen": budget.images_seen, "seeds": args.seeds,
+                                "baseline_seeds": args.baseline_seeds, "methods": ",".join(methods),
+                                "eval_samples": args.eval_samples or "all"})
+            tracker.log_metrics({f"{m}.{k}_{stat}": v for m, cols in summary.items() for k, s in cols.items()
+                                 for stat, v in (("mean", s.mean), ("std", s.std)) if v is not None}, step=0)
+            for path in (js, md, *pngs):
+                tracker.log_artifact(path)
+        for name, error in failures.items():
+            print(f"FAILED {name}: {error}")
+        print(f"table: {md}\nfigures: {', '.join(str(p) for p in pngs) or 'none'}")
+        status = "FINISHED" if not failures else "FAILED"
+        return 0 if not failures else 1
+    finally:
+        if tracker is not None:
+            tracker.close(status)
+        lock.release()

@@ -1,0 +1,114 @@
+"""What a comparison trains: one training per (method, seed), each from its setting's config, at one budget.
+
+The budget is matched in *images seen*: every training runs the same number of optimizer steps with the same
+global batch (``data.batch_size_per_gpu`` x processes), so each method sees the same images the same number
+of times. Methods differ in views per image (DINO and SwaV add local crops, as their papers do; Hypersolid's
+configs do too): a view is not an extra image, so it is reported next to the wall-clock, not equalised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypersolid_scale.config import Config, load_config
+from hypersolid_scale.errors import ConfigError
+
+METHODS: tuple[str, ...] = ("hypersolid", "simclr", "vicreg", "barlowtwins", "byol", "dino", "swav")
+# The methods that get the full number of seeds by default; the others get ``baseline_seeds``.
+MULTI_SEED_METHODS: tuple[str, ...] = ("hypersolid", "simclr")
+
+
+@dataclass(frozen=True)
+class Training:
+    """One training of the comparison and where everything of it lives under the output directory."""
+
+    method: str
+    seed: int
+    config: Path
+    overrides: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-seed{self.seed}"
+
+
+def config_path(configs_dir: Path, setting: str, method: str) -> Path:
+    """``configs/<setting>.yaml`` for Hypersolid, ``configs/baselines/<method>_<setting>.yaml`` for the others."""
+    path = configs_dir / f"{setting}.yaml" if method == "hypersolid" else \
+        configs_dir / "baselines" / f"{method}_{setting}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem.split("_", 1)[1] for p in (configs_dir / "baselines").glob(f"{method}_*.yaml"))
+        raise ConfigError(f"no config for {method} in the setting {setting!r}: {path} does not exist"
+                          + (f"; {method} has the settings {', '.join(have)}" if have else "")
+                          + "; pick one with --setting or add the file")
+    return path
+
+
+def parse_methods(text: str) -> list[str]:
+    """``all`` or a comma-separated list of METHODS, in METHODS order, without repeats."""
+    if text.strip() == "all":
+        return list(METHODS)
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown or not names:
+        raise ConfigError(f"--methods {text!r}: unknown {', '.join(unknown) or '(empty)'}; choose from "
+                          f"{', '.join(METHODS)} or 'all'")
+    return [m for m in METHODS if m in names]
+
+
+def plan(configs_dir: Path, setting: str, methods: list[str], seeds: int, baseline_seeds: int,
+         overrides: list[str]) -> list[Training]:
+    """The trainings, Hypersolid first: ``seeds`` seeds (0, 1, ...) for MULTI_SEED_METHODS, ``baseline_seeds``
+    for the rest."""
+    if seeds < 1 or baseline_seeds < 1:
+        raise ConfigError(f"--seeds {seeds} / --baseline-seeds {baseline_seeds}: each method needs >= 1 seed")
+    out = []
+    for method in methods:
+        n = seeds if method in MULTI_SEED_METHODS else baseline_seeds
+        path = config_path(configs_dir, setting, method)
+        out += [Training(method, seed, path, tuple(overrides)) for seed in range(n)]
+    return out
+
+
+def training_overrides(t: Training, *, steps: int, run_dir: Path) -> list[str]:
+    """The overrides that make ``t``'s config the comparison's training: its seed, the matched step budget, its
+    run directory. The online kNN monitor is off: every checkpoint gets the full evaluation afterwards."""
+    return [*t.overrides, f"run_dir={run_dir}", f"seed={t.seed}", f"max_steps={steps}", "eval.every_n_epochs=0"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    steps: int
+    global_batch: int
+    views: dict[str, int]  # method -> views per image (global + local)
+
+    @property
+    def images_seen(self) -> int:
+        return self.steps * self.global_batch
+
+
+def _views(cfg: Config) -> int:
+    local = cfg.data.num_local_views
+    return 2 + (0 if local is None else int(local))
+
+
+def check_budget(trainings: list[Training], *, steps: int, nproc: int, out_dir: Path) -> Budget:
+    """Load every training's config as it will run (so that a bad override fails here, not an hour in) and
+    require one global batch for all; return the matched budget."""
+    if steps < 1 or nproc < 1:
+        raise ConfigError(f"--steps {steps} / --nproc {nproc}: both must be >= 1")
+    batches: dict[str, int] = {}
+    views: dict[str, int] = {}
+    for t in trainings:
+        cfg = load_config(t.config, training_overrides(t, steps=steps, run_dir=out_dir / "runs" / t.name))
+        if cfg.loss.name != t.method:
+            raise ConfigError(f"{t.config} trains loss.name={cfg.loss.name}, not {t.method}; fix its loss.name")
+        batches[t.method] = cfg.data.batch_size_per_gpu * nproc
+        views[t.method] = _views(cfg)
+    if len(set(batches.values())) > 1:
+        listed = ", ".join(f"{m} {b}" for m, b in batches.items())
+        raise ConfigError(f"the methods' global batches differ ({listed}), so the same steps are not the same "
+                          "images seen; give every config the same data.batch_size_per_gpu (or pass "
+                          "data.batch_size_per_gpu=N to all of them)")
+    return Budget(steps=steps, global_batch=next(iter(batches.values())), views=views)

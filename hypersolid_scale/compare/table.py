@@ -1,0 +1,134 @@
+"""The comparison table: every metric of every method as mean ± std over its seeds, as JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# (column, report key, format). The evaluation's metric names: hypersolid_scale.eval.suites.
+METRICS: tuple[tuple[str, str, str], ...] = (
+    ("kNN@20 (%)", "knn_k20_weighted", ".2f"),
+    ("linear (%)", "linear_top1", ".2f"),
+    ("K-Means NMI", "kmeans_nmi", ".3f"),
+    ("K-Means ARI", "kmeans_ari", ".3f"),
+    ("HDBSCAN NMI", "hdbscan_nmi", ".3f"),
+    ("HDBSCAN ARI", "hdbscan_ari", ".3f"),
+    ("HDBSCAN clusters", "hdbscan_n_clusters", ".1f"),
+    ("DBSCAN best NMI", "dbscan_best_nmi", ".3f"),
+    ("DBSCAN best eps", "dbscan_best_eps", ".3f"),
+    ("anisotropy", "anisotropy", ".3f"),
+    ("sparsity", "sparsity", ".3f"),
+    ("effective rank", "embedding_rank", ".1f"),
+)
+# The metrics of the bar chart (the accuracy and the clustering quality a reader compares first).
+MAIN_METRICS: tuple[str, ...] = ("knn_k20_weighted", "linear_top1", "kmeans_nmi", "hdbscan_nmi", "dbscan_best_nmi")
+
+
+@dataclass
+class Summary:
+    """One metric of one method over its seeds."""
+
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float | None:
+        """Sample standard deviation (n - 1); None for a single seed."""
+        return statistics.stdev(self.values) if len(self.values) > 1 else None
+
+    def format(self, spec: str) -> str:
+        return f"{self.mean:{spec}}" + (f" ± {self.std:{spec}}" if self.std is not None else "")
+
+
+def summarise(reports: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Summary]]:
+    """``{method: [report.json of each seed]}`` -> ``{method: {metric key: Summary}}``; a metric a seed
+    skipped is left out of that seed's values (and the method has no entry when every seed skipped it)."""
+    out: dict[str, dict[str, Summary]] = {}
+    for method, seeds in reports.items():
+        out[method] = {}
+        for _label, key, _spec in METRICS:
+            values = [float(r["metrics"][key]) for r in seeds if isinstance(r["metrics"].get(key), (int, float))
+                      and math.isfinite(r["metrics"][key])]
+            if values:
+                out[method][key] = Summary(values)
+    return out
+
+
+def _suite_of(key: str) -> str:
+    """The name under which the evaluation records the skip of the step that computes ``key``."""
+    head = key.split("_")[0]
+    return head if head in ("knn", "linear", "kmeans", "dbscan", "hdbscan") else "geometry"
+
+
+def skipped_reasons(reports: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, str]]:
+    """``{method: {metric key: reason}}`` for the table's metrics that some seed did not compute."""
+    out: dict[str, dict[str, str]] = {}
+    for method, seeds in reports.items():
+        for report in seeds:
+            for _label, key, _spec in METRICS:
+                if key not in report["metrics"]:
+                    skips = report.get("skipped", {})  # e.g. knn_k20 (K over the bank) or the whole step
+                    why = skips.get(key.rsplit("_", 1)[0]) or skips.get(_suite_of(key)) or "not computed"
+                    out.setdefault(method, {})[key] = why
+    return out
+
+
+def to_json(summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The table as plain data: ``{method: {**info[method], metric: {"mean", "std", "values"}}}``."""
+    return {m: {**info.get(m, {}), "metrics": {k: {"mean": s.mean, "std": s.std, "values": s.values}
+                                               for k, s in cols.items()}}
+            for m, cols in summary.items()}
+
+
+def markdown(summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, Any]],
+             skipped: dict[str, dict[str, str]]) -> str:
+    """Two Markdown tables (the budget and wall-clock per method; the metrics), best mean per column in bold
+    for the quality metrics (not for eps, cluster counts or the geometry, where higher is not better)."""
+    lines = ["| method | seeds | images seen | views / image | train wall-clock (s) | eval wall-clock (s) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for m in summary:
+        i = info.get(m, {})
+        lines.append(f"| {m} | {i.get('seeds', '')} | {i.get('images_seen', '')} | {i.get('views', '')} | "
+                     f"{_clock(i.get('train_s'))} | {_clock(i.get('eval_s'))} |")
+    quality = {"knn_k20_weighted", "linear_top1", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari",
+               "dbscan_best_nmi"}
+    best = {key: max((s[key].mean for s in summary.values() if key in s), default=None) for key in quality}
+    lines += ["", "| method | " + " | ".join(label for label, _k, _s in METRICS) + " |",
+              "|---|" + "---:|" * len(METRICS)]
+    for m, cols in summary.items():
+        cells = []
+        for _label, key, spec in METRICS:
+            if key not in cols:
+                cells.append("skipped" if key in skipped.get(m, {}) else "n/a")
+                continue
+            text = cols[key].format(spec)
+            cells.append(f"**{text}**" if key in quality and len(summary) > 1 and cols[key].mean == best[key]
+                         else text)
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    notes = [f"- {m}, {k}: skipped ({why})" for m, by in skipped.items() for k, why in sorted(by.items())]
+    if notes:
+        lines += ["", "Skipped:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _clock(values: list[float] | None) -> str:
+    if not values:
+        return ""
+    s = Summary(values)
+    return s.format(".0f")
+
+
+def write(out: Path, summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, Any]],
+          skipped: dict[str, dict[str, str]], header: str) -> tuple[Path, Path]:
+    """``<out>/compare.json`` and ``<out>/compare.md``; returns their paths."""
+    js, md = out / "compare.json", out / "compare.md"
+    js.write_text(json.dumps({"methods": to_json(summary, info), "skipped": skipped}, indent=1))
+    md.write_text(header + "\n\n" + markdown(summary, info, skipped))
+    return js, md

@@ -1,0 +1,204 @@
+"""launch/compare.py: every method trained at one budget, evaluated alike, summarised over seeds.
+
+The table and figures are checked against numbers recomputed here from the per-run reports; the end-to-end
+runs use the real trainer, evaluation and MLflow store (``--quick``), a failing training, and a resume.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hypersolid_scale.compare import figures, table
+from hypersolid_scale.compare.plan import METHODS, Training, check_budget, config_path, parse_methods, plan
+from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.run_lock import acquire_run_lock
+from _eval_helpers import one_error_line
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+def _compare(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "launch" / "compare.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+# -- plan -------------------------------------------------------------------------------------------------
+
+def test_methods_are_parsed_in_a_fixed_order_and_unknown_ones_refused():
+    assert parse_methods("all") == list(METHODS)
+    assert parse_methods("swav, hypersolid,swav") == ["hypersolid", "swav"]
+    with pytest.raises(ConfigError, match="unknown mocov3.*choose from"):
+        parse_methods("simclr,mocov3")
+
+
+def test_plan_gives_the_multi_seed_methods_their_seeds():
+    got = plan(CONFIGS, "quickstart", ["hypersolid", "simclr", "byol"], seeds=3, baseline_seeds=2, overrides=["a=1"])
+    assert [(t.method, t.seed) for t in got] == [("hypersolid", 0), ("hypersolid", 1), ("hypersolid", 2),
+                                                 ("simclr", 0), ("simclr", 1), ("simclr", 2), ("byol", 0), ("byol", 1)]
+    assert got[0].config == CONFIGS / "quickstart.yaml"
+    assert got[-1].config == CONFIGS / "baselines" / "byol_quickstart.yaml" and got[-1].overrides == ("a=1",)
+    with pytest.raises(ConfigError, match=">= 1 seed"):
+        plan(CONFIGS, "quickstart", ["simclr"], seeds=0, baseline_seeds=1, overrides=[])
+
+
+def test_a_missing_setting_names_the_ones_that_exist(tmp_path):
+    (tmp_path / "baselines").mkdir()
+    (tmp_path / "baselines" / "simclr_tiny.yaml").write_text("loss:\n  name: simclr\n")
+    with pytest.raises(ConfigError, match=r"simclr_huge.yaml does not exist; simclr has the settings tiny"):
+        config_path(tmp_path, "huge", "simclr")
+
+
+def test_the_budget_is_images_seen_and_needs_one_global_batch(tmp_path):
+    trainings = plan(CONFIGS, "quickstart", ["hypersolid", "dino", "simclr"], 1, 1, [])
+    budget = check_budget(trainings, steps=50, nproc=2, out_dir=tmp_path)
+    assert (budget.global_batch, budget.images_seen) == (128, 6400)
+    assert budget.views == {"hypersolid": 6, "dino": 6, "simclr": 2}
+    odd = Training("simclr", 0, CONFIGS / "baselines" / "simclr_quickstart.yaml", ("data.batch_size_per_gpu=32",))
+    with pytest.raises(ConfigError, match=r"global batches differ \(hypersolid 128, simclr 64\)"):
+        check_budget([trainings[0], odd], steps=50, nproc=2, out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="not simclr"):  # a config that trains another method than its name
+        check_budget([Training("simclr", 0, CONFIGS / "quickstart.yaml")], steps=5, nproc=1, out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="no_such_key"):  # a bad override fails before anything trains
+        check_budget([Training("simclr", 0, odd.config, ("no_such_key=1",))], steps=5, nproc=1, out_dir=tmp_path)
+
+
+# -- table and figures ------------------------------------------------------------------------------------
+
+def _report(knn: float, nmi: list[float | None], skip_hdbscan: bool = False) -> dict:
+    metrics = {"knn_k20_weighted": knn, "linear_top1": knn + 1, "kmeans_nmi": 0.5, "anisotropy": 0.9}
+    skipped = {}
+    if skip_hdbscan:
+        skipped["hdbscan"] = "too few points"
+    else:
+        metrics["hdbscan_nmi"] = 0.3
+    sweep = [{"eps": 0.005 * i, "nmi": v, "ari": 0.0} for i, v in enumerate(nmi)]
+    return {"metrics": metrics, "skipped": skipped, "dbscan": sweep}
+
+
+def test_the_table_is_mean_and_sample_std_over_seeds_with_skips_explained():
+    reports = {"hypersolid": [_report(80.0, [0.1, 0.5, 0.3]), _report(83.0, [0.3, 0.2, None]),
+                              _report(86.5, [0.2, 0.2, 0.1])],
+               "simclr": [_report(90.0, [0.4, 0.1], skip_hdbscan=True)]}
+    summary = table.summarise(reports)
+    hs = summary["hypersolid"]["knn_k20_weighted"]
+    assert hs.mean == pytest.approx((80.0 + 83.0 + 86.5) / 3)
+    assert hs.std == pytest.approx(statistics.stdev([80.0, 83.0, 86.5]))
+    assert summary["simclr"]["knn_k20_weighted"].std is None  # one seed: no spread to report
+    assert "hdbscan_nmi" not in summary["simclr"] and "hdbscan_nmi" in summary["hypersolid"]
+    skipped = table.skipped_reasons(reports)
+    assert skipped["simclr"]["hdbscan_nmi"] == "too few points"
+    md = table.markdown(summary, {"hypersolid": {"seeds": 3, "train_s": [10.0, 12.0, 14.0]}}, skipped)
+    hs_row = [line for line in md.splitlines() if line.startswith("| hypersolid")][-1]  # the metrics table
+    assert f"{hs.mean:.2f} ± {hs.std:.2f}" in hs_row and "12 ± 2" in md
+    simclr_row = [line for line in md.splitlines() if line.startswith("| simclr")][-1]
+    assert "**90.00**" in simclr_row and "skipped" in simclr_row  # the best kNN in bold; HDBSCAN skipped
+    assert "simclr, hdbscan_nmi: skipped (too few points)" in md
+    # DBSCAN curves over the radii every seed computed; the mean and std of the NMI per radius.
+    eps, mean, std = figures.dbscan_curves(reports)["hypersolid"]
+    assert list(eps) == [0.0, 0.005]
+    assert list(mean) == pytest.approx([0.2, 0.3]) and std[0] == pytest.approx(statistics.stdev([0.1, 0.3, 0.2]))
+
+
+def test_the_figures_are_written(tmp_path):
+    reports = {"hypersolid": [_report(80.0, [0.0, 0.4, 0.1, 0.0, 0.0]), _report(82.0, [0.0, 0.3, 0.2, 0.0, 0.0])],
+               "byol": [_report(70.0, [0.0, 0.2, 0.0, 0.0, 0.0])]}
+    summary = table.summarise(reports)
+    for path in (figures.plot_dbscan(reports, tmp_path / "d.png", "t"), figures.plot_bars(summary, tmp_path / "b.png", "t")):
+        assert path is not None and path.stat().st_size > 5000 and path.read_bytes()[:4] == b"\x89PNG"
+    assert figures.plot_dbscan({"byol": [{"metrics": {}, "dbscan": []}]}, tmp_path / "none.png", "t") is None
+
+
+# -- the command ------------------------------------------------------------------------------------------
+
+def test_bad_input_is_one_error_line(tmp_path):
+    one_error_line(_compare("--methods", "simclr,moco", "--out", str(tmp_path / "a")), "moco", "choose from")
+    one_error_line(_compare("--setting", "mnist", "--methods", "simclr", "--out", str(tmp_path / "b")),
+                   "simclr_mnist.yaml does not exist", "quickstart")
+    one_error_line(_compare("--methods", "simclr", "--out", str(tmp_path / "c"), "optim.lr=fast"), "optim.lr")
+    lock = acquire_run_lock(tmp_path / "held")
+    try:
+        one_error_line(_compare("--quick", "--methods", "simclr", "--out", str(tmp_path / "held")),
+                       "in use by another comparison", "pid=")
+    finally:
+        lock.release()
+
+
+@pytest.mark.slow
+def test_a_failing_training_is_named_and_the_others_still_run(tmp_path):
+    configs = tmp_path / "configs"
+    (configs / "baselines").mkdir(parents=True)
+    # Loads, but has no data at run time: the training exits 2 with its one error line.
+    broken = (CONFIGS / "quickstart.yaml").read_text().replace("format: builtin", "format: imagefolder\n  "
+                                                                "path: /nonexistent/images")
+    (configs / "quickstart.yaml").write_text(broken)
+    (configs / "baselines" / "simclr_quickstart.yaml").write_text(
+        (CONFIGS / "baselines" / "simclr_quickstart.yaml").read_text())
+    out = tmp_path / "out"
+    proc = _compare("--configs", str(configs), "--methods", "hypersolid,simclr", "--seeds", "1", "--steps", "2",
+                    "--eval-samples", "300", "--no-mlflow", "--out", str(out))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "FAILED hypersolid-seed0: training failed (exit 2): error:" in proc.stdout
+    assert "/nonexistent/images" in proc.stdout
+    got = json.loads((out / "compare.json").read_text())["methods"]
+    assert list(got) == ["simclr"] and got["simclr"]["metrics"]["knn_k20_weighted"]["values"]
+
+
+@pytest.mark.slow
+def test_quick_comparison_end_to_end_then_resume(tmp_path):
+    out = tmp_path / "cmp"
+    proc = _compare("--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads((out / "compare.json").read_text())["methods"]
+    assert list(got) == list(METHODS)
+    state = json.loads((out / "state.json").read_text())
+    for method, row in got.items():
+        seeds = 2 if method in ("hypersolid", "simclr") else 1
+        assert row["seeds"] == seeds and row["images_seen"] == 6 * 128 and len(row["train_s"]) == seeds
+        for _label, key, _spec in table.METRICS:  # every column computed (or skipped with its reason)
+            assert key in row["metrics"] or key in json.loads((out / "compare.json").read_text())["skipped"].get(
+                method, {}), (method, key)
+        # The table's numbers are those of the evaluation reports.
+        knn = [json.loads((out / "eval" / f"{method}-seed{s}" / "report.json").read_text())["metrics"]
+               ["knn_k20_weighted"] for s in range(seeds)]
+        assert row["metrics"]["knn_k20_weighted"]["values"] == knn
+        assert (row["metrics"]["knn_k20_weighted"]["std"] is None) == (seeds == 1)
+        for s in range(seeds):
+            assert (out / "runs" / f"{method}-seed{s}" / "checkpoints" / "step_00000006.pt").exists()
+    for png in ("dbscan_nmi_vs_eps.png", "metrics.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    md = (out / "compare.md").read_text()
+    assert "768 images seen per training" in md and md.count("| hypersolid |") == 2
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("compare").experiment_id])
+    parent = [r for r in runs if r.info.run_id == state["parent_run_id"]]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == state["parent_run_id"]]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert parent[0].data.metrics["hypersolid.knn_k20_weighted_mean"] == pytest.approx(
+        got["hypersolid"]["metrics"]["knn_k20_weighted"]["mean"])
+    assert {a.path for a in client.list_artifacts(state["parent_run_id"])} >= {
+        "compare.md", "compare.json", "dbscan_nmi_vs_eps.png", "metrics.png"}
+    assert sorted(r.info.run_name for r in children) == sorted(
+        f"{m}-seed{s}" for m in METHODS for s in range(2 if m in ("hypersolid", "simclr") else 1))
+    assert all("eval/knn_k20_weighted" in r.data.metrics and "train/loss" in r.data.metrics for r in children)
+
+    # Again on the same directory, with one evaluation removed: only that one runs again.
+    (out / "eval" / "byol-seed0" / "report.json").unlink()
+    again = _compare("--quick", "--out", str(out))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    after = json.loads((out / "state.json").read_text())
+    assert after["parent_run_id"] == state["parent_run_id"]
+    for name, rec in after["runs"].items():
+        assert rec["train_s"] == state["runs"][name]["train_s"], name  # no training ran again
+        assert (rec["eval_s"] != state["runs"][name]["eval_s"]) == (name == "byol-seed0"), name
+    assert json.loads((out / "compare.json").read_text())["methods"]["byol"]["metrics"]["knn_k20_weighted"][
+        "values"] == got["byol"]["metrics"]["knn_k20_weighted"]["values"]  # the same checkpoint, the same kNN
