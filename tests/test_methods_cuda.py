@@ -24,7 +24,7 @@ def _step(backbone, method, device: str, bf16: bool) -> tuple[float, torch.Tenso
         loss, _ = method(views, backbone)
     loss.float().backward()
     grad = torch.cat([p.grad.flatten().float().cpu() for p in backbone.parameters()])
-    return float(loss), grad
+    return loss.detach().float().item(), grad
 
 
 @pytest.mark.parametrize("name", BASELINES)
@@ -35,7 +35,8 @@ def test_cuda_float32_equals_the_cpu_and_bf16_stays_close(name, monkeypatch):
     cpu_loss, cpu_grad = _step(*build(name), "cpu", bf16=False)
     gpu_loss, gpu_grad = _step(*build(name), "cuda", bf16=False)
     assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4, abs=1e-5)
-    torch.testing.assert_close(gpu_grad, cpu_grad, rtol=1e-3, atol=1e-5)
+    # Absolute tolerance on the gradient's scale (Barlow Twins' reach 75): only summation order differs.
+    torch.testing.assert_close(gpu_grad, cpu_grad, rtol=1e-3, atol=1e-5 * float(cpu_grad.abs().max()))
     bf_loss, bf_grad = _step(*build(name), "cuda", bf16=True)
     assert bf_loss == pytest.approx(cpu_loss, rel=5e-2, abs=5e-3), (bf_loss, cpu_loss)
     # bf16 rounds the projections: BYOL's small cosine loss moves most (0.95 on the CPU), a wrong path gives ~0
