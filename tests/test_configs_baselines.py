@@ -1,0 +1,247 @@
+"""The baseline configs (configs/baselines/<method>_<setting>.yaml): each loads, names its method, differs from
+its setting's Hypersolid config (configs/<setting>.yaml) only in the objective and in the keys its header
+documents, sees the views its method is defined on, and can take a training step.
+
+A fair comparison needs the same data, backbone, seed, global batch, training length and optimizer; what a
+baseline changes beyond its ``loss`` section is listed in ``DOCUMENTED`` (and named in the file's header).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from hypersolid_scale.config import Config, load_config, to_dict
+from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.methods import DINO, METHODS, Method, SwaV, count_global_views
+from hypersolid_scale.models import build_model
+from hypersolid_scale.nested import flatten
+from hypersolid_scale.optim import optimizer_factory
+from hypersolid_scale.run_builder import _method_model, _trainable_only
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+BASELINES = [m for m in METHODS if m != "hypersolid"]
+SETTINGS = ("quickstart", "cifar10", "cifar100")
+PATHS = sorted((CONFIGS / "baselines").glob("*.yaml"))
+CIFAR_PATHS = [p for p in PATHS if not p.stem.endswith("_quickstart")]
+TWO_VIEW = ("simclr", "vicreg", "barlowtwins", "byol")  # the others (DINO, SwaV) are multi-crop methods
+# Keys that do not take part in the comparison: the run's name, the objective, Hypersolid's own projector.
+NOT_COMPARED = ("run_dir", "loss.", "model.proj_")
+# What each baseline changes beyond the objective, by (setting, method); its header names every key.
+_CIFAR_TWO_VIEW = {"data.num_local_views", "data.global_crop_scale"}
+_CIFAR_MULTI_CROP = {"data.global_crop_scale", "data.local_crop_size", "data.local_crop_scale"}
+DOCUMENTED: dict[tuple[str, str], set[str]] = {
+    **{("quickstart", m): ({"data.num_local_views"} if m in TWO_VIEW else set()) for m in BASELINES},
+    **{(s, m): (_CIFAR_TWO_VIEW if m in TWO_VIEW else _CIFAR_MULTI_CROP) for s in ("cifar10", "cifar100")
+       for m in BASELINES},
+}
+CIFAR10_TRAIN_IMAGES = 50_000
+
+
+def _ids(path: Path) -> str:
+    return path.stem
+
+
+def _method_and_setting(path: Path) -> tuple[str, str]:
+    method, _, setting = path.stem.rpartition("_")
+    return method, setting
+
+
+def _header(path: Path) -> str:
+    lines = path.read_text().splitlines()
+    return "\n".join(lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))])
+
+
+def _compared(cfg: Config) -> dict[str, Any]:
+    return {k: v for k, v in flatten(to_dict(cfg)).items() if not k.startswith(NOT_COMPARED)}
+
+
+def _raw_diff(a: Path, b: Path) -> dict[str, tuple[Any, Any]]:
+    x, y = flatten(yaml.safe_load(a.read_text())), flatten(yaml.safe_load(b.read_text()))
+    return {k: (x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)}
+
+
+def test_every_method_has_a_config_for_every_setting() -> None:
+    """The globs below see every file, and no file outside the naming scheme escapes the checks."""
+    assert sorted(p.stem for p in PATHS) == sorted(f"{m}_{s}" for m in BASELINES for s in SETTINGS)
+
+
+@pytest.mark.parametrize("path", PATHS, ids=_ids)
+def test_the_config_loads_and_names_its_method(path: Path) -> None:
+    method, _ = _method_and_setting(path)
+    cfg = load_config(path)
+    assert cfg.loss.name == method
+    assert cfg.run_dir == f"runs/{path.stem}"
+    assert cfg.eval.features == "backbone"  # a baseline has no Hypersolid projector to evaluate
+
+
+@pytest.mark.parametrize("path", PATHS, ids=_ids)
+def test_only_the_objective_and_the_documented_keys_differ_from_hypersolid(path: Path) -> None:
+    """Data, backbone, seed, batch, epochs/max_steps, optimizer, engine, evaluation and checkpoints are the
+    Hypersolid config's; every difference is allow-listed in DOCUMENTED and named in the file's header."""
+    method, setting = _method_and_setting(path)
+    base, ours = _compared(load_config(CONFIGS / f"{setting}.yaml")), _compared(load_config(path))
+    assert ours.keys() == base.keys()
+    differ = {k for k in base if ours[k] != base[k]}
+    assert differ == DOCUMENTED[(setting, method)], {k: (base[k], ours[k]) for k in differ}
+    header = _header(path)
+    assert all(key in header for key in differ), f"{path.name}: the header must explain {sorted(differ)}"
+    for key in ("data.dataset", "data.format", "model.arch", "data.batch_size_per_gpu", "epochs", "max_steps",
+                "seed", "optim.name", "optim.lr", "optim.weight_decay"):
+        assert key not in differ  # what a fair comparison cannot give up, whatever DOCUMENTED says
+
+
+@pytest.mark.parametrize("path", PATHS, ids=_ids)
+def test_the_launch_command_runs_this_file_on_as_many_processes_as_hypersolid(path: Path) -> None:
+    """The global batch is data.batch_size_per_gpu x processes: the same launch width keeps it equal."""
+    _, setting = _method_and_setting(path)
+    launch = re.compile(r"--nproc_per_node=(\d+) launch/train.py --config (\S+)")
+    ours = launch.search(_header(path))
+    theirs = launch.search((CONFIGS / f"{setting}.yaml").read_text())
+    assert ours is not None and theirs is not None
+    assert ours.group(2) == f"configs/baselines/{path.name}"
+    assert ours.group(1) == theirs.group(1)
+
+
+@pytest.mark.parametrize("method", BASELINES)
+def test_cifar100_differs_from_cifar10_as_the_hypersolid_configs_do(method: str) -> None:
+    """The CIFAR-100 baseline is the CIFAR-10 one with the dataset swapped, as for Hypersolid."""
+    ours = _raw_diff(*(CONFIGS / "baselines" / f"{method}_{s}.yaml" for s in ("cifar10", "cifar100")))
+    base = _raw_diff(CONFIGS / "cifar10.yaml", CONFIGS / "cifar100.yaml")
+    assert ours.pop("run_dir") == (f"runs/{method}_cifar10", f"runs/{method}_cifar100")
+    base.pop("run_dir")
+    assert ours == base
+
+
+@pytest.mark.parametrize("path", PATHS, ids=_ids)
+def test_the_views_are_those_the_method_is_defined_on(path: Path) -> None:
+    """Two global views for the two-view methods; DINO and SwaV get multi-crop, with local views smaller than
+    the global ones (a view of the global size counts as global: it would reach DINO's teacher and SwaV's
+    assignments)."""
+    method, _ = _method_and_setting(path)
+    preset = resolve_preset(load_config(path).data)
+    views = [torch.zeros(1, preset.channels, s, s) for s in preset.view_sizes()]
+    assert count_global_views(views) == 2
+    assert (len(views) == 2) == (method in TWO_VIEW)
+
+
+def test_cifar_hyperparameters_follow_solo_learn() -> None:
+    """The values the headers cite from solo-learn's CIFAR configs (scripts/pretrain/cifar/<method>.yaml and
+    cifar-multicrop/swav.yaml), read back through the loader."""
+    expected = {
+        "simclr": {"hidden_dim": 2048, "out_dim": 256, "temperature": 0.2},
+        "vicreg": {"hidden_dim": 2048, "out_dim": 2048, "sim_coeff": 25.0, "std_coeff": 25.0, "cov_coeff": 1.0},
+        "barlowtwins": {"hidden_dim": 2048, "out_dim": 2048, "lambda_param": 0.0051},
+        "byol": {"hidden_dim": 4096, "out_dim": 256, "momentum_base": 0.99, "momentum_end": 1.0},
+        "dino": {"hidden_dim": 2048, "bottleneck_dim": 256, "out_dim": 4096, "teacher_temp": 0.07,
+                 "student_temp": 0.1, "momentum_base": 0.9995, "freeze_last_layer_epochs": 1},
+        "swav": {"hidden_dim": 2048, "out_dim": 128, "n_prototypes": 3000, "temperature": 0.1,
+                 "queue_length": 3840, "queue_start_epoch": 50},
+    }
+    for path in CIFAR_PATHS:
+        method, _ = _method_and_setting(path)
+        section = getattr(load_config(path).loss, method)
+        assert {k: getattr(section, k) for k in expected[method]} == expected[method], path.name
+    # SwaV freezes its prototypes for solo-learn's 2 epochs, in steps of the CIFAR global batch.
+    cfg = load_config(CONFIGS / "baselines" / "swav_cifar10.yaml")
+    assert cfg.loss.swav.freeze_prototypes_steps == 2 * (CIFAR10_TRAIN_IMAGES // cfg.data.batch_size_per_gpu)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One training step of each CIFAR baseline, built as the trainer builds it
+# ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _frozen_at_step_0(cfg: Config, method: Method) -> set[str]:
+    """Parameters the config's schedules keep frozen during the first step (their gradients are dropped):
+    DINO's last layer during the first loss.dino.freeze_last_layer_epochs, SwaV's prototypes during the
+    first loss.swav.freeze_prototypes_steps."""
+    if isinstance(method, DINO) and cfg.loss.dino.freeze_last_layer_epochs > 0:
+        return {f"method.head.last_layer.{n}" for n, p in method.head.last_layer.named_parameters()
+                if p.requires_grad}
+    if isinstance(method, SwaV) and cfg.loss.swav.freeze_prototypes_steps > 0:
+        return {f"method.prototypes.{n}" for n, _ in method.prototypes.named_parameters()}
+    return set()
+
+
+def _student_of(teacher_key: str) -> str:
+    """method.teacher_backbone.* -> backbone.*; method.teacher_<head>.* -> method.<head>.*"""
+    rest = teacher_key.removeprefix("method.teacher_")
+    return rest if rest.startswith("backbone.") else f"method.{rest}"
+
+
+def _assert_the_teacher_followed(teacher: dict[str, torch.Tensor], before: dict[str, torch.Tensor],
+                                 after: dict[str, torch.Tensor], name: str) -> None:
+    """Started as a copy of the student, and after one EMA step with 0 < momentum < 1 it has left
+    its initial weights without reaching the student's new ones."""
+    for k in teacher:
+        assert torch.equal(before[k], before[_student_of(k)]), f"{name}: {k} did not start as the student"
+    assert any(not torch.equal(v, before[k]) for k, v in teacher.items()), f"{name}: the teacher did not move"
+    assert any(not torch.equal(v, after[_student_of(k)]) for k, v in teacher.items())
+
+
+@pytest.mark.parametrize("path", CIFAR_PATHS, ids=_ids)
+def test_the_cifar_baseline_takes_a_training_step(path: Path, one_thread: None) -> None:
+    """Model and method as the trainer builds them (build_model, then the method on its backbone), the
+    config's optimizer over the trainable parameters, and one step on random 32 px views of the config's
+    sizes: a finite loss, every trainable parameter updated except what a schedule freezes, and the momentum
+    teacher (BYOL, DINO) moved towards the student."""
+    cfg = load_config(path)
+    torch.manual_seed(0)
+    spe = CIFAR10_TRAIN_IMAGES // cfg.data.batch_size_per_gpu
+    model = _method_model(cfg, build_model(cfg.model), steps_per_epoch=spe)
+    optimizer = _trainable_only(optimizer_factory(cfg.optim))(model.parameters())
+    before = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
+    preset = resolve_preset(cfg.data)
+    g = torch.Generator().manual_seed(0)
+    views = [torch.randn(4, preset.channels, s, s, generator=g) for s in preset.view_sizes()]
+
+    loss, _ = model(views)
+    assert loss.dim() == 0 and torch.isfinite(loss), f"{path.name}: loss {loss}"
+    loss.backward()
+    model.method.before_optimizer_step()
+    frozen = _frozen_at_step_0(cfg, model.method)
+    params = dict(model.named_parameters())
+    trainable = {k for k, p in params.items() if p.requires_grad}
+    assert frozen <= trainable
+    dropped = {k for k in trainable if params[k].grad is None}
+    assert dropped == frozen, f"{path.name}: no gradient: {sorted(dropped - frozen)[:5]}, " \
+                              f"not frozen: {sorted(frozen - dropped)[:5]}"
+    assert all(torch.isfinite(params[k].grad).all() for k in trainable - frozen)
+    optimizer.step()
+    model.method.after_step(0, 1000, model.backbone)
+
+    after = {k: p.detach() for k, p in model.named_parameters()}
+    unchanged = {k for k in trainable if torch.equal(after[k], before[k])}
+    assert not unchanged - frozen, f"{path.name}: not updated: {sorted(unchanged - frozen)[:5]}"
+    assert all(torch.isfinite(p).all() for p in after.values())
+    teacher = {k: v for k, v in after.items() if k.startswith("method.teacher_")}
+    assert bool(teacher) == (cfg.loss.name in ("byol", "dino"))
+    assert not any(params[k].requires_grad for k in teacher)
+    if teacher:
+        _assert_the_teacher_followed(teacher, before, after, path.name)
+    assert model.method.step == 1
+
+
+@pytest.mark.parametrize("method", ["dino", "swav"])
+def test_multi_crop_methods_refuse_local_views_as_large_as_the_global_ones(method):
+    """DINO and SwaV tell the views apart by size: equal sizes would silently make every view global."""
+    path = CONFIGS / "baselines" / f"{method}_cifar10.yaml"
+    with pytest.raises(ConfigError, match=r"local crops \(32 px\) are not smaller than the global ones \(32 px\)"):
+        load_config(path, ["data.local_crop_size=32"])
+    assert load_config(path, ["data.local_crop_size=32", "data.num_local_views=0"]).data.num_local_views == 0
