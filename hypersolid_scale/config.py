@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.eval.config import EvalConfig
-from hypersolid_scale.methods.config import METHODS, TrainLossConfig
+from hypersolid_scale.methods.config import METHODS, TrainLossConfig, validate_method_run
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import OptimConfig
@@ -186,27 +186,7 @@ def validate(cfg: Config) -> None:
             f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
             "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
         )
-    _validate_method(cfg)
-
-
-def _validate_method(cfg: Config) -> None:
-    """What a baseline (``loss.name`` other than hypersolid) cannot be combined with."""
-    name = cfg.loss.name
-    if name == "hypersolid":
-        return
-    if cfg.eval.features != "backbone":
-        raise ConfigError(f"eval.features={cfg.eval.features!r} reads Hypersolid's projector, which a loss.name={name} "
-                          "run does not train (its heads are the method's own); set eval.features=backbone")
-    # ZeRO 1/2 reduce the gradients into DeepSpeed's own partitioned buffers, out of reach of the step where
-    # DINO and SwaV drop the gradients of the parts their schedules keep frozen.
-    frozen = {"dino": ("loss.dino.freeze_last_layer_epochs", cfg.loss.dino.freeze_last_layer_epochs),
-              "swav": ("loss.swav.freeze_prototypes_steps", cfg.loss.swav.freeze_prototypes_steps)}.get(name)
-    if cfg.dist.engine == "deepspeed" and cfg.dist.zero_stage > 0 and frozen is not None and frozen[1] > 0:
-        raise ConfigError(
-            f"loss.name={name} with dist.engine=deepspeed and dist.zero_stage={cfg.dist.zero_stage}: {frozen[0]}="
-            f"{frozen[1]} freezes part of the head by dropping its gradients before the optimizer step, which "
-            "ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or "
-            f"{frozen[0]}=0")
+    validate_method_run(cfg)
 
 
 _RENAMED = {"dist.backend": "dist.transport"}  # former name -> name; old checkpoints' configs are migrated

@@ -147,7 +147,9 @@ def test_two_processes_equal_one_process(tmp_path: Path, method: str) -> None:
     first = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "one")[0])
     init = {k: v for k, v in ck.random_init_checkpoint(first)["model"].items() if k in one["model"]}
     assert init.keys() == one["model"].keys()  # the baseline's backbone starts as Hypersolid's would
-    assert max(relative_errors(one["model"], init).values()) > 1e-2
+    # Over tensors that start nonzero: a bias starting at 0 would divide its change by ~1e-12 and always pass.
+    moved = relative_errors(one["model"], {k: v for k, v in init.items() if v.abs().max() > 0})
+    assert max(moved.values()) > 1e-2, moved
     assert _logged_losses(tmp_path / "two") == pytest.approx(_logged_losses(tmp_path / "one"), rel=1e-5)
 
 

@@ -83,7 +83,10 @@ def test_two_processes_equal_one_process(train, engine: str) -> None:
     assert not bad, f"{engine}: 2 processes x {B} differ from 1 process x {2 * B} (relative): {bad}"
     # The test can fail: training moved the weights and statistics by far more than the tolerance.
     init = ck.random_init_checkpoint(train(engine, 1))["model"]
-    assert max(relative_errors(ref, init).values()) > 1e3 * RTOL
+    # Over floating tensors that start nonzero: a bias starting at 0 would divide by ~1e-12 and always pass.
+    started = [k for k, v in init.items() if v.is_floating_point() and v.abs().max() > 0]
+    moved = relative_errors({k: ref[k] for k in started}, {k: init[k] for k in started})
+    assert max(moved.values()) > 1e3 * RTOL, moved
 
 
 @pytest.mark.slow

@@ -12,7 +12,9 @@ usually shrink them (e.g. solo-learn's CIFAR configs use 2048-wide VICReg/Barlow
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
+from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.losses.config import LossConfig
 
@@ -178,3 +180,33 @@ class TrainLossConfig(LossConfig, MethodConfig):
     def validate(self) -> None:
         MethodConfig.validate(self)
         LossConfig.validate(self)
+
+
+def validate_method_run(cfg: Any) -> None:
+    """What a baseline (``loss.name`` other than hypersolid) cannot be combined with. ``cfg`` is the whole
+    run config (``hypersolid_scale.config.Config``, a layer above this module, hence untyped here)."""
+    name = cfg.loss.name
+    if name == "hypersolid":
+        return
+    if cfg.eval.features != "backbone":
+        raise ConfigError(f"eval.features={cfg.eval.features!r} reads Hypersolid's projector, which a loss.name={name} "
+                          "run does not train (its heads are the method's own); set eval.features=backbone")
+    # ZeRO 1/2 reduce the gradients into DeepSpeed's own partitioned buffers, out of reach of the step where
+    # DINO and SwaV drop the gradients of the parts their schedules keep frozen.
+    frozen = {"dino": ("loss.dino.freeze_last_layer_epochs", cfg.loss.dino.freeze_last_layer_epochs),
+              "swav": ("loss.swav.freeze_prototypes_steps", cfg.loss.swav.freeze_prototypes_steps)}.get(name)
+    if cfg.dist.engine == "deepspeed" and cfg.dist.zero_stage > 0 and frozen is not None and frozen[1] > 0:
+        raise ConfigError(
+            f"loss.name={name} with dist.engine=deepspeed and dist.zero_stage={cfg.dist.zero_stage}: {frozen[0]}="
+            f"{frozen[1]} freezes part of the head by dropping its gradients before the optimizer step, which "
+            "ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or "
+            f"{frozen[0]}=0")
+    if name in ("dino", "swav"):
+        # These methods tell a local view from a global one by its size (lightly's multi-crop convention).
+        preset = resolve_preset(cfg.data)
+        if preset.num_local_views > 0 and preset.local_crop_size >= preset.global_crop_size:
+            raise ConfigError(
+                f"loss.name={name} tells local views from global ones by their size, but the local crops "
+                f"({preset.local_crop_size} px) are not smaller than the global ones ({preset.global_crop_size} px): "
+                "every view would count as global; set a smaller data.local_crop_size (e.g. 18 for 32 px "
+                "CIFAR) or data.num_local_views=0")
