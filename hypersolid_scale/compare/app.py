@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,9 +59,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help="key=value overrides for every training (e.g. data.path=...)")
     args = p.parse_intermixed_args(list(argv))
     if args.quick:
-        given = set(argv)
         for key, value in QUICK.items():
-            if f"--{key.replace('_', '-')}" not in given:
+            flag = f"--{key.replace('_', '-')}"
+            if not any(a == flag or a.startswith(flag + "=") for a in argv):
                 setattr(args, key, value)
     return args
 
@@ -86,6 +87,14 @@ def _collect(paths: Paths, state: State, trainings: list[Training], budget: Budg
         i["train_s"].append(state.run(t.name).get("train_s", 0.0))
         i["eval_s"].append(state.run(t.name).get("eval_s", 0.0))
     return reports, info
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, unwound like Ctrl-C (``run_cli`` reports it and exits 130)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def main(argv: Sequence[str], repo: Path) -> int:
@@ -122,6 +131,9 @@ def main(argv: Sequence[str], repo: Path) -> int:
     print(header + f"\noutput: {out} (logs in {out / 'logs'})", flush=True)
     failures: dict[str, str] = {}
     status = "FAILED"
+    # SIGTERM (a scheduler's stop): unwind so that the parent run is closed KILLED; the children get their
+    # own SIGTERM from the kernel and checkpoint (runner._end_with_us).
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         with tqdm(total=2 * len(trainings), desc="compare", unit="stage", dynamic_ncols=True) as bar:
             for t in trainings:
@@ -153,6 +165,9 @@ def main(argv: Sequence[str], repo: Path) -> int:
         print(f"table: {md}\nfigures: {', '.join(str(p) for p in pngs) or 'none'}")
         status = "FINISHED" if not failures else "FAILED"
         return 0 if not failures else 1
+    except (KeyboardInterrupt, _Terminated):
+        status = "KILLED"
+        raise
     finally:
         if tracker is not None:
             tracker.close(status)
