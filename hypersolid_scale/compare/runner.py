@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -89,7 +90,7 @@ def _run(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> tuple[int
 def last_error(log: Path) -> str:
     """The line of ``log`` that says why a child failed (its ``error:`` line, else its last line)."""
     lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
-    errors = [ln for ln in lines if "error:" in ln.lower()]
+    errors = [ln for ln in lines if re.match(r"(\[rank \d+\] )?error:", ln)]  # the one-line errors of run_cli
     return (errors or lines or ["(no output)"])[-1][:300]
 
 
