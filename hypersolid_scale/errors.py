@@ -13,8 +13,10 @@ working.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Callable, Sequence
@@ -68,6 +70,23 @@ def _write_log(log_file: Path | None, text: str) -> None:
         pass  # the log is a convenience: failing to write it must not hide the error being reported
 
 
+def _tell_launcher(line: str) -> None:
+    """Hand our one line to torchrun, which then shows it as the failure's root cause in its own report
+    instead of a link to its docs. torchrun names the file in ``TORCHELASTIC_ERROR_FILE`` and shows its
+    ``py_callstack``. Written by hand in the library's own layout (``ErrorHandler.record_exception``)
+    because that writer stores the Python traceback, which this module keeps off the terminal. Only a rank
+    that prints the line writes it, so the root cause torchrun picks (the earliest) is the printed line."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):  # the first failure wins, as in torch's own handler
+        return
+    entry = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": entry}, f)
+    except OSError:
+        pass  # only a nicer report from the launcher is lost; our own line is already on stderr
+
+
 def report(err: UserError) -> None:
     """Print ``err``'s one line now (rank 0 only, unless ``per_rank``) and mark it reported, so that
     ``run_cli`` does not print it again.
@@ -79,6 +98,7 @@ def report(err: UserError) -> None:
         launched = "RANK" in os.environ or "SLURM_PROCID" in os.environ
         prefix = f"[rank {_rank()}] " if err.per_rank and launched else ""
         print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
+        _tell_launcher(f"{prefix}error: {err}")
     err.reported = True
 
 
@@ -109,6 +129,8 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
         if isinstance(err, UserError):
             report(err)
             return EXIT_BAD_INPUT
-        print(f"{prefix}error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
-              f"rerun with {DEBUG_ENV}=1 for the traceback{where})", file=sys.stderr)
+        line = (f"error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
+                f"rerun with {DEBUG_ENV}=1 for the traceback{where})")
+        print(f"{prefix}{line}", file=sys.stderr)
+        _tell_launcher(f"{prefix}{line}")
         return EXIT_INTERNAL

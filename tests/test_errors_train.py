@@ -137,7 +137,8 @@ def test_missing_data_path_shows_its_traceback_with_hs_debug(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_missing_data_path_under_torchrun_is_reported_once(tmp_path: Path) -> None:
     """Both ranks fail alike; rank 0 alone prints our line. torchrun then adds its own report (the failed
-    ranks, exit codes and the time), which the test leaves alone, apart from checking it exits non-zero."""
+    ranks, exit codes and the time), whose root cause is our line (handed over in its error file) instead
+    of a link to torch's docs."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env.pop("HS_DEBUG", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
@@ -145,9 +146,11 @@ def test_missing_data_path_under_torchrun_is_reported_once(tmp_path: Path) -> No
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    ours = [line for line in out.splitlines() if "error:" in line and "data.path" in line]
-    assert len(ours) == 1 and ours[0].startswith("error:"), out[-5000:]
+    ours = [line for line in out.splitlines() if line.startswith("error:") and "data.path" in line]
+    assert len(ours) == 1, out[-5000:]
     assert "hypersolid_scale" not in out.split(ours[0])[1], out[-5000:]  # no traceback of ours after it
+    root_cause = out.split("Root Cause")[1]
+    assert f"traceback : {ours[0]}" in root_cause, out[-5000:]
 
 
 # ----------------------------------------------------------------------------------------------------------
