@@ -137,6 +137,7 @@ class Source:
 
 def checkpoint_source(checkpoint: Path, overrides: list[str]) -> Source:
     """A training checkpoint of this package, evaluated on the data it records (or the overrides')."""
+    from hypersolid_scale.checkpoint import run_dir_of
     from hypersolid_scale.data import in_channels
 
     model, cfg, ckpt = load_model(checkpoint, overrides)
@@ -144,7 +145,7 @@ def checkpoint_source(checkpoint: Path, overrides: list[str]) -> Source:
         raise ConfigError(f"{cfg.data.describe()} has {in_channels(cfg.data)}-channel images but the "
                           f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
                           "training data")
-    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    run_dir = run_dir_of(checkpoint) or checkpoint.parent
     meta = {"checkpoint": str(checkpoint), "step": int(ckpt["step"]), "epoch": int(ckpt["epoch"]),
             "arch": cfg.model.arch}
     return Source(model, cfg, checkpoint, run_dir, file_fingerprint(checkpoint), meta,
@@ -199,8 +200,11 @@ def default_output_dir(checkpoint: Path, *, external: bool = False) -> Path:
     ``<dirname(weights)>/eval/<stem>`` for the weights of a published backbone."""
     if external:
         return checkpoint.parent / "eval" / checkpoint.stem
-    if checkpoint.parent.name == "checkpoints":
-        return checkpoint.parent.parent / "eval" / checkpoint.stem
+    from hypersolid_scale.checkpoint import run_dir_of
+
+    run_dir = run_dir_of(checkpoint)
+    if run_dir is not None:
+        return run_dir / "eval" / checkpoint.stem
     return checkpoint.parent / f"eval_{checkpoint.stem}"
 
 

@@ -5,8 +5,8 @@ A checkpoint is ``<run_dir>/checkpoints/step_<step:08d>.pt``, one file per save,
 converted to tensors / ints), so loading never executes pickled code. ``run_state`` decides what a run's
 checkpoint holds and ``restore_run_state`` puts it back; the keys::
 
-    model  optimizer  step  epoch  rng (one per rank)  loader  config  config_fingerprint
-    mlflow_run_id  tracking_uri  world_size  format_version
+    model  method (baselines only)  optimizer  step  epoch  rng (one per rank)  loader  config
+    config_fingerprint  mlflow_run_id  tracking_uri  world_size  format_version
 
 (Checkpoints written before ``world_size`` was stored resume under any world size; the ``scheduler`` entry
 of older checkpoints is ignored: the learning rate is a function of the step.)
@@ -24,7 +24,7 @@ world size, a full disk) raises :class:`~hypersolid_scale.errors.CheckpointError
 from hypersolid_scale.checkpoint.files import (FORMAT_VERSION, REQUIRED_KEYS, BadCheckpoint, CheckpointMissing,
                                                atomic_save, checkpoint_dir, checkpoint_path, delete_stale_tmp,
                                                find_resume_checkpoint, list_checkpoints, load_checkpoint,
-                                               prune_checkpoints, save_checkpoint)
+                                               prune_checkpoints, run_dir_of, save_checkpoint)
 from hypersolid_scale.checkpoint.run_state import (build_model_from_checkpoint, check_compatible,
                                                    random_init_checkpoint, resolve_resume, restore_run_state,
                                                    rng_state, run_state, set_aside_checkpoints,
@@ -35,6 +35,6 @@ __all__ = [
     "build_model_from_checkpoint",
     "check_compatible", "checkpoint_dir", "checkpoint_path", "delete_stale_tmp", "find_resume_checkpoint",
     "list_checkpoints", "load_checkpoint", "prune_checkpoints", "random_init_checkpoint", "resolve_resume",
-    "restore_run_state", "rng_state", "run_state", "save_checkpoint", "set_aside_checkpoints",
+    "restore_run_state", "rng_state", "run_dir_of", "run_state", "save_checkpoint", "set_aside_checkpoints",
     "set_rng_state",
 ]

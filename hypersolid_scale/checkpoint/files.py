@@ -32,8 +32,17 @@ class BadCheckpoint(CheckpointError, ValueError):
     """Unreadable, foreign, or not resumable by this run (also a ``ValueError``, for callers that catch that)."""
 
 
+CHECKPOINT_DIR = "checkpoints"  # <run_dir>/checkpoints/step_<8 digits>.pt (docs/design.md §5)
+
+
 def checkpoint_dir(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return Path(run_dir) / CHECKPOINT_DIR
+
+
+def run_dir_of(path: str | os.PathLike) -> Path | None:
+    """The run directory a checkpoint file sits in, or None for a file outside any run's layout."""
+    parent = Path(path).parent
+    return parent.parent if parent.name == CHECKPOINT_DIR else None
 
 
 def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:

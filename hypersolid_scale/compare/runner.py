@@ -38,7 +38,9 @@ class Paths:
         return self.out / "runs" / t.name
 
     def checkpoint(self, t: Training, steps: int) -> Path:
-        return self.run_dir(t) / "checkpoints" / f"step_{steps:08d}.pt"
+        from hypersolid_scale.checkpoint import checkpoint_path  # torch only when a checkpoint is looked for
+
+        return checkpoint_path(self.run_dir(t), steps)
 
     def eval_dir(self, t: Training) -> Path:
         return self.out / "eval" / t.name

@@ -11,7 +11,6 @@ Modules: ``process_group`` (launcher environment, device, transport, the default
 from hypersolid_scale.distributed.batchnorm import (
     SYNC_BN_CHOICES,
     GlobalBatchNorm,
-    all_reduce_sum_differentiable,
     convert_batchnorm,
     convert_global_batchnorm,
 )
@@ -21,6 +20,7 @@ from hypersolid_scale.distributed.collectives import (
     all_reduce_max_flag,
     all_reduce_packed,
     all_reduce_sum,
+    all_reduce_sum_differentiable,
     barrier,
     broadcast_object,
     gather_objects,

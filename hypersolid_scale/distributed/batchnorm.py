@@ -1,4 +1,4 @@
-"""BatchNorm over the GLOBAL batch on any device and backend, gloo on CPU included (docs/design.md §3b).
+"""BatchNorm over the GLOBAL batch on any device and transport, gloo on CPU included (docs/design.md §3b).
 
 With P processes each holding B/P images, a plain BatchNorm normalises over B/P images and P processes no
 longer train the network that one process trains on the concatenated batch. torch's ``nn.SyncBatchNorm``
@@ -11,7 +11,7 @@ Per channel, over every element of every rank's input (N_g elements in all):
     var  = Σ_ranks Σ (x - mean)² / N_g          (all-reduce 2: two passes, no E[x²] - E[x]² cancellation)
     y    = (x - mean) / sqrt(var + eps) · weight + bias
 
-Both all-reduces are differentiable (:func:`all_reduce_sum_differentiable`): the backward of a sum
+Both all-reduces are differentiable (``collectives.all_reduce_sum_differentiable``): the backward of a sum
 all-reduce is a sum all-reduce of the incoming gradients (its exact adjoint), so the backward carries the
 cross-rank terms of the statistics exactly as one process would. Each rank's gradient is then the gradient
 of the sum of all ranks' losses, as with SyncBatchNorm; the engines' gradient averaging and the loss's
@@ -35,38 +35,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parameter import is_lazy
 
-from hypersolid_scale.distributed.collectives import get_world_size
+from hypersolid_scale.distributed.collectives import all_reduce_sum_differentiable, get_world_size
 from hypersolid_scale.errors import ConfigError
-
-
-class _AllReduceSum(torch.autograd.Function):
-    """y = Σ_ranks x on every rank; backward: grad_x = Σ_ranks grad_y (the adjoint of a sum all-reduce)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        out = x.clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous().clone()  # all_reduce works in place; autograd's buffer may be shared
-        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
-        return grad, None
-
-
-def all_reduce_sum_differentiable(x: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """Σ_ranks x, differentiable: the backward all-reduces the incoming gradient. Identity on one rank."""
-    if get_world_size(group) == 1:
-        return x
-    return _AllReduceSum.apply(x, group)
 
 
 # Input ranks each converted class accepted, so that the converted layer still refuses the wrong input.

@@ -3,7 +3,9 @@
 The repulsion's cross-rank contract (docs/design.md §3) needs one forward collective for the embeddings (an
 all_gather of the *detached* rows) and one for the statistics (:func:`all_reduce_packed`). Nothing here is
 differentiable on purpose: the loss builds the gradient of the global objective from local rows only, so no
-collective runs in backward (GlobalBatchNorm's differentiable all-reduce lives with it, in batchnorm.py).
+collective runs in its backward. The one differentiable collective, :func:`all_reduce_sum_differentiable`,
+serves GlobalBatchNorm's statistics (docs/design.md §3b). The baselines' own gathers are lightly's
+(``lightly.utils.dist.gather``), inside the library's losses and in ``methods/redundancy.py``.
 None of the tensor collectives reads a device value on the host, except the row-count exchange of
 :func:`all_gather_detached` for ranks of unequal sizes. The object collectives (:func:`broadcast_object`,
 :func:`gather_objects`) pickle small Python values: a path, a run id, RNG states, optimizer shards.
@@ -143,3 +145,27 @@ def gather_objects(obj: object) -> list[object] | None:
     out: list[object] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(obj, out, dst=0)
     return out
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """y = Σ_ranks x on every rank; backward: grad_x = Σ_ranks grad_y (the adjoint of a sum all-reduce)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        out = x.clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous().clone()  # all_reduce works in place; autograd's buffer may be shared
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad, None
+
+
+def all_reduce_sum_differentiable(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Σ_ranks x, differentiable: the backward all-reduces the incoming gradient. Identity on one rank."""
+    if get_world_size(group) == 1:
+        return x
+    return _AllReduceSum.apply(x, group)
