@@ -70,16 +70,30 @@ def _write_log(log_file: Path | None, text: str) -> None:
         pass  # the log is a convenience: failing to write it must not hide the error being reported
 
 
-def _tell_launcher(line: str) -> None:
+# How the collectives report that another rank is gone (gloo, NCCL, the TCP store), as opposed to a failure
+# of this rank's own; matched on the text because errors.py sits below torch.distributed.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
+              "remote process exited or there was a network error", "Broken pipe")
+
+
+def _peer_gone(err: BaseException) -> bool:
+    """True when ``err`` is a collective failing because another rank stopped (its error is that rank's)."""
+    launched_many = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")) or 1) > 1
+    names = {cls.__name__ for cls in type(err).__mro__}
+    return launched_many and ("DistNetworkError" in names or any(text in str(err) for text in _PEER_GONE))
+
+
+def _tell_launcher(line: str, *, later: int = 0) -> None:
     """Hand our one line to torchrun, which then shows it as the failure's root cause in its own report
     instead of a link to its docs. torchrun names the file in ``TORCHELASTIC_ERROR_FILE`` and shows its
     ``py_callstack``. Written by hand in the library's own layout (``ErrorHandler.record_exception``)
     because that writer stores the Python traceback, which this module keeps off the terminal. Only a rank
-    that prints the line writes it, so the root cause torchrun picks (the earliest) is the printed line."""
+    that prints the line writes it, so the root cause torchrun picks (the earliest, in whole seconds) is the
+    printed line; ``later`` dates an entry that must not win a tie (a rank stopped by another's failure)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # the first failure wins, as in torch's own handler
         return
-    entry = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}
+    entry = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()) + later)}}
     try:
         with open(path, "w") as f:
             json.dump({"message": entry}, f)
@@ -129,6 +143,12 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
         if isinstance(err, UserError):
             report(err)
             return EXIT_BAD_INPUT
+        if _peer_gone(err):  # not this rank's failure: point at the one that is, and leave torchrun's root cause
+            line = (f"error: stopped because another rank stopped first; its error line above (and the launcher's "
+                    f"report) says why{where}")
+            print(f"{prefix}{line}", file=sys.stderr)
+            _tell_launcher(f"{prefix}{line}", later=1)
+            return EXIT_INTERNAL
         line = (f"error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
                 f"rerun with {DEBUG_ENV}=1 for the traceback{where})")
         print(f"{prefix}{line}", file=sys.stderr)

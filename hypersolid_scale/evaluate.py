@@ -218,9 +218,10 @@ def eval_datasets(cfg: Any, checkpoint: Path | None) -> tuple[Dataset, Dataset]:
         # The location comes from the checkpoint's config, written where it was trained: say how to move it.
         cls = ConfigError if isinstance(err, ConfigError) else DataError
         where = "given" if checkpoint is None else f"recorded in checkpoint {str(checkpoint)!r}"
+        damaged = isinstance(err, DataError) and "hypersolid_scale.data.convert" in str(err)  # fix already named
+        hint = "" if damaged else ". Pass data.path=... (and data.test_path=...) to point at that data on this machine"
         raise cls(f"cannot open the evaluation data {where} "
-                  f"({cfg.data.describe()}, data.path={cfg.data.path!r}): {err}. Pass data.path=... "
-                  "(and data.test_path=...) to point at that data on this machine") from None
+                  f"({cfg.data.describe()}, data.path={cfg.data.path!r}): {err}{hint}") from None
 
 
 def sample_images(ds: Dataset, cfg: Any, n: int, seed: int) -> Images:

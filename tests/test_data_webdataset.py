@@ -22,6 +22,7 @@ from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_l
 from hypersolid_scale.data.presets import PRESETS
 from hypersolid_scale.data.shards import shard_key, split_urls
 from hypersolid_scale.data.webdataset import ShardIndexDataset, WebDatasetLoader
+from hypersolid_scale.errors import DataError
 
 CPU = torch.device("cpu")
 PRESET = PRESETS["fashion_mnist"].__class__(**{**PRESETS["fashion_mnist"].__dict__, "num_local_views": 1})
@@ -108,8 +109,18 @@ def test_missing_or_unreadable_shard_is_named(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="shard-000002.tar"):
         loader(str(tmp_path / "shard-{000000..000002}.tar"))
     (tmp_path / "shard-000002.tar").write_bytes(b"\x00garbage" * 700)
-    with pytest.raises(RuntimeError, match="cannot read shard .*shard-000002.tar"):
+    with pytest.raises(DataError, match="cannot read shard .*shard-000002.tar.*not a tar archive.*data.convert"):
         list(loader(str(tmp_path / "shard-000000.tar") + "," + str(tmp_path / "shard-000002.tar")))
+
+
+def test_shards_without_a_usable_sample_are_a_data_error(tmp_path, converted) -> None:
+    for shard in (converted / "train").glob("*.tar"):  # the manifest still promises 20 samples each
+        write_shard(shard, [])
+    with pytest.raises(DataError, match=r"shards \[.*shard-00000.\.tar.*\] hold no samples .*data.convert"):
+        list(loader(str(converted / "train"), max_lost_fraction=1.0))
+    make_shards(tmp_path / "bad", [10], corrupt={0: 10})
+    with pytest.raises(DataError, match="no sample of shards .*shard-000000.tar.* decodes"):
+        list(loader(str(tmp_path / "bad"), batch_size=4))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -269,7 +280,7 @@ def test_missing_or_unreadable_remote_shard_is_named(converted, http_server) -> 
         loader(f"{base}/train/shard-000000.tar,{gone}")  # counting reads it
     # Listed in the manifest, so nothing reads it before the stream does.
     gone = f"pipe:cat {converted}/elsewhere/train/shard-000000.tar"
-    with pytest.raises(RuntimeError, match=f"cannot read shard '{gone}'.*exit 1"):
+    with pytest.raises(DataError, match=f"cannot read shard '{gone}'.*exit 1.*leave it out of data.path"):
         list(loader(gone, manifest=manifest, num_workers=0))
     (converted / "train" / "shard-000003.tar").write_bytes(b"\x00garbage" * 700)
     with pytest.raises(RuntimeError, match="cannot read shard .*shard-000003.tar"):
@@ -279,8 +290,9 @@ def test_missing_or_unreadable_remote_shard_is_named(converted, http_server) -> 
 @pytest.mark.slow  # torch takes ~10 s to shut down DataLoader workers after one of them raised
 def test_unreadable_shard_is_named_from_a_dataloader_worker(converted) -> None:
     gone = f"pipe:cat {converted}/elsewhere/train/shard-000000.tar"
-    with pytest.raises(RuntimeError, match=f"cannot read shard '{gone}'"):
+    with pytest.raises(DataError, match=f"^cannot read shard '{gone}'") as err:
         list(loader(gone, manifest=str(converted / "manifest.json"), num_workers=2))
+    assert "\n" not in str(err.value)  # the worker's own one-line message, not its traceback
 
 
 def labels_by_shard(batches: list) -> list[int]:
@@ -330,7 +342,7 @@ def test_shard_truncated_inside_a_member_keeps_the_samples_before_the_break(conv
 
 def test_losing_more_than_max_lost_fraction_is_an_error(converted) -> None:
     truncate_before_sample(converted / "train" / "shard-000001.tar", 5)
-    with pytest.raises(RuntimeError, match=r"lost 15 samples in epoch 0.*max_lost_fraction=0.01.*"
+    with pytest.raises(DataError, match=r"lost 15 samples in epoch 0.*max_lost_fraction=0.01.*"
                                            r"shard-000001.tar: 15 lost \(short\).*raise data.max_lost_fraction"):
         with pytest.warns(UserWarning):
             list(loader(str(converted / "train"), num_workers=2))

@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from hypersolid_scale.errors import DataError
+
 MANIFEST = "manifest.json"
 
 
@@ -147,6 +149,11 @@ def find_manifest(path: Optional[str]) -> Optional[dict]:
     p = Path(path.split("{")[0]) if "{" in path else Path(path)
     for d in (p, p.parent, p.parent.parent):
         if (d / MANIFEST).is_file():
-            with open(d / MANIFEST) as f:
-                return json.load(f)
+            try:
+                with open(d / MANIFEST) as f:
+                    return json.load(f)
+            except (OSError, ValueError) as e:
+                raise DataError(f"cannot read the conversion manifest {d / MANIFEST}: {type(e).__name__}: {e}; "
+                                "re-create it with `python -m hypersolid_scale.data.convert`, or remove it "
+                                "(sample counts are then read from the shards)") from e
     return None

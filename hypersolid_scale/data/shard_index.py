@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from hypersolid_scale.data.shards import (COUNTERS, IMAGE_EXTS, Event, Manifest, ShardReader, apply_events,
                                           expand_shards, is_local, local_path, scan_local)
+from hypersolid_scale.errors import DataError
 
 Item = tuple[str, int, int, int]  # (file, offset, size, label)
 # (url, manifest source, verify) -> (items in the spill file, events of the streamed read): a remote shard
@@ -174,4 +175,5 @@ class ShardIndexDataset(Dataset):
                               f"{type(e).__name__}: {e}; index {i} gets the next decodable sample")
                 continue
             return (self.transform(img) if self.transform else img), label
-        raise RuntimeError(f"samples {i}..{i + _MAX_FILL - 1} of the evaluation shards do not decode; check the shards")
+        raise DataError(f"samples {i}..{i + _MAX_FILL - 1} of the evaluation shards do not decode; re-create the "
+                        "shards from the source images with `python -m hypersolid_scale.data.convert`")

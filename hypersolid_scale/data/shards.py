@@ -15,7 +15,8 @@ Integrity (what a shard is checked against when it has been read to its end):
 A shard that breaks in the middle of a member yields the samples before the break. Each finding is an
 event `{"kind", "url", "lost", "message"}` (kinds: EVENT_COUNTER, and "verified" for a matching sha256,
 which says nothing); the loaders count and warn. A shard
-that cannot be opened or is not a tar archive raises an error naming it.
+that cannot be opened or is not a tar archive raises a `DataError` naming it and saying how to fix it
+(the user's data, not a bug: the entry points report it in one line with exit code 2).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from braceexpand import braceexpand
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from hypersolid_scale.data.common import find_manifest
+from hypersolid_scale.errors import DataError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 Sample = dict[str, Any]
@@ -47,6 +49,9 @@ EVENT_COUNTER = {"corrupt": "corrupt_skipped", "short": "short_shards", "truncat
                  "checksum": "checksum_mismatches", "stale": "stale_manifest_entries"}
 COUNTERS = ("corrupt_skipped", "lost_samples", "short_shards", "truncated_shards", "checksum_mismatches",
             "stale_manifest_entries")
+# The fix offered for a shard that is no tar archive, or a damaged one.
+RECREATE = ("re-create damaged shards from the source images with `python -m hypersolid_scale.data.convert`, or "
+            "leave them out of data.path")
 # Schemes the webdataset library opens with a subprocess (shell command, curl, ...).
 _LIBRARY_SCHEMES = {"pipe", "http", "https", "sftp", "ftps", "scp", "ais", "htgs", "hf"}
 _SHARD_NAME = re.compile(r"(?:([^/\s:'\"]+)/)?([^/\s'\"]+\.(?:tar|tgz|tar\.gz))(?=$|[\s?#'\"])")
@@ -86,7 +91,8 @@ def expand_shards(urls: str) -> list[str]:
         return shards
     shards = split_urls(urls)
     if not shards:
-        raise ValueError(f"no shard URL in {urls!r}")
+        raise DataError(f"no shard URL in {urls!r}: set data.path to a directory of .tar shards or to a "
+                        "pattern such as 'dir/shard-{000000..000009}.tar'")
     for s in shards:
         if is_local(s):
             if not os.path.isfile(local_path(s)):
@@ -137,7 +143,8 @@ class Manifest:
             with open_url(url) as f:
                 return cls(json.loads(f.read()), url)
         except (OSError, ValueError, RuntimeError) as e:
-            raise RuntimeError(f"cannot read the manifest {url!r} (data.manifest): {type(e).__name__}: {e}") from e
+            raise DataError(f"cannot read the manifest {url!r} (data.manifest): {type(e).__name__}: {e}; point "
+                            "data.manifest at the manifest.json the converter wrote") from e
 
     @classmethod
     def locate(cls, shards: list[str], explicit: Optional[str]) -> Optional["Manifest"]:
@@ -234,7 +241,7 @@ class ShardReader:
         try:
             stream = _Tracked(open_url(url), want_sha)
         except Exception as e:  # noqa: BLE001 - any failure to open is "cannot read", named
-            raise RuntimeError(f"cannot read shard {url!r}: {type(e).__name__}: {e}") from e
+            raise unreadable(url, e) from e
         got = position = 0
         try:
             files = tar_file_expander([{"url": url, "stream": stream}], handler=stop)
@@ -256,9 +263,9 @@ class ShardReader:
 
     def account(self, url: str, got: int, entry: Optional[dict], *, error: Optional[Exception], readable: bool,
                 no_marker: bool, sha: Optional[str], share: Optional[tuple[int, int]] = None) -> None:
-        """Compare what a shard delivered with what it should hold; raise if it is no tar at all."""
+        """Compare what a shard delivered with what it should hold; a `DataError` if it is no tar at all."""
         if error is not None and not readable:
-            raise RuntimeError(f"cannot read shard {url!r}: {_describe(error)}")
+            raise unreadable(url, error)
         expected = int(entry["count"]) if entry else None
         lost = _share(got, expected, share) if expected is not None else 0
         missing = (f"{expected - got} of its {expected} samples (manifest) are lost" if expected is not None
@@ -285,6 +292,17 @@ class ShardReader:
 
     def _event(self, kind: str, url: str, lost: int, message: str) -> None:
         self.events.append({"kind": kind, "url": url, "lost": float(lost), "message": message})
+
+
+def unreadable(url: str, error: Exception) -> DataError:
+    """The error for a shard that yields nothing: one that cannot be opened or fetched (an OSError: the
+    file, the address, the command) or whose bytes are no tar archive."""
+    if isinstance(error, OSError):
+        fix = ("check that it exists and is readable (for a URL or a pipe: command, the address, its "
+               "credentials and the network), or leave it out of data.path")
+    else:
+        fix = f"it is not a tar archive, or a damaged one: {RECREATE}"
+    return DataError(f"cannot read shard {url!r}: {_describe(error)}; {fix}")
 
 
 def _describe(exn: Exception) -> str:
@@ -349,7 +367,7 @@ def scan_local(url: str) -> tuple[list[tuple[str, dict[str, tarfile.TarInfo]]], 
                 groups.setdefault(os.path.join(os.path.dirname(m.name), stem), {})[ext.lower()] = m
             end = tar.offset
     except (tarfile.TarError, OSError, EOFError) as e:
-        raise RuntimeError(f"cannot read shard {url!r}: {type(e).__name__}: {e}") from e
+        raise unreadable(url, e) from e
     with open(path, "rb") as f:
         f.seek(end)
         block = f.read(512)

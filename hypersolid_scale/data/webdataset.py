@@ -18,8 +18,9 @@ used), a missing tar end marker, a sha256 mismatch (with data.verify_shards) eac
 count (`stats`: short_shards, truncated_shards, lost_samples, checksum_mismatches). When the samples a
 rank's shards lost in an epoch exceed max_lost_fraction of the samples it reads per epoch, iteration
 raises an error naming the shards (undecodable samples are warned about one by one and do not count).
-A shard that is missing, cannot be opened or is no tar archive raises an error naming it. `stats` are
-this rank's counts; the trainer sums them over ranks before logging.
+A shard that is missing, cannot be opened or is no tar archive raises an error naming it. These errors
+are `DataError`s (the user's data, reported in one line), also when a DataLoader worker met them. `stats`
+are this rank's counts; the trainer sums them over ranks before logging.
 
 What this loader promises, and what it does not (compare docs/design.md §3b, which the in-memory, map-style and
 FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W streams, b = batch per rank:
@@ -62,10 +63,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.shards import (COUNTERS, IMAGE_EXTS, Event, Manifest, Sample, ShardReader,
+from hypersolid_scale.data.shards import (COUNTERS, IMAGE_EXTS, RECREATE, Event, Manifest, Sample, ShardReader,
                                           apply_events, count_samples, expand_shards, is_local)
 from hypersolid_scale.data.shard_index import ShardIndexDataset
 from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
+from hypersolid_scale.errors import DataError
 
 __all__ = ["WebDatasetLoader", "ShardIndexDataset", "decode_image", "decode_label", "expand_shards"]
 
@@ -133,9 +135,11 @@ class _ShardStream(IterableDataset):
                 produced += 1
                 yield sample
             if produced == 0:
-                raise RuntimeError(f"shards {mine} hold no samples for stream {stream}")
+                raise DataError(f"shards {mine} hold no samples (rank {self.rank}, stream {stream}): they are "
+                                f"empty or damaged; {RECREATE}")
             if decoded["tried"] > tried and decoded["good"] == good:  # would cycle forever
-                raise RuntimeError(f"no sample of shards {mine} decodes (stream {stream}); check the shards")
+                raise DataError(f"no sample of shards {mine} decodes to an image with a .cls label (rank "
+                                f"{self.rank}, stream {stream}): {RECREATE}")
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], int, str]]:
         info = get_worker_info()
@@ -244,12 +248,12 @@ class WebDatasetLoader(ResumableEpochs):
                             worker_init_fn=_seed_worker, generator=gen)
         per_epoch = self._len * self.batch_size
         lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
-        for views, labels, events in loader:
+        for views, labels, events in _unwrapped(loader):
             for text in events:
                 if text:
                     self._record(json.loads(text), lost)
             if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
-                raise RuntimeError(self._loss_message(lost, per_epoch))
+                raise DataError(self._loss_message(lost, per_epoch))
             self._count()
             yield views, labels
         self._skip = 0
@@ -275,3 +279,23 @@ class WebDatasetLoader(ResumableEpochs):
                 f"the {per_epoch} it reads per epoch, over data.max_lost_fraction={self.max_lost_fraction}. "
                 f"Shards: {shards}{more}. Repair or re-convert them (python -m hypersolid_scale.data.convert), "
                 f"or raise data.max_lost_fraction to train on what is left (1.0 never stops).")
+
+
+# How a DataError's type and message end the traceback text that a DataLoader worker sends back.
+_DATA_ERROR_LINE = f"{DataError.__module__}.{DataError.__qualname__}: "
+
+
+def _unwrapped(loader: DataLoader) -> Iterator[Any]:
+    """`loader`'s items; a DataError from a worker comes back with its own one-line message.
+
+    The DataLoader re-raises a worker's exception as the same type built from the worker's whole traceback
+    text, which would put that traceback into the one line the user is shown; the worker's traceback stays
+    attached as the cause, for the log file and HS_DEBUG=1.
+    """
+    try:
+        yield from loader
+    except DataError as err:
+        text = str(err)
+        if "Original Traceback" not in text or _DATA_ERROR_LINE not in text:
+            raise
+        raise DataError(text.rsplit(_DATA_ERROR_LINE, 1)[1].strip()) from err
