@@ -34,6 +34,7 @@ an error (a non-finite loss raises and leaves the last good checkpoint intact).
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,7 @@ from hypersolid_scale.config import Config, load_config, save_config, to_dict
 from hypersolid_scale.distributed import (WorldInfo, all_reduce_sum, barrier, broadcast_object, cleanup,
                                           init_distributed)
 from hypersolid_scale.errors import EXIT_BAD_INPUT, UserError, report
+from hypersolid_scale.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.losses import PackedStats
 from hypersolid_scale.losses.stats import pack
 from hypersolid_scale.monitor import log_monitor, memory_gb, plot_loss, summed_loader_stats
@@ -197,6 +199,12 @@ def train(cfg: Config, *, early_signals: Sequence[int] = ()) -> int:
     ``early_signals``: preemption signals received before training (see ``preemption.preemption_handlers``).
     """
     info, device = init_distributed(cfg.dist.device, cfg.dist.transport, cfg.dist.timeout_minutes)
+    # From here a dead launcher means "checkpoint and stop" (launch/train.py killed us outright before the
+    # process group was up); the parent died in between if the kernel no longer sees it.
+    if not die_with_parent(signal.SIGTERM):
+        cleanup()
+        print("error: the launcher (torchrun / srun) exited while this worker started; exiting", file=sys.stderr)
+        return EXIT_ORPHANED
     lock: RunLock | None = None
     try:
         with preemption_handlers(early_signals):

@@ -7,7 +7,8 @@ Exit code 75 means "preempted, checkpoint written, requeue me"; 0 means finished
 (a bad config, missing data, an unusable checkpoint, a full disk, an unreachable tracking server, a run_dir
 locked by another live training), reported in one line; 1 an internal error (the traceback goes to
 <run_dir>/logs/errors.log, and to the terminal with HS_DEBUG=1). Under torchrun / srun the workers stop
-(SIGTERM: checkpoint, exit 75) when the launcher dies, even by SIGKILL.
+when the launcher dies, even by SIGKILL: at once while they start (nothing to save yet), and by checkpointing
+and exiting 75 once their process group is up.
 """
 
 import os
@@ -29,9 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from hypersolid_scale.lifeline import EXIT_ORPHANED, die_with_parent  # noqa: E402  (stdlib only: fast)
 
-# Under torchrun / srun, the launcher's death sends SIGTERM (recorded above: one step, checkpoint, exit 75);
-# a launcher that died before this line leaves nothing to checkpoint for, so the worker just leaves.
-if not die_with_parent(signal.SIGTERM, parent=_PARENT):
+# Under torchrun / srun, the launcher's death kills the worker outright while it starts: there is nothing
+# to checkpoint yet, and the rendezvous would wait for a launcher that is gone (torchrun hosts its store) for
+# dist.timeout_minutes, inside C++ where no Python signal handler runs. Once the process group is up, the
+# trainer asks for SIGTERM instead (one step, checkpoint, exit 75: hypersolid_scale.train). A launcher that
+# died before this line leaves nothing to checkpoint for, so the worker just leaves.
+if not die_with_parent(signal.SIGKILL, parent=_PARENT):
     print("error: the launcher (torchrun / srun) exited before this worker started; exiting", file=sys.stderr)
     sys.exit(EXIT_ORPHANED)
 
