@@ -88,6 +88,46 @@ def test_a_run_killed_before_its_first_checkpoint_is_ended_by_the_next_start(uri
     assert (cli.returncode, cli.stdout.strip()) == (0, "sent 0 tracking records; 0 still pending"), cli.stderr
 
 
+def _killed_before_first_checkpoint(uri: str, run_dir: Path) -> str:
+    """A process that tracks 10 steps (held in its spool only) and is SIGKILLed; returns its run id."""
+    child = textwrap.dedent(f"""
+        import os, signal
+        from hypersolid_scale.tracking import TrackingConfig, make_tracker
+        tracker = make_tracker(TrackingConfig(tracking_uri={uri!r}, sync_every_s=3600), {str(run_dir)!r}, rank=0)
+        print(tracker.run_id, flush=True)
+        for step in range(10):
+            tracker.log_metrics({{"loss": float(step)}}, step)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    return proc.stdout.split()[0]
+
+
+def test_the_hand_sync_ends_a_killed_run_unless_a_training_holds_the_run_dir(uri, tmp_path):
+    """Nobody trains in that directory again: ``sync`` sends the spool and ends the run, as a next start
+    would; while a training holds the directory (it may resume the run) the run is left as it is."""
+    from hypersolid_scale.run_lock import acquire_run_lock
+
+    run_dir = tmp_path / "run"
+    dead = _killed_before_first_checkpoint(uri, run_dir)
+    client = MlflowClient(uri)
+    sync = [sys.executable, "-m", "hypersolid_scale.tracking", "sync", str(run_dir)]
+    lock = acquire_run_lock(run_dir)  # a live training
+    try:
+        cli = subprocess.run(sync, cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        lock.release()
+    assert cli.returncode == 0 and "sent 10 tracking records; 0 still pending" in cli.stdout, cli.stderr
+    assert "its runs stay as they are" in cli.stdout, cli.stdout
+    assert client.get_run(dead).info.status == "RUNNING" and len(history(client, dead, "loss")) == 10
+    cli = subprocess.run(sync, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and f"MLflow run {dead} was left RUNNING" in cli.stdout, cli.stdout + cli.stderr
+    run = client.get_run(dead)
+    assert run.info.status == "KILLED" and run.info.end_time is not None
+    assert statuses_in_spool(run_dir, dead) == ["KILLED"]
+
+
 def test_runs_of_live_trackers_and_resumed_runs_are_not_ended(uri, tmp_path):
     run_dir = tmp_path / "run"
     client = MlflowClient(uri)

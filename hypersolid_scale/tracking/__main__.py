@@ -1,5 +1,7 @@
 """``python -m hypersolid_scale.tracking sync RUN_DIR [TRACKING_URI]``: send a run directory's spooled
-tracking records that MLflow does not have yet (e.g. after a kill while the server was away)."""
+tracking records that MLflow does not have yet (e.g. after a kill while the server was away), and, when no
+training holds the run directory, end the runs a killed process left RUNNING (marked KILLED, as the next
+training started there would; one that resumes such a run sets it RUNNING again)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 from typing import Sequence
 
 from hypersolid_scale.errors import run_cli
+from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock
 from hypersolid_scale.tracking.client import TrackingError
-from hypersolid_scale.tracking.recovery import sync_spool
+from hypersolid_scale.tracking.recovery import close_abandoned_runs, sync_spool
 
 
 def main(argv: Sequence[str]) -> int:
@@ -27,6 +30,17 @@ def main(argv: Sequence[str]) -> int:
                             "of a tracked training run (the directory that holds tracking/ and checkpoints)")
     n_sent, n_left = sync_spool(args.run_dir, args.tracking_uri)
     print(f"sent {n_sent} tracking records; {n_left} still pending")
+    try:
+        lock = acquire_run_lock(args.run_dir)
+    except RunDirLocked as err:
+        print(f"a training holds {args.run_dir} ({err.holder or 'see its .lock'}): its runs stay as they are")
+    else:
+        try:
+            closed = close_abandoned_runs(Path(args.run_dir) / "tracking", keep=set())
+        finally:
+            lock.release()
+        for run_id in closed:
+            print(f"MLflow run {run_id} was left RUNNING by a process that is gone: marked KILLED")
     return 1 if n_left else 0
 
 
