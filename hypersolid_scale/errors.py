@@ -134,10 +134,10 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
     except SystemExit:
         raise
     except BaseException as err:  # noqa: BLE001  (reported, never swallowed: the exit code says it failed)
+        path = log_file() if log_file is not None else None
+        _write_log(path, "".join(traceback.format_exception(err)))  # with HS_DEBUG=1 too: the log is the record
         if debug_enabled():
             raise
-        path = log_file() if log_file is not None else None
-        _write_log(path, "".join(traceback.format_exception(err)))
         where = f"; traceback in {path}" if path is not None else ""
         prefix = f"[rank {_rank()}] " if "RANK" in os.environ or "SLURM_PROCID" in os.environ else ""
         if isinstance(err, UserError):
