@@ -179,6 +179,20 @@ def test_resnet50_weights_given_as_resnet18(tmp_path: Path) -> None:
     assert not (tmp_path / "eval" / "r50" / "report.json").exists()
 
 
+def test_small_cnn_weights_given_as_resnet18_name_the_small_cnn(tmp_path: Path) -> None:
+    """A state dict of this package's small CNN (e.g. a quickstart backbone saved with torch.save): the error
+    names the --backbone and the model settings that load it."""
+    from hypersolid_scale.models import build_model
+
+    cfg = load_config(None, ["model.in_channels=1", "model.small_cnn_width=8"])
+    path = tmp_path / "small.pt"
+    torch.save(build_model(cfg.model).state_dict(), path)
+    line = one_error_line(run_launch_eval("--backbone", "hypersolid:resnet18", "--weights", str(path), "--no-mlflow",
+                                          *EXTERNAL_FAST), str(path))
+    assert "--backbone hypersolid:small_cnn model.small_cnn_width=8 model.in_channels=1 (what the file looks like)" \
+        in line, line
+
+
 def test_random_bytes_weights(tmp_path: Path) -> None:
     path = tmp_path / "weights.pth"
     path.write_bytes(random.Random(0).randbytes(4096))
