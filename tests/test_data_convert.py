@@ -249,3 +249,70 @@ def test_an_interrupted_run_resumes_without_decoding_finished_shards_again(tmp_p
             sorted(str(p.relative_to(tmp_path / "whole")) for p in (tmp_path / "whole" / d).rglob("*"))
     for s in reference["splits"]["train"]["shards"]:
         assert sha256(out / "train" / s["name"]) == s["sha256"]
+
+
+# ----------------------------------------------------------------------------- nothing converted --
+def noise_folder(root: Path, sides: dict[str, int]) -> Path:
+    """root/<class>/<name>.png of random noise, `sides[name]` px square; class by name order."""
+    rng = np.random.default_rng(1)
+    for i, (name, side) in enumerate(sorted(sides.items())):
+        (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        (root / f"c{i % 2}" / f"{name}.png").write_bytes(png_bytes(rng.integers(0, 256, (side, side, 3), np.uint8)))
+    return root
+
+
+def test_a_split_without_any_good_image_is_an_error_that_leaves_no_output(tmp_path) -> None:
+    from hypersolid_scale.errors import DataError
+
+    src = noise_folder(tmp_path / "big", {"a": 40, "b": 48, "c": 40})
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=r"no image of split 'train' was converted: all 3 were rejected \(3 over "
+                       r"--max-side 32, 0 undecodable; .*raise --max-side"):
+        main(["--folder", str(src), "--out", str(out), "--formats", "webdataset,folder", "--max-side", "32"])
+    assert not out.exists()  # nothing that looks like a (valid, empty) conversion
+    broken = tmp_path / "broken"
+    for name in ("x", "y"):
+        (broken / name).mkdir(parents=True)
+        (broken / name / "f.jpg").write_bytes(b"not an image")
+    with pytest.raises(DataError, match=r"all 2 were rejected \(0 over --max-side 8192, 2 undecodable"):
+        main(["--folder", str(broken), "--out", str(out), "--formats", "webdataset"])
+    assert not out.exists()
+    # From the command line: exit 2 and one error line, after the list of rejected files.
+    run = subprocess.run([sys.executable, "-m", "hypersolid_scale.data.convert", "--folder", str(src), "--out",
+                          str(out), "--formats", "webdataset", "--max-side", "32"], capture_output=True, text=True,
+                         timeout=300)
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert run.returncode == 2 and len(errors) == 1 and "no image of split 'train'" in errors[0], run.stderr
+    assert run.stderr.count("bad image skipped") == 3 and not out.exists()
+
+
+def test_a_later_split_without_good_images_keeps_the_earlier_shards_for_resume(tmp_path) -> None:
+    from hypersolid_scale.errors import DataError
+
+    noise_folder(tmp_path / "src" / "train", {"a": 16, "b": 16, "c": 16})
+    noise_folder(tmp_path / "src" / "test", {"a": 40, "b": 40})
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="no image of split 'test' was converted: all 2 were rejected"):
+        main(["--folder", str(tmp_path / "src"), "--out", str(out), "--formats", "webdataset", "--max-side", "32",
+              "--shard-size", "2", "--split", "train,test"])
+    assert not (out / "manifest.json").exists() and not (out / "test").exists()
+    assert sorted(p.name for p in (out / "train").iterdir()) == ["shard-000000.tar", "shard-000001.tar"]
+    assert main(["--folder", str(tmp_path / "src"), "--out", str(out), "--formats", "webdataset", "--shard-size",
+                 "2", "--split", "train", "--resume"]) == 0
+
+
+# ----------------------------------------------------------------------------- FFCV page size --
+def test_ffcv_page_size_holds_the_largest_raw_image() -> None:
+    from hypersolid_scale.data.ffcv_writer import MAX_PAGE, page_size_for
+    from hypersolid_scale.errors import DataError
+
+    for h, w in [(32, 32), (512, 512), (513, 513), (1673, 1673), (2400, 2400), (8192, 8192), (6000, 8000)]:
+        floor = 1 << 21 if h * w <= 512 * 512 else 1 << 23
+        reference = max(floor, 1 << (3 * h * w - 1).bit_length())  # smallest power of two >= the raw size
+        assert page_size_for(h * w, max(h, w)) == reference, (h, w)
+    assert page_size_for(2400 * 2400, 2400) == 1 << 25 > 2400 * 2400 * 3  # the 17,280,000 bytes of 2400 x 2400
+    assert page_size_for(26754 ** 2, 26754) == MAX_PAGE
+    with pytest.raises(DataError, match=r"30000 px\) is over what FFCV stores.*--resize N.*--max-side"):
+        page_size_for(30000 ** 2, 30000)
+    with pytest.raises(DataError, match="sides up to 65535"):
+        page_size_for(70000 * 4, 70000)

@@ -6,11 +6,14 @@ Slow: FFCV compiles every pipeline with numba on first use (minutes on a busy 2-
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from _data_helpers import (check_pil_against, crop_geometry, limit_batches, pil_records, png_bytes,
                            probe_images)
@@ -138,3 +141,83 @@ def test_ffcv_under_ddp_gives_each_rank_its_own_equal_share(tmp_path) -> None:
     s0 = {x for b in r0["labels"] for x in b}
     s1 = {x for b in r1["labels"] for x in b}
     assert len(s0) == len(s1) == 48 and not s0 & s1
+
+
+# ----------------------------------------------------------------------------- writing large images --
+def raw_images_in(beton: Path) -> list[np.ndarray]:
+    """The images of a raw-mode .beton, read straight from the file (FFCV stores raw RGB bytes as they are)."""
+    from ffcv.reader import Reader
+
+    meta = Reader(str(beton)).metadata["f0"]  # the first field, "image"
+    data = np.memmap(beton, dtype=np.uint8, mode="r")
+    return [np.array(data[m["data_ptr"]:m["data_ptr"] + 3 * int(m["height"]) * int(m["width"])]).reshape(
+        int(m["height"]), int(m["width"]), 3) for m in meta]
+
+
+def test_raw_images_larger_than_a_default_page_are_written_whole(tmp_path) -> None:
+    """1700 x 1700 raw is 8,670,000 bytes, over FFCV's default 8 MiB page (as 2400 x 2400 is): a worker once
+    failed on it and the command waited forever; now the page is sized to the largest image."""
+    rng = np.random.default_rng(0)
+    sources = {}
+    for name, side in (("big0", 1700), ("big1", 1700), ("small", 64)):
+        img = Image.fromarray(rng.integers(0, 256, (24, 24, 3), np.uint8)).resize((side, side), Image.BILINEAR)
+        (tmp_path / "src" / name).mkdir(parents=True)
+        img.save(tmp_path / "src" / name / "x.png")
+        sources[name] = np.asarray(img)
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "hypersolid_scale.data.convert", "--folder", str(tmp_path / "src"),
+                          "--out", str(out), "--formats", "ffcv", "--ffcv-mode", "raw"], capture_output=True,
+                         text=True, timeout=300)  # a hang fails here
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not list(out.rglob("*.tmp")) and check_beton(str(out / "train.beton")) == 3
+    stored = raw_images_in(out / "train.beton")
+    for got, want in zip(stored, (sources["big0"], sources["big1"], sources["small"])):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.timeout(300)  # the old writer waited forever here
+def test_a_failing_writer_worker_stops_the_write_with_its_error(tmp_path) -> None:
+    from hypersolid_scale.data.ffcv_writer import write_beton
+    from hypersolid_scale.errors import DataError
+
+    def load(i: int) -> np.ndarray:
+        if i == 150:  # a file that changed or vanished after the conversion pass checked it
+            raise OSError(f"image {i} cannot be read")
+        return np.full((8, 8, 3), i % 256, np.uint8)
+
+    dest = tmp_path / "x.beton"
+    with pytest.raises(RuntimeError, match="FFCV writer worker failed: OSError: image 150 cannot be read"):
+        write_beton(str(dest), [lambda i=i: load(i) for i in range(300)], [0] * 300, num_workers=2,
+                    max_pixels=64, max_side=8)
+    assert sorted(tmp_path.iterdir()) == []  # neither the file nor its .tmp
+    # A page given explicitly that cannot hold the largest image: refused before anything is written.
+    with pytest.raises(DataError, match="page size 2097152 cannot hold an image of 1000000 pixels"):
+        write_beton(str(dest), [lambda: np.zeros((1000, 1000, 3), np.uint8)], [0], page_size=1 << 21)
+    assert sorted(tmp_path.iterdir()) == []
+
+
+_RSS_SCRIPT = """
+import resource, sys
+import hypersolid_scale.data.ffcv_writer  # FFCV, numba, torch: ~850 MB of RSS before any image
+from hypersolid_scale.data.convert import main
+peak = lambda who: resource.getrusage(who).ru_maxrss / 1024
+start = peak(resource.RUSAGE_SELF)
+main(["--folder", sys.argv[1], "--out", sys.argv[2], "--formats", "ffcv", "--ffcv-mode", "jpg"])
+print(start, peak(resource.RUSAGE_SELF), peak(resource.RUSAGE_CHILDREN))
+"""
+
+
+def test_writing_a_beton_streams_the_images(tmp_path) -> None:
+    """32 images of 1200 x 1200 (4.3 MB each decoded, 138 MB in all): the process and its FFCV writer workers
+    (forked, so they start at the parent's RSS) hold one image at a time, not all."""
+    rng = np.random.default_rng(0)
+    for i in range(32):
+        (tmp_path / "src" / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (24, 24, 3), np.uint8)).resize((1200, 1200), Image.BILINEAR).save(
+            tmp_path / "src" / f"c{i % 2}" / f"{i}.jpg", quality=90)
+    run = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(tmp_path / "src"), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    start, end, workers = (float(x) for x in run.stdout.strip().splitlines()[-1].split())
+    assert end - start < 64 and workers - start < 96, run.stdout
+    assert check_beton(str(tmp_path / "out" / "train.beton")) == 32

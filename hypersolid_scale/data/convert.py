@@ -13,24 +13,21 @@ Every file is written to a temporary name and renamed when complete; OUT/.progre
 shards so that `--resume` continues an interrupted run. An existing complete output is never touched:
 the command refuses (exit 2) unless --resume (then it checks and does nothing).
 
-Bad images are listed, counted and skipped, never fatal: files that do not decode, and images whose
-header claims a side over --max-side pixels (checked before decoding; a small file can claim 9000 x 9000
-pixels and would decode to 243 MB). Images stream one at a time from the source to the outputs, so memory
-does not grow with the number of images.
+Bad images are listed, counted and skipped: files that do not decode, and images whose header claims a
+side over --max-side pixels (checked before decoding; a small file can claim 9000 x 9000 pixels and would
+decode to 243 MB); a split left without any image is an error (exit 2). Images stream one at a time from
+the source to the outputs, so memory does not grow with the number of images.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import sys
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 from PIL import Image
@@ -38,9 +35,10 @@ from tqdm import tqdm
 
 from hypersolid_scale.data.builtin import BUILTIN_DATASETS
 from hypersolid_scale.data.common import MANIFEST
+from hypersolid_scale.data.convert_images import ImageTooLarge, encode_image, pixel_limit, prepare_image
 from hypersolid_scale.data.shard_writer import ShardWriter, sha256
 from hypersolid_scale.data.sources import Item, Source, builtin_source, folder_source, torchvision_source
-from hypersolid_scale.errors import ConfigError, run_cli
+from hypersolid_scale.errors import ConfigError, DataError, run_cli
 
 __all__ = ["Converter", "Item", "ImageTooLarge", "main", "sha256", "folder_class_name", "hash_name"]
 
@@ -49,40 +47,6 @@ FORMATS = ("webdataset", "ffcv", "folder")
 # and 8K video frames, and bounds one decoded RGB image at 8192^2 * 3 = 201 MB; larger images are
 # usually scans or crafted headers, and a training crop of 224 px gains nothing from them.
 DEFAULT_MAX_SIDE = 8192
-
-
-class ImageTooLarge(ValueError):
-    """An image whose header claims a side over --max-side (rejected before decoding)."""
-
-
-@contextmanager
-def pixel_limit(max_side: int) -> Iterator[None]:
-    """PIL's decompression-bomb guard at max_side^2 pixels, as an error, for images the converter does not
-    open itself (torchvision datasets decode inside `__getitem__`)."""
-    saved = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = max_side * max_side
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = saved
-
-
-def _prepare(img: Image.Image, mode: str, resize: Optional[int]) -> Image.Image:
-    if mode != "keep":
-        img = img.convert(mode)
-    elif img.mode not in ("L", "RGB"):
-        img = img.convert("RGB")
-    if resize:
-        img = img.resize((resize, resize), Image.BICUBIC)
-    return img
-
-
-def _encode(img: Image.Image, fmt: str, quality: int) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG" if fmt == "jpg" else "PNG", **({"quality": quality} if fmt == "jpg" else {}))
-    return buf.getvalue()
 
 
 def _atomic_json(path: Path, data: Any) -> None:
@@ -120,6 +84,8 @@ class Converter:
         self.progress_path = self.out / ".progress.json"
         self.progress: dict[str, Any] = {}
         self._writer: Optional[ShardWriter] = None  # the shard being written
+        self._made_out = False  # whether this run created --out (removed again if it stays empty)
+        self._ffcv_bounds: dict[str, tuple[int, int]] = {}  # split -> (pixels, side) of its largest image
 
     def check_output(self) -> bool:
         """True when there is nothing to do. Raises SystemExit(2) rather than touch an existing output."""
@@ -135,6 +101,7 @@ class Converter:
                                  "to continue it or choose another --out")
             if self.progress_path.is_file():
                 self.progress = json.loads(self.progress_path.read_text())
+        self._made_out = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         return False
 
@@ -155,7 +122,7 @@ class Converter:
         return img
 
     def encode(self, it: Item) -> bytes:
-        return _encode(_prepare(self.open_checked(it), self.mode, self.resize), self.ext, self.quality)
+        return encode_image(prepare_image(self.open_checked(it), self.mode, self.resize), self.ext, self.quality)
 
     def _bad(self, split: str, it: Item, err: Exception) -> dict:
         reason = "too_large" if isinstance(err, ImageTooLarge) else "undecodable"
@@ -219,6 +186,8 @@ class Converter:
             if self._writer is not None:
                 self._writer.abort()
             raise
+        if not good:
+            raise self._nothing_converted(split, items, [b for b in bad if b["split"] == split])
         if self._writer is not None:
             self._finish_shard(done, len(items), pending)
         entry: dict[str, Any] = {"count": len(good), "labeled": labeled}
@@ -278,16 +247,40 @@ class Converter:
         tmp.write_bytes(data)
         os.replace(tmp, dest)
 
+    def _nothing_converted(self, split: str, items: Sequence[Item], bad: list[dict]) -> DataError:
+        """The error for a split without a single good image; empty folders this run made are removed, so
+        that what is left is either nothing or the finished shards of earlier splits (kept for --resume)."""
+        for d in [*sorted(self.out.rglob("*"), reverse=True), *([self.out] if self._made_out else [])]:
+            if d.is_dir() and not any(d.iterdir()):  # reverse order: subfolders before their parents
+                d.rmdir()
+        if not items:
+            return DataError(f"no image of split {split!r} was converted: the source has none for it")
+        large = sum(b["reason"] == "too_large" for b in bad)
+        first = f"{bad[0]['name']}: {bad[0]['error']}".replace("\n", " ") if bad else ""
+        fix = "raise --max-side or " if large else ""
+        return DataError(f"no image of split {split!r} was converted: all {len(items)} were rejected ({large} over "
+                         f"--max-side {self.max_side}, {len(bad) - large} undecodable; listed above, e.g. {first}); "
+                         f"{fix}fix the files, or leave the split out with --split")
+
+    def scan_ffcv_sizes(self, splits: dict[str, Sequence[Item]]) -> None:
+        """The largest image of each split, from the headers, before anything is written: the FFCV page size
+        depends on it, and an image no page holds is refused now, not after the other outputs."""
+        from hypersolid_scale.data.ffcv_writer import largest_image, page_size_for
+
+        for split, items in splits.items():
+            bounds = (self.resize ** 2, self.resize) if self.resize else largest_image(
+                (it.load for it in tqdm(items, desc=f"image sizes {split}", unit="img")), self.max_side)
+            page_size_for(*bounds)
+            self._ffcv_bounds[split] = bounds
+
     def write_beton(self, split: str, items: list[Item]) -> dict:
-        from hypersolid_scale.data.ffcv import write_beton
+        from hypersolid_scale.data.ffcv_writer import write_beton
 
         dest = self.out / f"{split}.beton"
-        rgb = [lambda it=it: np.asarray(_prepare(self.open_checked(it), "RGB", self.resize)) for it in items]
-        # FFCV allocates whole pages per writer chunk: small pages keep small-image files small.
-        side = self.resize or (max(self.open_checked(items[0]).size) if items else 0)
-        page_size = 1 << 21 if side <= 512 else 1 << 23
+        rgb = [lambda it=it: np.asarray(prepare_image(self.open_checked(it), "RGB", self.resize)) for it in items]
+        pixels, side = self._ffcv_bounds[split]
         write_beton(str(dest), rgb, [it.label for it in items], write_mode=self.ffcv_mode,
-                    jpeg_quality=self.quality, page_size=page_size)
+                    jpeg_quality=self.quality, max_pixels=pixels, max_side=side)
         return {"name": dest.name, "count": len(items), "sha256": sha256(dest), "bytes": dest.stat().st_size}
 
     def run(self, classes: list[str], splits: dict[str, Sequence[Item]], source: str,
@@ -300,6 +293,8 @@ class Converter:
                               "no labels and an image folder needs a class folder per image; convert them with "
                               "--formats webdataset or ffcv")
         with pixel_limit(self.max_side):
+            if "ffcv" in self.formats:
+                self.scan_ffcv_sizes(dict(splits))
             for split, items in splits.items():
                 manifest["splits"][split] = self.convert_split(split, items, classes, split not in unlabeled,
                                                                manifest["bad_files"])

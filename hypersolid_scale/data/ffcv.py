@@ -35,11 +35,11 @@ import torch
 
 from hypersolid_scale.data.common import (DOMAIN_FFCV_CROP, ResumableEpochs, epoch_permutation, hash32, mix_seed,
                                           split_global_batches, stream_key)
+from hypersolid_scale.data.ffcv_writer import write_beton  # noqa: F401  (part of this module's API)
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.tensor_aug import BatchPhotometric
 
 try:
-    from ffcv.fields import IntField, RGBImageField
     from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder, RandomResizedCropRGBImageDecoder
     from ffcv.fields.rgb_image import IMAGE_MODES, get_random_crop
     from ffcv.libffcv import imdecode, resize_crop
@@ -50,7 +50,6 @@ try:
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
     from ffcv.traversal_order.base import TraversalOrder
     from ffcv.traversal_order.quasi_random import QuasiRandom, generate_order_inner
-    from ffcv.writer import DatasetWriter
     from numba import objmode
     from numba.core.errors import NumbaWarning
 
@@ -70,33 +69,6 @@ _HOW_TO_INSTALL = ("FFCV is not installed: apt-get install pkg-config libopencv-
 def require_ffcv() -> None:
     if FFCV_IMPORT_ERROR is not None:
         raise ImportError(f"{_HOW_TO_INSTALL} ({FFCV_IMPORT_ERROR})")
-
-
-class _ArrayList(torch.utils.data.Dataset):
-    def __init__(self, images: Sequence[Callable[[], np.ndarray]], labels: Sequence[int]) -> None:
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
-        img = self.images[i]()
-        if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
-            raise ValueError(f"FFCV needs (H, W, 3) uint8 images, item {i} is {img.shape} {img.dtype}")
-        return img, int(self.labels[i])
-
-
-def write_beton(path: str, images: Sequence[Callable[[], np.ndarray]], labels: Sequence[int], *,
-                write_mode: str = "raw", jpeg_quality: int = 90, num_workers: int = 2,
-                page_size: int = 1 << 23) -> None:
-    """Write (image, label) pairs to `path` (via a temporary file renamed when complete)."""
-    require_ffcv()
-    tmp = path + ".tmp"
-    writer = DatasetWriter(tmp, {"image": RGBImageField(write_mode=write_mode, jpeg_quality=jpeg_quality),
-                                 "label": IntField()}, num_workers=num_workers,
-                           page_size=page_size)
-    writer.from_indexed_dataset(_ArrayList(images, labels))
-    os.replace(tmp, path)
 
 
 def check_beton(path: str) -> int:
