@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.errors import ConfigError
@@ -30,6 +30,7 @@ from hypersolid_scale.methods.config import METHODS, TrainLossConfig, validate_m
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import OptimConfig
+from hypersolid_scale.run_lock import not_a_directory
 from hypersolid_scale.tracking import TrackingConfig, validate_config as validate_tracking
 
 # ----------------------------------------------------------------------------------------------------------
@@ -182,10 +183,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
                           "the cosine schedule decays from optim.lr down to optim.min_lr")
     if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
-        raise ConfigError(
-            f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
-            "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
-        )
+        raise ConfigError(f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
+                          "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0")
     validate_method_run(cfg)
 
 
@@ -219,33 +218,58 @@ def _read_yaml(path: str | Path) -> DictConfig:
     return OmegaConf.create(data)
 
 
+def parse_override(ov: str) -> DictConfig:
+    """One ``section.key=value`` override as a config, its value read as YAML (as OmegaConf reads it); a
+    ConfigError naming the override and how to write it when it has no ``=`` or its value cannot be parsed."""
+    if "=" not in ov or ov.startswith("="):
+        raise ConfigError(f"override {ov!r} is malformed; write it as section.key=value, e.g. optim.lr=1e-3")
+    try:
+        return OmegaConf.from_dotlist([ov])
+    except yaml.YAMLError as err:
+        problem = f"not valid YAML: {getattr(err, 'problem', None) or str(err).splitlines()[0]}"
+    except GrammarParseError as err:
+        problem = f"a bad ${{...}} interpolation: {str(err).splitlines()[0]}"
+    key, value = ov.split("=", 1)
+    raise ConfigError(f"override {ov!r} cannot be parsed: its value {value!r} is {problem}. Write a list as "
+                      f"{key}=[a,b] with every bracket closed, and quote text holding [ ] {{ }} : # @ * ! or ${{, "
+                      f"e.g. {key}=\"'text'\" (the outer quotes are for the shell)")
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
+    """All overrides as one config, later ones winning (see :func:`parse_override` for the errors)."""
+    return OmegaConf.merge(OmegaConf.create(), *(parse_override(ov) for ov in overrides))  # type: ignore[return-value]
+
+
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked and validated.
 
     Raises:
-        ConfigError (a ValueError): a missing or unparsable file, an unknown key, a wrong type, a value
-        outside its allowed set, or a malformed override.
+        ConfigError (a ValueError): a missing or unparsable file, an unknown key, a wrong type, a value outside
+        its allowed set, a malformed override, a run_dir that is a file; it blames the file or the override.
     """
     schema = OmegaConf.structured(Config)
-    for ov in overrides:
-        if "=" not in ov or ov.startswith("="):
-            raise ConfigError(f"override {ov!r} is malformed; write it as section.key=value, e.g. optim.lr=1e-3")
-    _refuse_renamed({ov.split("=", 1)[0] for ov in overrides}, "a command-line override")
-    try:
-        layers = [schema]
-        if path is not None:
-            layers.append(_read_yaml(path))
-        layers.append(OmegaConf.from_dotlist(list(overrides)))
-        merged = OmegaConf.merge(*layers)
+    given = [(ov.split("=", 1)[0], f"from the command-line override {ov!r}", parse_override(ov)) for ov in overrides]
+    _refuse_renamed({key for key, _, _ in given}, "a command-line override")
+    layers = ([("", f"in {path}", _read_yaml(path))] if path is not None else []) + given
+    merged, where = schema, ""
+    try:  # one layer at a time, so that an error is blamed on the file or on the override that caused it
+        for _, where, layer in layers:
+            merged = OmegaConf.merge(merged, layer)
+        where = ""
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        given = {ov.split("=", 1)[0] for ov in overrides}
-        key = getattr(err, "full_key", None)
-        where = "a command-line override" if key in given else f"in {path}" if path is not None else ""
+        if not where:  # found converting (an interpolation): blame the key's last override, else the file
+            k = getattr(err, "full_key", None) or "?"
+            where = next((w for key, w, _ in reversed(given) if f"{key}.".startswith(f"{k}.")
+                          or f"{k}.".startswith(f"{key}.")), f"in {path}" if path is not None else "")
         raise ConfigError(f"{_explain(err, schema)}{f' ({where})' if where else ''}") from None
     # Normalise spellings that YAML turns into other types (``bf16: true`` is read as the string "True").
     cfg.dist.bf16 = str(cfg.dist.bf16).lower()
     validate(cfg)
+    if (blocking := not_a_directory(cfg.run_dir)) is not None:
+        what = "is a file" if blocking == Path(cfg.run_dir) else f"cannot be created: {blocking} is a file"
+        raise ConfigError(f"config key 'run_dir' = {cfg.run_dir!r} {what}, not a directory; choose another "
+                          "run_dir (a new or an existing directory), e.g. run_dir=runs/my_run")
     return cfg
 
 
@@ -276,9 +300,8 @@ def migrate(d: dict[str, Any]) -> dict[str, Any]:
 def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors, configs stored by
     older versions (checkpoints) are read through :func:`migrate`."""
-    overrides_free = OmegaConf.create(migrate(d))
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), overrides_free))
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(migrate(d))))
     except OmegaConfBaseException as err:
         raise _explain(err, OmegaConf.structured(Config)) from None
     return cfg
@@ -372,5 +395,6 @@ def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
 
 __all__ = [
     "CheckpointConfig", "Config", "DistConfig", "OptimConfig", "config_diff", "fingerprint", "flatten",
-    "from_dict", "migrate", "load_config", "load_sweep", "save_config", "to_dict", "to_yaml", "validate",
+    "from_dict", "migrate", "load_config", "load_sweep", "parse_override", "parse_overrides", "save_config",
+    "to_dict", "to_yaml", "validate",
 ]

@@ -90,7 +90,7 @@ def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module,
     from omegaconf.errors import OmegaConfBaseException
 
     from hypersolid_scale.checkpoint import build_model_from_checkpoint, load_checkpoint
-    from hypersolid_scale.config import from_dict, validate
+    from hypersolid_scale.config import from_dict, parse_overrides, validate
 
     for ov in overrides:
         if "=" not in ov or not ov.startswith(OVERRIDABLE):
@@ -104,8 +104,9 @@ def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module,
         if str(path) in str(err):
             raise
         raise CheckpointError(f"checkpoint {str(path)!r}: {err}") from None
+    given = parse_overrides(overrides)  # its ConfigError names the override that cannot be parsed
     try:
-        merged = OmegaConf.merge(OmegaConf.create(ckpt["config"]), OmegaConf.from_dotlist(list(overrides)))
+        merged = OmegaConf.merge(OmegaConf.create(ckpt["config"]), given)
         cfg = from_dict(OmegaConf.to_container(merged))  # type: ignore[arg-type]
         validate(cfg)
     except OmegaConfBaseException as err:

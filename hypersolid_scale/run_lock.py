@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hypersolid_scale.errors import UserError
+
 LOCK_NAME = ".lock"
 
 # run directories (resolved) whose lock this process holds; the fd is closed in forked children (DataLoader
@@ -72,12 +74,33 @@ def _read_holder(fd: int) -> str:
     return text or "host=? pid=? since=? (the holder is still starting)"
 
 
+class RunDirNotADirectory(UserError, NotADirectoryError):
+    """The run directory's path, or a folder above it, is a file: nothing can be locked or written there."""
+
+
+def not_a_directory(run_dir: str | os.PathLike) -> Path | None:
+    """The nearest existing path among ``run_dir`` and the folders above it, if it is not a directory (a file,
+    which the run directory can never be created through); None when the run directory can be used or made."""
+    for p in (Path(run_dir), *Path(run_dir).parents):
+        try:
+            if p.exists():
+                return None if p.is_dir() else p
+        except OSError:  # a folder we may not look into: creating or locking run_dir will say what is wrong
+            return None
+    return None
+
+
 def acquire_run_lock(run_dir: str | os.PathLike) -> RunLock:
     """Take the exclusive lock of ``run_dir`` (created if missing) without waiting.
 
     Raises:
         RunDirLocked: another live process holds it; the message names it and what to do.
+        RunDirNotADirectory: ``run_dir`` (or a folder above it) is a file.
     """
+    blocking = not_a_directory(run_dir)
+    if blocking is not None:
+        what = "is a file" if blocking == Path(run_dir) else f"cannot be created: {blocking} is a file"
+        raise RunDirNotADirectory(f"run directory {run_dir} {what}, not a directory; choose another directory")
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = lock_path(run_dir)

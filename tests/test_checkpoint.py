@@ -143,5 +143,79 @@ def test_weights_of_another_architecture_name_the_file(tmp_path: Path) -> None:
     state = _state(3)
     state["model"] = build_model(load_config(None, [*OVERRIDES, "model.small_cnn_width=8"]).model).state_dict()
     path = ck.save_checkpoint(tmp_path, state)
-    with pytest.raises(CheckpointError, match=rf"{path} holds weights of another architecture.*small_cnn"):
+    with pytest.raises(CheckpointError, match=rf"{path} holds weights of another architecture.*small_cnn") as err:
         ck.build_model_from_checkpoint(path)
+    # torch names every tensor; the message counts them and shows the first few, cut between names.
+    wrong = [k for k, v in build_model(load_config(None, OVERRIDES).model).state_dict().items()
+             if v.shape != state["model"][k].shape]
+    assert f"({len(wrong)} of another shape ({', '.join(wrong[:3])}, ...))" in str(err.value), str(err.value)
+
+
+def test_weights_of_another_network_count_the_missing_and_unexpected_tensors(tmp_path: Path) -> None:
+    state = _state(3)
+    state["model"] = build_model(load_config(None, [*OVERRIDES, "model.arch=resnet18"]).model).state_dict()
+    path = ck.save_checkpoint(tmp_path, state)
+    expected = set(build_model(load_config(None, OVERRIDES).model).state_dict())
+    missing = [k for k in expected - set(state["model"]) if not k.endswith("num_batches_tracked")]  # may lack
+    unexpected = set(state["model"]) - expected
+    with pytest.raises(CheckpointError) as err:
+        ck.build_model_from_checkpoint(path)
+    text = str(err.value)
+    assert f"{len(missing)} tensors missing from the file (" in text, text
+    assert f"{len(unexpected)} tensors the model does not have (" in text, text
+    assert '"' not in text and len(text) < 800, text  # names, not torch's quoted list of hundreds
+
+
+def test_a_directory_given_as_checkpoint_names_its_newest_step_file(tmp_path: Path) -> None:
+    for step in (9, 10):
+        ck.save_checkpoint(tmp_path / "run", _state(step))
+    (tmp_path / "run" / "checkpoints" / "notes.txt").write_text("x")
+    (tmp_path / "run" / "checkpoints" / "step_00000011.pt.123.tmp").write_bytes(b"partial")
+    newest = str(tmp_path / "run" / "checkpoints" / "step_00000010.pt")
+    for given in (tmp_path / "run", tmp_path / "run" / "checkpoints"):
+        with pytest.raises(CheckpointError, match="is a directory, not a checkpoint file") as err:
+            ck.load_checkpoint(given)
+        assert newest in str(err.value) and "does not exist" not in str(err.value)
+    with pytest.raises(CheckpointError, match="holds no step_"):
+        ck.load_checkpoint(tmp_path / "run" / "..")
+
+
+class _Fails:
+    """A ``torch.save`` that writes a few bytes, then raises what ``make`` builds."""
+
+    def __init__(self, make) -> None:
+        self.make = make
+
+    def __call__(self, obj, f, *args, **kwargs) -> None:
+        f.write(b"partial")
+        raise self.make()
+
+
+def _torch_writer_error() -> RuntimeError:
+    return RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 768 vs 662")
+
+
+def test_only_torchs_write_failures_become_checkpoint_errors(tmp_path: Path, monkeypatch) -> None:
+    """torch's zip writer reports a failed write as a RuntimeError: that one is the user's disk; any other
+    RuntimeError is a bug and stays one. Either way nothing is left behind."""
+    target = tmp_path / "step_00000004.pt"
+    monkeypatch.setattr(torch, "save", _Fails(_torch_writer_error))
+    with pytest.raises(CheckpointError, match=r"step_00000004\.pt: the write stopped part-way.*MiB free"):
+        ck.atomic_save({"a": torch.ones(3)}, target)
+    monkeypatch.setattr(torch, "save", _Fails(lambda: RuntimeError("a bug in a tensor's __reduce__")))
+    with pytest.raises(RuntimeError, match="a bug") as err:
+        ck.atomic_save({"a": torch.ones(3)}, target)
+    assert not isinstance(err.value, CheckpointError)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_runtime_error_with_less_free_space_than_the_tensors_is_a_full_disk(tmp_path: Path, monkeypatch) -> None:
+    real = ck.files.shutil.disk_usage
+    monkeypatch.setattr(ck.files.shutil, "disk_usage", lambda p: real(p)._replace(free=1000))
+    monkeypatch.setattr(torch, "save", _Fails(lambda: RuntimeError("something torch says")))
+    with pytest.raises(CheckpointError, match=r"No space left on device \(0\.0 MiB free there\).*keep_last"):
+        ck.atomic_save({"a": torch.ones(1000)}, tmp_path / "step_00000004.pt")  # 4000 bytes of tensor data
+    with pytest.raises(RuntimeError, match="something torch says") as err:
+        ck.atomic_save({"a": torch.ones(100)}, tmp_path / "step_00000004.pt")  # 400 bytes: it would have fit
+    assert not isinstance(err.value, CheckpointError)
+    assert not list(tmp_path.iterdir())

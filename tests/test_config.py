@@ -65,6 +65,8 @@ def test_sync_bn_is_auto_by_default_and_accepts_the_former_booleans(tmp_path: Pa
     (["model.arch=vgg"], ["model.arch", "resnet18"]),
     (["data.dataset=cifar"], ["data.dataset", "fashion_mnist"]),
     (["optim.lr"], ["optim.lr", "section.key=value"]),  # malformed override
+    (["optim.betas=[0.9"], ["'optim.betas=[0.9'", "not valid YAML", "optim.betas=[a,b]"]),  # unparsable value
+    (["optim.name=${x"], ["'optim.name=${x'", "interpolation", "quote"]),
     (["optim.lr=1e-3", "optim.min_lr=1e-2"], ["optim.min_lr", "above optim.lr"]),
 ])
 def test_bad_config_fails_naming_key_and_allowed_values(override: list[str], must_mention: list[str]) -> None:
@@ -162,8 +164,19 @@ def test_unknown_key_says_whether_it_came_from_the_file_or_an_override(tmp_path:
     with pytest.raises(ConfigError, match=rf"optim.momentun.*\(in {f}\)"):
         load_config(f, [])
     f.write_text("optim:\n  momentum: 0.9\n")
-    with pytest.raises(ConfigError, match=r"optim.lrr.*\(a command-line override\)"):
+    with pytest.raises(ConfigError, match=r"optim.lrr.*\(from the command-line override 'optim.lrr=1'\)"):
         load_config(f, ["optim.lrr=1"])
+    # A whole section that does not exist, named by an override, while a file is given too.
+    with pytest.raises(ConfigError, match=r"unknown config key 'foo'.*optim.*\(from the command-line override "
+                                          r"'foo.bar='\)$") as err:
+        load_config(f, ["optim.lr=0.1", "foo.bar="])
+    assert str(f) not in str(err.value)
+    # An interpolation that cannot be resolved is found only when converting: still blamed on its override.
+    with pytest.raises(ConfigError, match=r"optim.lr.*\(from the command-line override 'optim.lr=\$\{nope\}'\)"):
+        load_config(f, ["optim.lr=${nope}", "optim.momentum=0.8"])
+    f.write_text("optim:\n  lr: ${nope}\n")
+    with pytest.raises(ConfigError, match=rf"optim.lr.*\(in {f}\)"):
+        load_config(f, ["optim.momentum=0.8"])
 
 
 def test_dist_backend_is_now_dist_transport(tmp_path: Path) -> None:

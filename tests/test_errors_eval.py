@@ -91,3 +91,18 @@ def test_traceback_in_the_log_and_with_hs_debug(tmp_path: Path) -> None:
     assert "Traceback" in log and "ConfigError" in log and "eval.no_such_key" in log
     debug = evaluate(path, "eval.no_such_key=1", debug=True)
     assert debug.returncode == 1 and "Traceback" in debug.stderr and "ConfigError" in debug.stderr
+
+
+def test_unparsable_override(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    line = one_line_error(evaluate(path, "eval.knn_k=[5"), "'eval.knn_k=[5'", "not valid YAML", "eval.knn_k=[a,b]")
+    assert "ParserError" not in line
+
+
+def test_a_directory_as_checkpoint_names_the_file_in_it(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    for given in (tmp_path / "run", path.parent):
+        line = one_line_error(evaluate(given), f"{str(given)!r} is a directory", str(path))
+        assert "does not exist" not in line
+    (tmp_path / "empty").mkdir()
+    one_line_error(evaluate(tmp_path / "empty"), "is a directory", "holds no step_*.pt")

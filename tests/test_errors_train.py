@@ -43,6 +43,16 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
+# The same, failing the way torch's zip writer reports it when the file's write fails part-way through a large
+# tensor: a RuntimeError of its own, raised while handling the file's OSError.
+_TORCH_WRITER_FULL = _FULL_DISK.replace(
+    'raise OSError(errno.ENOSPC, "No space left on device")',
+    """try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 768 vs 662")""")
+FULL_DISK_WRAPPERS = {"oserror": _FULL_DISK, "torch_writer": _TORCH_WRITER_FULL}
+
 
 def _train(args: list[str], *, debug: bool = False, wrapper: str | None = None,
            timeout: float = 300) -> subprocess.CompletedProcess:
@@ -91,14 +101,42 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "bad_value": (["optim.name=lars"], ["optim.name", "adamw | sgd"]),
         "renamed_key": (["--config", str(renamed)], ["dist.backend", "dist.transport", str(renamed)]),
         "missing_file": (["--config", str(tmp_path / "nope.yaml")], ["nope.yaml", "does not exist"]),
+        "unparsable_override": (["optim.betas=[0.9"], ["'optim.betas=[0.9'", "not valid YAML", "optim.betas=[a,b]"]),
     }
 
 
-@pytest.mark.parametrize("case", ["yaml_syntax", "unknown_key", "bad_value", "renamed_key", "missing_file"])
+@pytest.mark.parametrize("case", ["yaml_syntax", "unknown_key", "bad_value", "renamed_key", "missing_file",
+                                  "unparsable_override"])
 def test_a_bad_config_is_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
     args, must = _bad_configs(tmp_path)[case]
     _error_line(_train([*args, f"run_dir={tmp_path / 'run'}"]), *must)
     assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_an_unknown_key_is_blamed_on_the_override_or_the_file_that_gave_it(tmp_path: Path) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text("optim:\n  lr: 0.1\n")
+    run_dir = f"run_dir={tmp_path / 'run'}"
+    line = _error_line(_train(["--config", str(config), "foo.bar=", run_dir]), "unknown config key 'foo'",
+                       "from the command-line override 'foo.bar='", "optim, progress, run_dir")
+    assert str(config) not in line
+    config.write_text("foo:\n  bar: 1\n")
+    line = _error_line(_train(["--config", str(config), "optim.lr=0.1", run_dir]), "unknown config key 'foo'",
+                       f"(in {config})", "optim, progress, run_dir")
+    assert "override" not in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_run_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path, inside: bool) -> None:
+    file = tmp_path / "notes.txt"
+    file.write_text("not a run directory\n")
+    run_dir = file / "run" if inside else file
+    line = _error_line(_train([*TINY, f"run_dir={run_dir}", "max_steps=1"]), f"'run_dir' = '{run_dir}'",
+                       f"{file} is a file, not a directory" if inside else "is a file, not a directory",
+                       "choose another run_dir")
+    assert "flock" not in line
+    assert file.read_text() == "not a run directory\n"
 
 
 @pytest.mark.slow
@@ -173,6 +211,13 @@ def _make_checkpoint(tmp_path: Path, kind: str) -> Path:
         path.write_bytes(data[: len(data) // 2])
     elif kind == "random":
         path.write_bytes(os.urandom(4096))
+    elif kind == "run_directory":
+        return ck.run_dir_of(path)  # type: ignore[return-value]
+    elif kind == "checkpoints_directory":
+        return path.parent
+    elif kind == "empty_directory":
+        (tmp_path / "empty").mkdir()
+        return tmp_path / "empty"
     return path
 
 
@@ -182,6 +227,10 @@ CHECKPOINT_CASES = {
     "random": ["checkpoint.path", "not a PyTorch checkpoint"],
     "architecture": ["another architecture", "model.arch=small_cnn"],
     "config": ["cannot resume from", "the config differs"],
+    # A directory: named as such, with the newest step_*.pt in it (or in its checkpoints/) as the likely file.
+    "run_directory": ["checkpoint.path", "is a directory", "checkpoints/step_00000003.pt"],
+    "checkpoints_directory": ["checkpoint.path", "is a directory", "checkpoints/step_00000003.pt"],
+    "empty_directory": ["checkpoint.path", "is a directory", "holds no step_*.pt"],
 }
 
 
@@ -217,9 +266,10 @@ def _full_disk_args(tmp_path: Path) -> list[str]:
     return [*TINY, f"run_dir={tmp_path / 'run'}", "max_steps=4", "checkpoint.every_n_steps=2", "checkpoint.keep_last=0"]
 
 
-def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("failure", list(FULL_DISK_WRAPPERS))
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path, failure: str) -> None:
     run_dir = tmp_path / "run"
-    proc = _train(_full_disk_args(tmp_path), wrapper=_FULL_DISK)
+    proc = _train(_full_disk_args(tmp_path), wrapper=FULL_DISK_WRAPPERS[failure])
     _error_line(proc, str(ck.checkpoint_path(run_dir, 4)), "No space left on device", "MiB free", "keep_last")
     assert [ck.load_checkpoint(p)["step"] for p in ck.list_checkpoints(run_dir)] == [2]  # intact, readable
     assert not list(ck.checkpoint_dir(run_dir).glob("*.tmp"))
@@ -232,10 +282,16 @@ def test_a_full_disk_shows_its_traceback_with_hs_debug(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="mounting a tmpfs needs root")
-def test_a_really_full_tmpfs_gives_the_same_line(tmp_path: Path) -> None:
-    """The same, on a filesystem that really fills up: a tmpfs with room for one checkpoint and a half."""
+@pytest.mark.parametrize("tensors", ["small", "large"])
+def test_a_really_full_tmpfs_gives_the_same_line(tmp_path: Path, tensors: str) -> None:
+    """The same, on a filesystem that really fills up: a tmpfs with room for one checkpoint and a half.
+
+    Small tensors go through Python's file buffer, whose flush fails with an OSError; a large one is written
+    straight through and torch's zip writer reports the failure as a RuntimeError of its own.
+    """
+    model = ["model.proj_hidden_dim=512", "model.proj_dim=512"] if tensors == "large" else []
     ref = tmp_path / "ref"
-    assert _train([*TINY, f"run_dir={ref}", "max_steps=2"]).returncode == 0
+    assert _train([*TINY, *model, f"run_dir={ref}", "max_steps=2"]).returncode == 0
     size = ck.list_checkpoints(ref)[-1].stat().st_size
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -245,7 +301,7 @@ def test_a_really_full_tmpfs_gives_the_same_line(tmp_path: Path) -> None:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         run_dir = disk / "run"
-        proc = _train([*TINY, f"run_dir={run_dir}", "max_steps=4", "checkpoint.every_n_steps=2",
+        proc = _train([*TINY, *model, f"run_dir={run_dir}", "max_steps=4", "checkpoint.every_n_steps=2",
                        "checkpoint.keep_last=0"])
         _error_line(proc, str(ck.checkpoint_path(run_dir, 4)), "No space left on device", "MiB free")
         assert [ck.load_checkpoint(p)["step"] for p in ck.list_checkpoints(run_dir)] == [2]

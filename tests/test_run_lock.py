@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hypersolid_scale import checkpoint as ck
-from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock, holds_lock, lock_path
+from hypersolid_scale.errors import UserError
+from hypersolid_scale.run_lock import RunDirLocked, RunDirNotADirectory, acquire_run_lock, holds_lock, lock_path
 from test_train import _finish, _wait_for  # the trainer tests' subprocess helpers
 from _net import free_port
 
@@ -270,3 +271,16 @@ def test_sigkill_of_torchrun_leaves_no_worker_alive(tmp_path: Path) -> None:
     finally:
         for pid in _processes_with(str(run_dir), {os.getpid()}):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_run_dir_that_is_a_file_is_refused_as_such(tmp_path: Path, inside: bool) -> None:
+    """Not a lock problem (no word of flock): the path is a file; it is left as it was."""
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me")
+    run_dir = file / "run" if inside else file
+    with pytest.raises(RunDirNotADirectory, match=rf"{file}.* is a file, not a directory; choose another") as err:
+        acquire_run_lock(run_dir)
+    assert isinstance(err.value, UserError) and isinstance(err.value, NotADirectoryError)
+    assert file.read_text() == "keep me" and not holds_lock(run_dir)
+    acquire_run_lock(tmp_path / "fine").release()  # the reference: a directory to be is taken

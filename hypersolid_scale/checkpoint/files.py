@@ -74,11 +74,56 @@ def _free_space(directory: Path) -> str:
         return "free space unknown"
 
 
+# What torch's zip writer raises (a RuntimeError, not an OSError) when a write of the file under it fails part-way,
+# e.g. a disk filling up in the middle of a large tensor.
+_TORCH_WRITE_FAILED = ("unexpected pos", "file write failed", "PytorchStreamWriter failed")
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of tensor data in ``obj`` (nested dicts, lists, tuples): about what ``torch.save`` writes of it."""
+    if isinstance(obj, torch.Tensor):
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _chained_oserror(err: BaseException) -> OSError | None:
+    """The OSError a RuntimeError was raised while handling (torch's writer keeps the file's own error there)."""
+    seen: set[int] = set()
+    cause = err.__cause__ or err.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def _write_failure(path: Path, reason: str, full: bool) -> CheckpointError:
+    return CheckpointError(
+        f"cannot write checkpoint {path}: {reason} ({_free_space(path.parent)} there). "
+        + ("Free disk space (or lower checkpoint.keep_last), or point run_dir at a larger filesystem, then "
+           "rerun: training resumes from the newest checkpoint, which is intact"
+           if full else "Make run_dir writable, or point run_dir elsewhere, then rerun"))
+
+
 def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     """torch.save to ``<path>.<pid>.tmp``, fsync, rename over ``path``, fsync the directory.
 
     A write that fails (a full disk, a quota, a read-only filesystem) raises :class:`CheckpointError` naming
-    the path and the free space; the temporary file is removed and existing files are never touched.
+    the path and the free space; the temporary file is removed and existing files are never touched. A
+    RuntimeError of torch's is such a failure only when it is its writer's (see ``_TORCH_WRITE_FAILED``) or
+    when the data could not have fitted; any other stays the bug it is.
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -92,11 +137,22 @@ def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     except OSError as err:
         tmp.unlink(missing_ok=True)  # before measuring: the partial file's blocks are not the user's to free
         full = err.errno in (errno.ENOSPC, errno.EDQUOT)
-        raise CheckpointError(
-            f"cannot write checkpoint {path}: {err.strerror or err} ({_free_space(path.parent)} there). "
-            + ("Free disk space (or lower checkpoint.keep_last), or point run_dir at a larger filesystem, then "
-               "rerun: training resumes from the newest checkpoint, which is intact"
-               if full else "Make run_dir writable, or point run_dir elsewhere, then rerun")) from err
+        raise _write_failure(path, str(err.strerror or err), full) from err
+    except RuntimeError as err:
+        tmp.unlink(missing_ok=True)
+        free = _free_bytes(path.parent)
+        too_big = free is not None and free < _tensor_bytes(obj)
+        if not (too_big or any(words in str(err) for words in _TORCH_WRITE_FAILED)):
+            raise
+        cause = _chained_oserror(err)
+        if cause is not None and cause.errno is not None:
+            full = cause.errno in (errno.ENOSPC, errno.EDQUOT)
+            reason = str(cause.strerror or cause)
+        else:  # torch writing through C (no Python file): say what the numbers say
+            full = True
+            reason = (os.strerror(errno.ENOSPC) if too_big else
+                      "the write stopped part-way (a full disk or an exceeded quota)")
+        raise _write_failure(path, reason, full) from err
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
@@ -155,15 +211,33 @@ def _why_unreadable(path: Path, err: Exception) -> str:
     return f"the archive is damaged ({type(err).__name__})"
 
 
+def _is_a_directory(path: Path) -> str:
+    """What to say when a checkpoint's path is a directory: which file in it was probably meant."""
+    found: list[tuple[int, Path]] = []
+    for d in (path, checkpoint_dir(path)):
+        try:
+            found += [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.is_file()]
+        except OSError:  # no such subfolder, or one we may not list: nothing to suggest from it
+            pass
+    if found:
+        newest = max(found)[1]
+        return (f"checkpoint {str(path)!r} is a directory, not a checkpoint file; pass one of the step_*.pt files "
+                f"in it, e.g. its newest, {str(newest)!r}")
+    return (f"checkpoint {str(path)!r} is a directory, not a checkpoint file, and holds no step_*.pt (nor does "
+            f"its {CHECKPOINT_DIR}/ folder); pass a step_*.pt file written by launch/train.py")
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load and sanity-check a checkpoint (``weights_only=True``).
 
     Raises:
-        CheckpointMissing: no such file (a ``FileNotFoundError`` too).
+        CheckpointMissing: no such file, or a directory (a ``FileNotFoundError`` too).
         BadCheckpoint: the file is truncated / corrupt / not a Hypersolid checkpoint / a newer format (a
             ``ValueError`` too).
     """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointMissing(_is_a_directory(path))
     if not path.is_file():
         raise CheckpointMissing(f"checkpoint {str(path)!r} does not exist; list {path.parent}/ for the saved steps")
     # torch's warnings about a file it cannot read ask to file an issue with torch; they are shown only if

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import time
 import warnings
@@ -122,12 +123,26 @@ def _load_weights(load: Any, ckpt: dict[str, Any]) -> None:
         load(_trained_state(ckpt))
     except (RuntimeError, ValueError) as err:
         arch = ckpt["config"].get("model", {}).get("arch", "?") if isinstance(ckpt["config"], dict) else "?"
-        # torch lists every mismatching tensor; the first one says enough, whole sentences only.
-        first = " ".join(str(err).split()).split(": ", 1)[-1].split(". ")[0][:300].rstrip(".")
         raise BadCheckpoint(
             f"checkpoint {ckpt.get('path', '')} holds weights of another architecture than its config "
-            f"(model.arch={arch}) describes, so they cannot be loaded (first problem: {first}). Use a checkpoint "
+            f"(model.arch={arch}) describes, so they cannot be loaded ({_load_problems(err)}). Use a checkpoint "
             "written by launch/train.py for this model config") from None
+
+
+def _load_problems(err: Exception, shown: int = 3) -> str:
+    """torch's load_state_dict error (every mismatching tensor, hundreds of names) as counts and the first few
+    names of each kind."""
+    text = " ".join(str(err).split())
+    parts = []
+    for kind, label in (("Missing", "missing from the file"), ("Unexpected", "the model does not have")):
+        found = re.search(kind + r' key\(s\) in state_dict: ((?:"[^"]+"(?:, )?)+)', text)
+        if found:
+            keys = re.findall(r'"([^"]+)"', found.group(1))
+            parts.append(f"{len(keys)} tensors {label} ({', '.join(keys[:shown])}{', ...' if len(keys) > shown else ''})")
+    sizes = re.findall(r"size mismatch for ([^:]+):", text)
+    if sizes:
+        parts.append(f"{len(sizes)} of another shape ({', '.join(sizes[:shown])}{', ...' if len(sizes) > shown else ''})")
+    return "; ".join(parts) or text[:300]
 
 
 def restore_run_state(ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank: int, world_size: int,
