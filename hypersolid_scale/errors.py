@@ -5,6 +5,8 @@ to fix it. ``run_cli`` wraps an entry point's ``main``: a ``UserError`` becomes 
 ``error: <message>``, and exit code ``EXIT_BAD_INPUT`` (2); any other exception is a bug and becomes one
 line naming its type, with exit code 1. The traceback is printed only with ``HS_DEBUG=1``; it is always
 appended to the log file the entry point names (e.g. ``<run_dir>/logs/errors.log``), when there is one.
+Under torchrun the printed line is also handed to torchrun as the failure's root cause, and a rank whose
+collective fails because another rank stopped says only that (the other rank's line is the cause).
 
 Subclasses also derive from the built-in exception a caller would catch (``ConfigError`` is a
 ``ValueError``, ``DataError`` and ``CheckpointError`` are ``RuntimeError``), so code that catches those keeps
