@@ -4,7 +4,9 @@ torchrun starts each worker in its own session, so ``kill -9`` of torchrun's pro
 them: they are re-parented and train on, writing checkpoints into a run directory that the user may
 already have restarted. Asking the kernel to send SIGTERM when the parent dies turns that into the
 ordinary preemption path (the trainer finishes its step, checkpoints and exits 75). Under srun the parent
-is slurmstepd and the same applies.
+is slurmstepd and the same applies. While a worker starts, launch/train.py asks for SIGKILL instead: there
+is nothing to checkpoint yet, and a worker blocked in the rendezvous with a dead launcher's store runs no
+Python signal handler; the trainer switches to SIGTERM once its process group is up.
 
 Only under a launcher (torchrun's ``TORCHELASTIC_RUN_ID``, srun's ``SLURM_STEP_ID``): a plain
 ``nohup python launch/train.py &`` must outlive the shell that started it.
