@@ -266,9 +266,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     # Normalise spellings that YAML turns into other types (``bf16: true`` is read as the string "True").
     cfg.dist.bf16 = str(cfg.dist.bf16).lower()
     validate(cfg)
-    if (blocking := not_a_directory(cfg.run_dir)) is not None:
-        what = "is a file" if blocking == Path(cfg.run_dir) else f"cannot be created: {blocking} is a file"
-        raise ConfigError(f"config key 'run_dir' = {cfg.run_dir!r} {what}, not a directory; choose another "
+    if (why := not_a_directory(cfg.run_dir)) is not None:
+        raise ConfigError(f"config key 'run_dir' = {cfg.run_dir!r} {why}, not a directory; choose another "
                           "run_dir (a new or an existing directory), e.g. run_dir=runs/my_run")
     return cfg
 

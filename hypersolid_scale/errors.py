@@ -61,6 +61,11 @@ def _rank() -> int:
     return int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) or 0)
 
 
+def _rank_prefix() -> str:
+    """``[rank r] `` under a launcher (torchrun, srun), where several processes write to one terminal."""
+    return f"[rank {_rank()}] " if "RANK" in os.environ or "SLURM_PROCID" in os.environ else ""
+
+
 def _write_log(log_file: Path | None, text: str) -> None:
     if log_file is None:
         return
@@ -111,8 +116,7 @@ def report(err: UserError) -> None:
     as soon as one has exited, and a worker whose handlers no longer catch that signal dies unheard.
     """
     if not err.reported and (err.per_rank or _rank() == 0):
-        launched = "RANK" in os.environ or "SLURM_PROCID" in os.environ
-        prefix = f"[rank {_rank()}] " if err.per_rank and launched else ""
+        prefix = _rank_prefix() if err.per_rank else ""
         print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
         _tell_launcher(f"{prefix}error: {err}")
     err.reported = True
@@ -141,7 +145,7 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
         if debug_enabled():
             raise
         where = f"; traceback in {path}" if path is not None else ""
-        prefix = f"[rank {_rank()}] " if "RANK" in os.environ or "SLURM_PROCID" in os.environ else ""
+        prefix = _rank_prefix()
         if isinstance(err, UserError):
             report(err)
             return EXIT_BAD_INPUT

@@ -78,13 +78,15 @@ class RunDirNotADirectory(UserError, NotADirectoryError):
     """The run directory's path, or a folder above it, is a file: nothing can be locked or written there."""
 
 
-def not_a_directory(run_dir: str | os.PathLike) -> Path | None:
-    """The nearest existing path among ``run_dir`` and the folders above it, if it is not a directory (a file,
-    which the run directory can never be created through); None when the run directory can be used or made."""
+def not_a_directory(run_dir: str | os.PathLike) -> str | None:
+    """Why ``run_dir`` can never be a directory ("is a file", or "cannot be created: <file> is a file" when a
+    folder above it is one); None when the run directory can be used or made."""
     for p in (Path(run_dir), *Path(run_dir).parents):
         try:
             if p.exists():
-                return None if p.is_dir() else p
+                if p.is_dir():
+                    return None
+                return "is a file" if p == Path(run_dir) else f"cannot be created: {p} is a file"
         except OSError:  # a folder we may not look into: creating or locking run_dir will say what is wrong
             return None
     return None
@@ -97,10 +99,9 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> RunLock:
         RunDirLocked: another live process holds it; the message names it and what to do.
         RunDirNotADirectory: ``run_dir`` (or a folder above it) is a file.
     """
-    blocking = not_a_directory(run_dir)
-    if blocking is not None:
-        what = "is a file" if blocking == Path(run_dir) else f"cannot be created: {blocking} is a file"
-        raise RunDirNotADirectory(f"run directory {run_dir} {what}, not a directory; choose another directory")
+    why = not_a_directory(run_dir)
+    if why is not None:
+        raise RunDirNotADirectory(f"run directory {run_dir} {why}, not a directory; choose another directory")
     run_dir = Path(run_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = lock_path(run_dir)

@@ -159,13 +159,16 @@ def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     return path
 
 
-def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """``step_*.pt`` files of a run, oldest first (by step number, not by mtime)."""
-    d = checkpoint_dir(run_dir)
+def _step_files(d: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the ``step_*.pt`` names in directory ``d`` (none when ``d`` is not a directory)."""
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """``step_*.pt`` files of a run, oldest first (by step number, not by mtime)."""
+    return [p for _, p in sorted(_step_files(checkpoint_dir(run_dir)))]
 
 
 def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
@@ -216,8 +219,8 @@ def _is_a_directory(path: Path) -> str:
     found: list[tuple[int, Path]] = []
     for d in (path, checkpoint_dir(path)):
         try:
-            found += [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name)) and p.is_file()]
-        except OSError:  # no such subfolder, or one we may not list: nothing to suggest from it
+            found += [(step, p) for step, p in _step_files(d) if p.is_file()]
+        except OSError:  # a folder we may not list: nothing to suggest from it
             pass
     if found:
         newest = max(found)[1]
