@@ -175,17 +175,22 @@ def test_pair_exactly_at_alpha_is_inactive(backend, opts):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"alpha": 1.0}, "alpha"),
-        ({"alpha": -1.0}, "alpha"),
-        ({"backend": "sparse"}, "dense, tiled, neighbors"),
-        ({"pooling": "min"}, "max, mean"),
-        ({"repel": "some"}, "all, negatives, positives"),
-        ({"backend": "neighbors", "index": "lsh"}, "flat, ivf, hnsw, torch"),
-        ({"backend": "auto", "index": "ivf"}, "approximate"),
-        ({"backend": "auto", "auto_to_neighbors": 0.3, "auto_to_tiled": 0.2}, "hysteresis"),
+        ({"alpha": 1.5}, r"^method\.hypersolid\.alpha must be in the open interval \(-1, 1\), got 1\.5$"),
+        ({"alpha": -1.0}, r"^method\.hypersolid\.alpha must be in the open interval"),
+        ({"backend": "sparse"}, r"^method\.hypersolid\.backend='sparse' is not valid; choose one of dense, tiled, "
+                                r"neighbors, auto$"),
+        ({"pooling": "min"}, r"^method\.hypersolid\.pooling='min' is not valid; choose one of max, mean$"),
+        ({"repel": "some"}, r"^method\.hypersolid\.repel='some' .* all, negatives, positives$"),
+        ({"backend": "neighbors", "index": "lsh"}, r"^method\.hypersolid\.index='lsh' .* flat, ivf, hnsw, torch$"),
+        ({"backend": "auto", "index": "ivf"},
+         r"^method\.hypersolid\.backend=auto .* method\.hypersolid\.index='ivf' is approximate; use "
+         r"method\.hypersolid\.index=flat or torch, or method\.hypersolid\.backend=neighbors"),
+        ({"backend": "auto", "auto_to_neighbors": 0.3, "auto_to_tiled": 0.2},
+         r"^method\.hypersolid\.auto_to_neighbors=0\.3 and method\.hypersolid\.auto_to_tiled=0\.2 .*hysteresis"),
         ({"tile": 4}, "unknown backend option"),
-        ({"norm_weight": -1}, "norm_weight"),
-        ({"k": 0}, "k must be a positive"),
+        ({"norm_weight": -1}, r"^method\.hypersolid\.norm_weight must be >= 0, got -1$"),
+        ({"k": 0}, r"^method\.hypersolid\.k must be a positive integer, got 0$"),
+        ({"recall_every": -1}, r"^method\.hypersolid\.recall_every must be >= 0"),
     ],
 )
 def test_invalid_arguments(kwargs, match):

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.models import ARCHS, HypersolidModel, ModelConfig, build_model, group_views_by_resolution
+from hypersolid_scale.models import (HypersolidModel, ModelConfig, backbone_names, build_model,
+                                     group_views_by_resolution)
 
 # Small projector everywhere: the projector is not what these tests exercise, and it keeps them fast.
 SMALL_PROJ = dict(proj_hidden_dim=64, proj_dim=32)
@@ -218,7 +219,7 @@ def test_state_dict_roundtrip() -> None:
 def test_defaults() -> None:
     cfg = ModelConfig()
     assert cfg.arch == "small_cnn" and cfg.proj_dim == 1024 and cfg.proj_hidden_dim == 2048
-    assert set(ARCHS) == {"small_cnn", "resnet18", "resnet50", "vit_tiny"}
+    assert backbone_names() == ("small_cnn", "resnet18", "resnet50", "vit_tiny")
 
 
 @pytest.mark.parametrize(

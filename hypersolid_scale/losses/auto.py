@@ -1,4 +1,4 @@
-"""``loss.backend=auto``: ``tiled`` or ``neighbors`` for each step, with hysteresis (docs/design.md §3c).
+"""``method.hypersolid.backend=auto``: ``tiled`` or ``neighbors`` per step, with hysteresis (docs/design.md §3c).
 
 Near collapse (early training) most rows are *saturated* (more than k neighbours inside α): ``neighbors``
 would pay its search and then the exact fallback for almost every row, so ``tiled`` is cheaper. Once the

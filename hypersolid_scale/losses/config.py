@@ -1,10 +1,12 @@
-"""Typed configuration of the Hypersolid objective (the ``loss`` section of the run config)."""
+"""Typed configuration of the Hypersolid objective (the ``method.hypersolid`` section of the run config)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-BACKENDS = ("dense", "tiled", "neighbors", "auto")
+from hypersolid_scale.losses.backends import backend_names, get_backend
+
+SECTION = "method.hypersolid"  # where these keys live in the run config, as error messages name them
 POOLINGS = ("max", "mean")
 REPEL_MODES = ("all", "negatives", "positives")
 # flat: exact (FAISS IndexFlatIP on CPU, the torch blockwise top-k on CUDA); torch: the torch top-k on any device;
@@ -24,8 +26,9 @@ class LossConfig:
     norm_weight: float = 1e-6  # lambda of the L2 normalization term; 0 disables it
     pooling: str = "max"  # target per image: "max" (paper) | "mean" (ablation)
     repel: str = "all"  # which pairs are repelled: "all" (paper) | "negatives" | "positives"
-    # "dense" (reference) | "tiled" (exact, bounded memory) | "neighbors" (candidate search) |
-    # "auto" (tiled or neighbors per step, from the previous step's saturated-row fraction; docs/design.md §3c)
+    # a registered backend (losses/backends/): "dense" (reference) | "tiled" (exact, bounded memory) |
+    # "neighbors" (candidate search) | "auto" (tiled or neighbors per step, from the previous step's
+    # saturated-row fraction; docs/design.md §3c)
     backend: str = "dense"
     tile_size: int = 4096  # tiled, and the torch search: rows/columns per block
     index: str = "flat"  # neighbors: "flat" | "torch" (exact) | "ivf" | "hnsw" (approximate)
@@ -39,29 +42,26 @@ class LossConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field and what it accepts."""
         if not -1.0 < float(self.alpha) < 1.0:
-            raise ValueError(f"loss.alpha must be in the open interval (-1, 1), got {self.alpha}")
+            raise ValueError(f"{SECTION}.alpha must be in the open interval (-1, 1), got {self.alpha}")
         if self.norm_weight < 0:
-            raise ValueError(f"loss.norm_weight must be >= 0, got {self.norm_weight}")
+            raise ValueError(f"{SECTION}.norm_weight must be >= 0, got {self.norm_weight}")
         for name, value, allowed in (
             ("pooling", self.pooling, POOLINGS),
             ("repel", self.repel, REPEL_MODES),
-            ("backend", self.backend, BACKENDS),
+            ("backend", self.backend, backend_names()),
             ("index", self.index, INDEXES),
         ):
             if value not in allowed:
-                raise ValueError(f"loss.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
+                raise ValueError(f"{SECTION}.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
         for name in ("tile_size", "k", "nprobe", "ef_search"):
             if int(getattr(self, name)) < 1:
-                raise ValueError(f"loss.{name} must be a positive integer, got {getattr(self, name)}")
+                raise ValueError(f"{SECTION}.{name} must be a positive integer, got {getattr(self, name)}")
         if self.recall_every < 0:
-            raise ValueError(f"loss.recall_every must be >= 0 (0 disables), got {self.recall_every}")
+            raise ValueError(f"{SECTION}.recall_every must be >= 0 (0 disables), got {self.recall_every}")
         if not 0.0 <= self.auto_to_neighbors < self.auto_to_tiled <= 1.0:
             raise ValueError(
-                f"loss.auto_to_neighbors={self.auto_to_neighbors} and loss.auto_to_tiled={self.auto_to_tiled} "
-                "must satisfy 0 <= auto_to_neighbors < auto_to_tiled <= 1 (the gap between them is the hysteresis)"
+                f"{SECTION}.auto_to_neighbors={self.auto_to_neighbors} and "
+                f"{SECTION}.auto_to_tiled={self.auto_to_tiled} must satisfy 0 <= auto_to_neighbors < "
+                "auto_to_tiled <= 1 (the gap between them is the hysteresis)"
             )
-        if self.backend == "auto" and self.index not in EXACT_INDEXES:
-            raise ValueError(
-                f"loss.backend=auto switches between exact backends, but loss.index={self.index!r} is approximate; "
-                f"use loss.index={' or '.join(EXACT_INDEXES)}, or loss.backend=neighbors for an approximate index"
-            )
+        get_backend(self.backend).check_config(self)  # what only this backend requires

@@ -16,12 +16,11 @@ exactly the single-process gradient of the concatenated batch. No collective run
 
 Telemetry stays on the device: every scalar the global loss and the statistics need goes into one vector,
 reduced across ranks in one collective; the result, with the derived statistics, is :attr:`packed_stats`
-(a :class:`~hypersolid_scale.losses.stats.PackedStats`). Built as the trainer builds it
-(``check_finite=False``, ``same_rows_per_rank=True``), a call with ``dense``, ``tiled`` or ``auto`` on its
-tiled side reads nothing on the host; ``neighbors`` reads which rows saturated (one transfer that sizes its
-exact fallback; a FAISS search on the host copies the embeddings too). ``auto`` takes its decision from
-the previous call's statistics, copied to the host without blocking (see :mod:`.auto`). The ``stats``
-property is the host view: one transfer.
+(a :class:`~hypersolid_scale.losses.stats.PackedStats`). The repulsion's backend
+(:mod:`hypersolid_scale.losses.backends`, one module each) adds its own statistics; built as the trainer
+builds it (``check_finite=False``, ``same_rows_per_rank=True``), a call reads nothing on the host beyond
+what its backend reads (each backend's module says what). The ``stats`` property is the host view: one
+transfer.
 """
 
 from __future__ import annotations
@@ -33,17 +32,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from hypersolid_scale.distributed import all_gather_detached, all_reduce_packed, get_world_size
-from hypersolid_scale.losses.auto import BackendSwitch
+from hypersolid_scale.losses.backends import Backend, get_backend
 from hypersolid_scale.losses.config import LossConfig
-from hypersolid_scale.losses.neighbors import NeighborRepulsion
-from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats, dense_repulsion, tiled_repulsion
+from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
 from hypersolid_scale.losses.stats import PackedStats
 
-_BACKEND_OPTIONS = {"tile_size", "index", "k", "nprobe", "ef_search", "recall_every", "auto_to_neighbors",
-                    "auto_to_tiled"}
+_OBJECTIVE = ("alpha", "norm_weight", "pooling", "repel", "backend")  # the other LossConfig fields: backend options
+_BACKEND_OPTIONS = {f.name for f in fields(LossConfig)} - set(_OBJECTIVE)
 BASE_STATS = ("loss", "alignment", "repulsion", "normalization", "mean_norm", "active_pairs", "active_pos",
               "active_neg", "active_fraction", "max_cos", "nonfinite")
-SEARCH_STATS = ("candidates", "saturated_rows", "saturated_fraction", "recall", "recall_measured")
 # RepulsionStats fields summed across ranks (max_cos is reduced by maximum)
 _SUMMED = tuple(name for name in RepulsionStats.__dataclass_fields__ if name != "max_cos")
 
@@ -56,14 +53,15 @@ class HypersolidLoss(nn.Module):
         norm_weight: λ of the L2 normalization term (0 disables it). Paper: 1e-6.
         pooling: how the per-image target is built from its views: "max" (paper) or "mean".
         repel: which pairs are repelled: "all" (paper), "negatives" or "positives".
-        backend: "dense" (reference), "tiled" (exact, O(tile²) memory), "neighbors" (candidate search) or
-            "auto" (tiled or neighbors per step, docs/design.md §3c).
+        backend: how the repulsion is computed: a name registered in :mod:`hypersolid_scale.losses.backends`
+            (built in: "dense", the reference; "tiled", exact with O(tile²) memory; "neighbors", candidate
+            search; "auto", tiled or neighbors per step, docs/design.md §3c).
         check_finite: raise ``ValueError`` on NaN/inf input. That check reads a device value on the host
             (a GPU synchronisation); the trainer turns it off and reads the ``nonfinite`` statistic instead.
         same_rows_per_rank: every rank holds as many rows as this one (the trainer's fixed per-rank batch),
             so the all_gather skips its row-count exchange, a host synchronisation. Default False.
-        **backend_options: tile_size; for neighbors: index ("flat" | "torch" | "ivf" | "hnsw"), k, nprobe,
-            ef_search, recall_every; for auto: auto_to_neighbors, auto_to_tiled.
+        **backend_options: the other fields of :class:`LossConfig` (tile_size, index, k, ...), read by the
+            backends that use them.
 
     Shape:
         feats: (B, V, D) — B images on this process, V ≥ 2 views each, ordered as the model emits them.
@@ -71,11 +69,11 @@ class HypersolidLoss(nn.Module):
 
     After each call :attr:`packed_stats` holds, on the device, for the global batch: loss, alignment,
     repulsion, normalization, mean_norm, active_pairs, active_pos, active_neg, active_fraction, max_cos,
-    nonfinite (non-finite input values + 1 if the loss is not finite); for ``neighbors`` and ``auto`` also
-    candidates, saturated_rows, saturated_fraction, recall, recall_measured (ranks that measured recall this
-    call; recall is 1 when there was nothing to find); for ``auto`` also backend_neighbors (1: this call ran
-    ``neighbors``). Pair counts are ordered pairs. :attr:`stats` is the same as Python floats (one transfer),
-    without recall/recall_measured when recall was not measured.
+    nonfinite (non-finite input values + 1 if the loss is not finite); then the backend's own statistics
+    (:attr:`Backend.stat_names <hypersolid_scale.losses.backends.Backend.stat_names>`). Pair counts are
+    ordered pairs. :attr:`stats` is the same as Python floats (one transfer), without recall/recall_measured
+    when recall was not measured. The backend instance is :attr:`backend`; its public attributes (e.g. the
+    ``auto`` backend's ``switch``) read as attributes of the loss too.
     """
 
     def __init__(
@@ -101,17 +99,19 @@ class HypersolidLoss(nn.Module):
         )
         self.cfg.validate()
         self.check_finite, self.same_rows_per_rank = bool(check_finite), bool(same_rows_per_rank)
-        c = self.cfg
-        self._neighbors = (
-            NeighborRepulsion(index=c.index, k=c.k, nprobe=c.nprobe, ef_search=c.ef_search,
-                              recall_every=c.recall_every, tile_size=c.tile_size)
-            if backend in ("neighbors", "auto")
-            else None
-        )
-        self.switch = BackendSwitch(c.auto_to_neighbors, c.auto_to_tiled) if backend == "auto" else None
-        names = BASE_STATS + (SEARCH_STATS if backend in ("neighbors", "auto") else ())
-        self.stat_names: tuple[str, ...] = names + (("backend_neighbors",) if backend == "auto" else ())
+        self.backend: Backend = get_backend(backend)(self.cfg)
+        self.stat_names: tuple[str, ...] = BASE_STATS + tuple(self.backend.stat_names)
         self._packed: PackedStats | None = None
+
+    def __getattr__(self, name: str):
+        # nn.Module's lookup (parameters, buffers, submodules) first, then the backend's public attributes.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            backend = self.__dict__.get("backend")
+            if backend is None or name.startswith("_") or not hasattr(backend, name):
+                raise
+            return getattr(backend, name)
 
     @classmethod
     def from_config(cls, cfg: LossConfig, **runtime: bool) -> "HypersolidLoss":
@@ -157,18 +157,9 @@ class HypersolidLoss(nn.Module):
         if self.check_finite and not torch.isfinite(feats.detach()).all():
             raise ValueError("feats contains NaN or Inf: check the model outputs (learning rate, mixed precision)")
 
-    def _repulsion_rows(self, backend: str, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout):
-        if backend == "dense":
-            return dense_repulsion(x_rows, x_all, layout, self.alpha)
-        if backend == "tiled":
-            k = self.cfg.k if self.switch is not None else None  # auto compares on the saturated fraction
-            return tiled_repulsion(x_rows, x_all, layout, self.alpha, self.cfg.tile_size, saturation_k=k)
-        return self._neighbors(x_rows, x_all, layout, self.alpha)
-
     def forward(self, feats: torch.Tensor) -> torch.Tensor:
         self._check(feats)
         device_type = feats.device.type
-        backend = self.switch.choose() if self.switch is not None else self.cfg.backend
         # Thresholds are decided in fp32 or better, even under bf16/fp16 autocast (docs/design.md §2).
         with torch.autocast(device_type=device_type, enabled=False):
             f = feats.float() if feats.dtype in (torch.float16, torch.bfloat16) else feats
@@ -188,7 +179,7 @@ class HypersolidLoss(nn.Module):
             x_rows = x.reshape(b * v, d)
             x_all, offset = all_gather_detached(x_rows, same_size=self.same_rows_per_rank)
             m_g = x_all.shape[0]
-            rep_sum, st = self._repulsion_rows(backend, x_rows, x_all, PairLayout(offset, v, self.cfg.repel))
+            rep_sum, st = self.backend.repulsion(x_rows, x_all, PairLayout(offset, v, self.cfg.repel), self.alpha)
 
             # One collective for every scalar the global loss and the telemetry need (sums, and max_cos).
             nonfinite = (~torch.isfinite(f.detach())).sum()
@@ -217,17 +208,8 @@ class HypersolidLoss(nn.Module):
                 "active_neg": g["active_neg"], "active_fraction": active / max(1, m_g * (m_g - 1)),
                 "max_cos": mx[0], "nonfinite": g["nonfinite"] + (~torch.isfinite(value)).double(),
             }
-            if "candidates" in self.stat_names:
-                hits, total = g["recall_hits"], g["recall_total"]
-                out.update(candidates=g["candidates"], saturated_rows=g["saturated_rows"],
-                           saturated_fraction=g["saturated_rows"] / m_g,
-                           # global recall: found / truly active over every measuring rank's sample
-                           recall=torch.where(total > 0, hits / total.clamp(min=1.0), torch.ones_like(total)),
-                           recall_measured=g["recall_measured"])
-            if self.switch is not None:
-                out["backend_neighbors"] = torch.full_like(value, float(backend == "neighbors"))
+            out.update(self.backend.derive(g, m_g, value))
             packed = PackedStats(self.stat_names, torch.stack([out[name] for name in self.stat_names]))
         self._packed = packed
-        if self.switch is not None:
-            self.switch.observe(packed["saturated_fraction"])
+        self.backend.observe(packed)
         return loss  # float32 for low-precision input: the loss value is never rounded to bf16

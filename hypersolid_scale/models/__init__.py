@@ -1,17 +1,25 @@
-"""Backbones (torchvision ResNet, timm ViT, a small CPU CNN) and the projector MLP."""
+"""Backbones (torchvision ResNet, timm ViT, a small CPU CNN; one module each under ``backbones/``, registered by
+name) and the projector MLP."""
 
-from hypersolid_scale.models.backbones import SmallCNN, ViTBackbone, build_backbone
-from hypersolid_scale.models.config import ARCHS, ModelConfig
+from hypersolid_scale.models.backbones import (Backbone, backbone_names, build_backbone, get_backbone,
+                                               register_backbone, unregister_backbone)
+from hypersolid_scale.models.backbones.small_cnn import SmallCNN
+from hypersolid_scale.models.backbones.vit import ViTBackbone
+from hypersolid_scale.models.config import ModelConfig
 from hypersolid_scale.models.model import HypersolidModel, Projector, build_model, group_views_by_resolution
 
 __all__ = [
-    "ARCHS",
+    "Backbone",
     "HypersolidModel",
     "ModelConfig",
     "Projector",
     "SmallCNN",
     "ViTBackbone",
+    "backbone_names",
     "build_backbone",
     "build_model",
+    "get_backbone",
     "group_views_by_resolution",
+    "register_backbone",
+    "unregister_backbone",
 ]

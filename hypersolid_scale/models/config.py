@@ -6,14 +6,16 @@ projector's depth or hidden width. We default to a 3-layer MLP with hidden width
 (Linear-BN-ReLU, Linear-BN-ReLU, Linear), the expander used by other non-contrastive objectives without a
 predictor (Barlow Twins, VICReg); the paper's projector-size sweep (64..4096, <2% spread) suggests the
 objective is not sensitive to this choice. Both are configurable.
+
+Which settings apply to which backbone is the backbone's registration (`hypersolid_scale.models.backbones`):
+`ModelConfig.validate` asks the registry, so a new backbone needs no change here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-ARCHS: tuple[str, ...] = ("small_cnn", "resnet18", "resnet50", "vit_tiny")
-RESNET_ARCHS: tuple[str, ...] = ("resnet18", "resnet50")
+from hypersolid_scale.models.backbones import backbone_names, get_backbone
 
 
 @dataclass
@@ -21,10 +23,11 @@ class ModelConfig:
     """Backbone + projector hyperparameters.
 
     Attributes:
-        arch: one of ``small_cnn`` (CPU runs on 28-32 px data), ``resnet18``, ``resnet50``, ``vit_tiny``.
+        arch: a registered backbone (``backbone_names()``): ``small_cnn`` (CPU runs on 28-32 px data),
+            ``resnet18``, ``resnet50``, ``vit_tiny``, or one registered with ``register_backbone``.
         in_channels: image channels (1 for Fashion-MNIST, 3 for RGB).
-        small_stem: ResNets only. CIFAR-style stem (3x3 conv, stride 1, no max-pool) so 32 px inputs are not
-            downsampled 4x before the first residual stage.
+        small_stem: backbones registered with ``small_stem=True`` only (the ResNets). CIFAR-style stem (3x3
+            conv, stride 1, no max-pool) so 32 px inputs are not downsampled 4x before the first residual stage.
         small_cnn_width: channels of the small CNN's first block; later blocks use 2x, 4x, 4x this width.
         img_size: ViT only. Nominal input size that sizes the position-embedding grid; other sizes (local
             crops) are served by interpolating that grid.
@@ -50,21 +53,18 @@ class ModelConfig:
     def validate(self) -> None:
         """Raise ValueError naming the bad field and the fix. Called on construction and by build_model
         (fields may be changed after construction, e.g. by config overrides)."""
-        if self.arch not in ARCHS:
-            raise ValueError(f"model.arch={self.arch!r} is unknown; choose one of {list(ARCHS)}")
+        backbone = get_backbone(self.arch)  # ValueError listing the registered names
         for name in ("in_channels", "small_cnn_width", "img_size", "patch_size", "proj_layers",
                      "proj_hidden_dim", "proj_dim"):
             value = getattr(self, name)
             # bool is an int subclass; reject it so `in_channels: true` in YAML does not become 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"model.{name}={value!r} must be a positive integer")
-        if self.small_stem and self.arch not in RESNET_ARCHS:
+        if self.small_stem and not backbone.small_stem:
+            stems = [n for n in backbone_names() if get_backbone(n).small_stem]
             raise ValueError(
-                f"model.small_stem=true only applies to {list(RESNET_ARCHS)}, not arch={self.arch!r}; "
-                "set model.small_stem=false (small_cnn already keeps resolution, vit_tiny uses patches)"
+                f"model.small_stem=true only applies to {stems}, not arch={self.arch!r}; "
+                f"set model.small_stem=false (it selects a stem for 32 px inputs, which {self.arch} does not have)"
             )
-        if self.arch == "vit_tiny" and self.img_size % self.patch_size != 0:
-            raise ValueError(
-                f"model.img_size={self.img_size} must be a multiple of model.patch_size={self.patch_size} "
-                "(the ViT splits the image into whole patches)"
-            )
+        if backbone.check is not None:
+            backbone.check(self)  # the backbone's own fields, e.g. the ViT's img_size and patch_size

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from hypersolid_scale.errors import CheckpointError, ConfigError
-from hypersolid_scale.models.backbones import build_backbone
-from hypersolid_scale.models.config import ARCHS, ModelConfig
+from hypersolid_scale.models.backbones import backbone_names, build_backbone, get_backbone
+from hypersolid_scale.models.config import ModelConfig
 
 SOURCES = ("torchvision", "timm", "hypersolid")
 # Wrappers added by DDP, torch.compile, lightly/Lightning modules and SSL repositories.
@@ -109,8 +109,8 @@ def build_external(source: str, name: str, model_cfg: ModelConfig | None = None)
         return (*_torchvision(name), 3)
     if source == "timm":
         return (*_timm(name), 3)
-    if name not in ARCHS:
-        raise _unknown("hypersolid", name, ARCHS, "hypersolid:resnet18")
+    if name not in backbone_names():
+        raise _unknown("hypersolid", name, backbone_names(), "hypersolid:resnet18")
     cfg = ModelConfig() if model_cfg is None else model_cfg
     cfg.arch = name
     net, dim = build_backbone(cfg)
@@ -266,7 +266,8 @@ def _guess_arch(tensors: Mapping[str, torch.Tensor]) -> str | None:
         arch = {(2, 2, 2, 2, False): "resnet18", (3, 4, 6, 3, False): "resnet34", (3, 4, 6, 3, True): "resnet50",
                 (3, 4, 23, 3, True): "resnet101", (3, 8, 36, 3, True): "resnet152"}.get((*depth, bottleneck))
         stem = next((v for k, v in zip(names, tensors.values()) if k == "conv1.weight"), None)
-        if arch and stem is not None and stem.shape[-1] == 3 and arch in ("resnet18", "resnet50"):
+        if (arch and stem is not None and stem.shape[-1] == 3 and arch in backbone_names()
+                and get_backbone(arch).small_stem):
             return f"hypersolid:{arch} model.small_stem=true"  # the 32 px (CIFAR) stem
         return f"torchvision:{arch}" if arch else None
     first = next((v for k, v in zip(names, tensors.values()) if k == "features.0.weight"), None)

@@ -1,0 +1,106 @@
+"""The registry of repulsion backends (``method.hypersolid.backend``): how the repulsion's row part is computed.
+
+Every module of this package defines one :class:`Backend` subclass and registers it with
+:func:`register_backend`; :func:`get_backend` and :func:`backend_names` import them all on first use. A new
+backend is one new module here (plus its tests): :class:`~hypersolid_scale.losses.HypersolidLoss` and
+:class:`~hypersolid_scale.losses.LossConfig` name no backend. A backend defined elsewhere (a test, a user's
+module) registers the same way, once its module is imported.
+
+A loss builds its own backend instance from its :class:`~hypersolid_scale.losses.LossConfig`, so state kept
+across calls (the neighbors search's call counter, auto's switch) belongs to that loss. Per call the loss
+asks its backend for:
+
+1. :meth:`Backend.repulsion`: ``(rep_sum, RepulsionStats)`` for this rank's rows against the gathered global
+   batch (the contract of :mod:`hypersolid_scale.losses.repulsion`);
+2. :meth:`Backend.derive`: its extra statistics (named by :attr:`Backend.stat_names`, packed after the
+   loss's own) from the sums reduced across ranks;
+3. :meth:`Backend.observe`: a look at the packed statistics of the call, e.g. to decide the next one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    import torch
+
+    from hypersolid_scale.losses.config import LossConfig
+    from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
+    from hypersolid_scale.losses.stats import PackedStats
+
+
+class Backend:
+    """How the repulsion is computed. Subclasses set :attr:`name` and implement :meth:`repulsion`."""
+
+    name: str = ""
+    order: int = 100  # place in backend_names() (then by name): the built-ins list in their documented order
+    stat_names: tuple[str, ...] = ()  # extra statistics, packed after the loss's own, in this order
+
+    def __init__(self, cfg: LossConfig) -> None:
+        self.cfg = cfg
+
+    @classmethod
+    def check_config(cls, cfg: LossConfig) -> None:
+        """Raise ``ValueError`` if ``cfg`` asks for something this backend cannot do (LossConfig.validate calls
+        it last, after the checks of every field)."""
+
+    def repulsion(
+        self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+    ) -> tuple[torch.Tensor, RepulsionStats]:
+        """The row part L_r of this rank's rows (differentiable w.r.t. ``x_rows``) and its statistics.
+
+        Shape: x_rows (m, D) normalised, this rank's rows; x_all (M_g, D) normalised, detached, every rank's.
+        """
+        raise NotImplementedError
+
+    def derive(self, sums: Mapping[str, torch.Tensor], rows: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The values of :attr:`stat_names`, as 0-dim float64 device tensors, from ``sums``: the RepulsionStats
+        fields summed over ranks (max_cos excepted). ``rows``: M_g, the global batch's rows; ``loss``: the
+        global loss value (float64, a template for constant statistics)."""
+        return {}
+
+    def observe(self, packed: PackedStats) -> None:
+        """Called with the call's packed statistics (reduced, identical on every rank) once they exist."""
+
+
+_REGISTRY: dict[str, type[Backend]] = {}
+_discovered = False
+
+
+def register_backend(cls: type[Backend]) -> type[Backend]:
+    """Register a :class:`Backend` subclass under its ``name`` (usable as a class decorator)."""
+    _discover()
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"backend name {cls.name!r} is empty or registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a registered backend (tests that register one of their own)."""
+    _REGISTRY.pop(name, None)
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True  # first: the modules imported below register themselves through register_backend
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered backends: the built-ins as documented (dense, tiled, neighbors, auto), then the others."""
+    _discover()
+    return tuple(sorted(_REGISTRY, key=lambda n: (_REGISTRY[n].order, n)))
+
+
+def get_backend(name: str) -> type[Backend]:
+    """The backend class registered as ``name``."""
+    _discover()
+    if name not in _REGISTRY:
+        raise ValueError(f"backend {name!r} is not registered; choose one of {', '.join(backend_names())}")
+    return _REGISTRY[name]

@@ -1,0 +1,45 @@
+"""``neighbors``: the repulsion over the candidate pairs of a k-nearest-neighbour search, exact with an exact
+index (``flat`` or ``torch``); see :mod:`hypersolid_scale.losses.neighbors`.
+
+Its one host read is which rows saturated (it sizes the exact fallback); a FAISS search on the host copies
+the embeddings too. Extra statistics (:data:`SEARCH_STATS`): candidates, saturated_rows, saturated_fraction,
+recall, recall_measured (ranks that measured recall this call; recall is 1 when there was nothing to find).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hypersolid_scale.losses.backends import Backend, register_backend
+from hypersolid_scale.losses.neighbors import NeighborRepulsion
+
+SEARCH_STATS = ("candidates", "saturated_rows", "saturated_fraction", "recall", "recall_measured")
+
+
+def search_stats(sums, rows: int) -> dict[str, torch.Tensor]:
+    """The values of :data:`SEARCH_STATS` from the RepulsionStats sums over ranks and M_g (``rows``)."""
+    hits, total = sums["recall_hits"], sums["recall_total"]
+    return dict(candidates=sums["candidates"], saturated_rows=sums["saturated_rows"],
+                saturated_fraction=sums["saturated_rows"] / rows,
+                # global recall: found / truly active over every measuring rank's sample
+                recall=torch.where(total > 0, hits / total.clamp(min=1.0), torch.ones_like(total)),
+                recall_measured=sums["recall_measured"])
+
+
+@register_backend
+class NeighborsBackend(Backend):
+    name = "neighbors"
+    order = 2
+    stat_names = SEARCH_STATS
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        c = cfg
+        self.neighbors = NeighborRepulsion(index=c.index, k=c.k, nprobe=c.nprobe, ef_search=c.ef_search,
+                                           recall_every=c.recall_every, tile_size=c.tile_size)
+
+    def repulsion(self, x_rows, x_all, layout, alpha):
+        return self.neighbors(x_rows, x_all, layout, alpha)
+
+    def derive(self, sums, rows, loss):
+        return search_stats(sums, rows)

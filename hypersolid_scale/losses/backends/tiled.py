@@ -1,0 +1,23 @@
+"""``tiled``: exact, one (tile_size × tile_size) block at a time, gradient rows accumulated without autograd.
+
+Memory O(tile_size² + m · D), never an (M × M) matrix. Reads nothing on the host (on CUDA).
+"""
+
+from __future__ import annotations
+
+from hypersolid_scale.losses.backends import Backend, register_backend
+from hypersolid_scale.losses.repulsion import tiled_repulsion
+
+
+@register_backend
+class TiledBackend(Backend):
+    name = "tiled"
+    order = 1
+
+    def __init__(self, cfg, saturation_k: int | None = None) -> None:
+        """``saturation_k``: also count the rows with at least k active pairs (``auto`` runs tiled so)."""
+        super().__init__(cfg)
+        self.saturation_k = saturation_k
+
+    def repulsion(self, x_rows, x_all, layout, alpha):
+        return tiled_repulsion(x_rows, x_all, layout, alpha, self.cfg.tile_size, saturation_k=self.saturation_k)

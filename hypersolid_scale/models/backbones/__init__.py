@@ -1,0 +1,111 @@
+"""The registry of backbones (model.arch): images (N, C, H, W) -> features (N, F).
+
+Every module of this package defines one family of backbones and registers each by name with
+`register_backbone`; `get_backbone`, `backbone_names` and `build_backbone` import them all on first use. A new
+backbone is one new module here (plus its tests): its builder, and what is specific to it — whether
+``model.small_stem`` applies, extra validation of the config — in its registration. `ModelConfig.validate`
+asks this registry, so it names no architecture itself. Modules here stay cheap to import: torchvision and
+timm are imported inside the builders, so validating a config does not load them.
+
+Every backbone here is randomly initialised (self-supervised training from scratch; no weights are downloaded)
+and ends in a global pooling so that any input resolution maps to one F-dimensional vector — needed because
+global and local crops have different sizes.
+
+A backbone registered at run time (a script, a test) is built like the ones here::
+
+    @register_backbone("tiny_conv")
+    def _tiny(cfg: ModelConfig) -> tuple[nn.Module, int]:
+        return nn.Sequential(nn.Conv2d(cfg.in_channels, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten()), 8
+
+    build_model(ModelConfig(arch="tiny_conv"))
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from hypersolid_scale.models.config import ModelConfig
+
+# build(cfg) -> (backbone, feature_dim): the module maps (N, cfg.in_channels, H, W) to (N, feature_dim).
+Builder = Callable[["ModelConfig"], "tuple[nn.Module, int]"]
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """A registered backbone: its builder and the settings specific to it.
+
+    Attributes:
+        name: the ``model.arch`` value that selects it.
+        build: ``build(cfg) -> (module, feature_dim)``; called with a validated config.
+        small_stem: ``model.small_stem=true`` applies (the builder then uses a stem for 32 px inputs);
+            otherwise that setting is rejected.
+        check: extra validation of the config, called by ``ModelConfig.validate`` after the checks common to
+            all backbones; raises ValueError naming the bad field and the fix.
+    """
+
+    name: str
+    build: Builder
+    small_stem: bool = False
+    check: Callable[[ModelConfig], None] | None = None
+
+
+_REGISTRY: dict[str, Backbone] = {}
+_discovered = False
+
+
+def register_backbone(name: str, *, small_stem: bool = False,
+                      check: Callable[[ModelConfig], None] | None = None) -> Callable[[Builder], Builder]:
+    """Decorator registering ``build(cfg) -> (module, feature_dim)`` as the backbone ``name`` (see `Backbone`
+    for the options). Returns the builder unchanged, so one builder may be registered under several names."""
+
+    def decorator(build: Builder) -> Builder:
+        if not name or name in _REGISTRY:
+            raise ValueError(f"backbone name {name!r} is empty or registered twice")
+        _REGISTRY[name] = Backbone(name, build, small_stem, check)
+        return build
+
+    return decorator
+
+
+def unregister_backbone(name: str) -> Backbone:
+    """Remove the backbone ``name`` (one registered at run time, e.g. by a test) and return its entry."""
+    _discover()
+    return _REGISTRY.pop(name)
+
+
+def _discover() -> None:
+    # A flag, not "the registry is empty": a backbone registered at run time before the first look-up must
+    # not hide the modules of this package.
+    global _discovered
+    if _discovered:
+        return
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    _discovered = True
+
+
+def backbone_names() -> tuple[str, ...]:
+    """The registered backbones: ``small_cnn`` (the default, for CPU runs) first, then by name."""
+    _discover()
+    return tuple(sorted(_REGISTRY, key=lambda n: (n != "small_cnn", n)))
+
+
+def get_backbone(name: str) -> Backbone:
+    """The registered backbone ``name``; a ValueError listing the registered names when there is none."""
+    names = backbone_names()
+    if name not in names:
+        raise ValueError(f"model.arch={name!r} is unknown; choose one of {list(names)}")
+    return _REGISTRY[name]
+
+
+def build_backbone(cfg: ModelConfig) -> tuple[nn.Module, int]:
+    """Return (backbone, feature_dim) for ``cfg.arch``."""
+    cfg.validate()
+    return get_backbone(cfg.arch).build(cfg)

@@ -1,0 +1,36 @@
+"""``resnet18``, ``resnet50``: torchvision ResNets, with an optional CIFAR-style stem for 32 px inputs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from hypersolid_scale.models.backbones import register_backbone
+
+if TYPE_CHECKING:
+    from hypersolid_scale.models.config import ModelConfig
+
+
+@register_backbone("resnet50", small_stem=True)
+@register_backbone("resnet18", small_stem=True)
+def build_resnet(cfg: ModelConfig) -> tuple[nn.Module, int]:
+    """torchvision's ``cfg.arch`` without its classifier; ``cfg.small_stem`` and ``cfg.in_channels`` set the
+    stem."""
+    import torchvision
+
+    ctor = {"resnet18": torchvision.models.resnet18, "resnet50": torchvision.models.resnet50}[cfg.arch]
+    net = ctor(weights=None)
+    if cfg.small_stem:
+        # CIFAR variant (as in SimCLR's CIFAR experiments): a 7x7/2 conv + 3x3/2 max-pool would reduce 32 px to
+        # 8 px before layer1, leaving a 1x1 map at layer4.
+        net.conv1 = nn.Conv2d(cfg.in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    elif cfg.in_channels != 3:
+        net.conv1 = nn.Conv2d(cfg.in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    if isinstance(net.conv1, nn.Conv2d):
+        # Same init torchvision applies to its own convs, so a replaced stem is not the odd one out.
+        nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
+    feature_dim = net.fc.in_features
+    net.fc = nn.Identity()
+    return net, feature_dim

@@ -1,0 +1,63 @@
+"""``vit_tiny``: timm's ViT-Tiny with a dynamic input size."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from hypersolid_scale.models.backbones import register_backbone
+
+if TYPE_CHECKING:
+    from hypersolid_scale.models.config import ModelConfig
+
+
+class ViTBackbone(nn.Module):
+    """timm ViT with dynamic image size: the position-embedding grid is interpolated to the input's patch grid,
+    so 96 px local crops and 224 px global crops share one model. Output is the final-norm CLS token.
+
+    Shape:
+        (N, in_channels, H, W) with H, W multiples of patch_size -> (N, 192) for ViT-Tiny
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        import timm
+
+        self.patch_size = cfg.patch_size
+        self.vit = timm.create_model(
+            "vit_tiny_patch16_224",
+            pretrained=False,
+            num_classes=0,  # drop the classifier head; forward returns pooled features
+            in_chans=cfg.in_channels,
+            img_size=cfg.img_size,
+            patch_size=cfg.patch_size,
+            dynamic_img_size=True,
+        )
+        self.feature_dim = int(self.vit.num_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[-2:]
+        if h % self.patch_size or w % self.patch_size:
+            raise ValueError(
+                f"ViT input of size {h}x{w} is not a multiple of patch_size={self.patch_size}; "
+                "choose crop sizes that are multiples of the patch size"
+            )
+        return self.vit(x)
+
+
+def check_vit(cfg: ModelConfig) -> None:
+    """``img_size`` (which sizes the position-embedding grid) must be whole patches."""
+    if cfg.img_size % cfg.patch_size != 0:
+        raise ValueError(
+            f"model.img_size={cfg.img_size} must be a multiple of model.patch_size={cfg.patch_size} "
+            "(the ViT splits the image into whole patches)"
+        )
+
+
+@register_backbone("vit_tiny", check=check_vit)  # patches, no stem: no small_stem
+def build_vit_tiny(cfg: ModelConfig) -> tuple[nn.Module, int]:
+    """ViTBackbone of ``cfg.in_channels``, ``cfg.img_size`` and ``cfg.patch_size``."""
+    vit = ViTBackbone(cfg)
+    return vit, vit.feature_dim

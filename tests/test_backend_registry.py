@@ -1,0 +1,119 @@
+"""A repulsion backend is one class registered by name: one defined here is used exactly like a built-in one."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.losses.backends import (
+    Backend,
+    backend_names,
+    get_backend,
+    register_backend,
+    unregister_backend,
+)
+from hypersolid_scale.losses.repulsion import dense_repulsion
+from loss_reference import make_feats
+
+
+class CountingDense(Backend):
+    """The dense computation under another name, with one statistic of its own and a look at the packed ones."""
+
+    name = "test_counting_dense"
+    stat_names = ("calls",)
+
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.calls, self.observed = 0, None
+
+    def repulsion(self, x_rows, x_all, layout, alpha):
+        self.calls += 1
+        return dense_repulsion(x_rows, x_all, layout, alpha)
+
+    def derive(self, sums, rows, loss):
+        return {"calls": torch.full_like(loss, float(self.calls))}
+
+    def observe(self, packed):
+        self.observed = packed.to_dict()
+
+
+@pytest.fixture
+def counting():
+    register_backend(CountingDense)
+    try:
+        yield CountingDense.name
+    finally:
+        unregister_backend(CountingDense.name)  # registered for this test only
+
+
+def loss_and_grad(fn, feats):
+    f = feats.clone().requires_grad_(True)
+    out = fn(f)
+    out.backward()
+    return out.detach(), f.grad
+
+
+def test_the_built_in_backends_are_discovered_in_their_documented_order():
+    assert backend_names()[:4] == ("dense", "tiled", "neighbors", "auto")
+
+
+@pytest.mark.parametrize("regime", ["spread", "collapsed"])
+def test_a_registered_backend_is_used_by_name_and_equals_dense(counting, regime):
+    assert counting in backend_names() and get_backend(counting) is CountingDense
+    fn, dense = HypersolidLoss(backend=counting, alpha=0.5), HypersolidLoss(backend="dense", alpha=0.5)
+    feats = make_feats(6, 3, 8, regime=regime, seed=2)
+    got, got_grad = loss_and_grad(fn, feats)
+    ref, ref_grad = loss_and_grad(dense, feats)
+    assert torch.equal(got, ref) and torch.equal(got_grad, ref_grad)  # the same operations: bit-identical
+    assert fn.stat_names == dense.stat_names + ("calls",)
+    assert fn.packed_stats.names == fn.stat_names
+    stats = fn.stats
+    assert {k: v for k, v in stats.items() if k != "calls"} == dense.stats and stats["calls"] == 1
+    assert fn.backend.observed == stats  # observe() saw this call's packed statistics
+    assert fn.calls == 1  # the backend's public attributes read on the loss
+
+
+def test_a_registered_backend_trains_a_tiny_model_as_dense_does(counting):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 16), nn.ReLU(), nn.Linear(16, 8)).double()
+    twin, before = copy.deepcopy(model), copy.deepcopy(model)
+    inputs = torch.randn(5, 3, 12, dtype=torch.float64)  # 5 images x 3 views
+    for net, backend in ((model, counting), (twin, "dense")):
+        opt = torch.optim.SGD(net.parameters(), lr=0.5)
+        fn = HypersolidLoss(backend=backend, alpha=0.0)
+        loss = fn(net(inputs))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert fn.stats["active_pairs"] > 0  # the repulsion takes part in the step
+    for p, q, p0 in zip(model.parameters(), twin.parameters(), before.parameters()):
+        assert torch.equal(p, q)  # the step equals dense's
+        assert not torch.equal(p, p0)  # and it moved the weights
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_an_unknown_backend_lists_the_registered_ones(counting):
+    names = backend_names()
+    assert names[:4] == ("dense", "tiled", "neighbors", "auto") and counting in names
+    with pytest.raises(ValueError) as err:
+        HypersolidLoss(backend="sparse")
+    assert f"choose one of {', '.join(names)}" in str(err.value) and "backend='sparse'" in str(err.value)
+    with pytest.raises(ValueError, match=f"not registered; choose one of {', '.join(names)}"):
+        get_backend("sparse")
+
+
+def test_a_name_registers_once(counting):
+    with pytest.raises(ValueError, match="registered twice"):
+        register_backend(CountingDense)
+    with pytest.raises(ValueError, match="registered twice"):
+        register_backend(type("Dense2", (CountingDense,), {"name": "dense"}))
+
+
+def test_the_registration_ends_with_its_test():
+    assert CountingDense.name not in backend_names()
+    with pytest.raises(ValueError, match="is not valid; choose one of"):
+        HypersolidLoss(backend=CountingDense.name)
