@@ -10,6 +10,15 @@ on its ``tiled`` side a call reads nothing on the host. Extra statistics: those 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from hypersolid_scale.losses.config import LossConfig
+    from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
+    from hypersolid_scale.losses.stats import PackedStats
+
 import torch
 
 from hypersolid_scale.losses.auto import BackendSwitch
@@ -25,15 +34,16 @@ class AutoBackend(Backend):
     order = 3
     stat_names = SEARCH_STATS + ("backend_neighbors",)
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: LossConfig) -> None:
         super().__init__(cfg)
-        self._sides = {"tiled": TiledBackend(cfg, saturation_k=cfg.k), "neighbors": NeighborsBackend(cfg)}
-        self.neighbors = self._sides["neighbors"].neighbors  # the search, as on the neighbors backend
+        neighbors = NeighborsBackend(cfg)
+        self._sides: dict[str, Backend] = {"tiled": TiledBackend(cfg, saturation_k=cfg.k), "neighbors": neighbors}
+        self.neighbors = neighbors.neighbors  # the search, as on the neighbors backend
         self.switch = BackendSwitch(cfg.auto_to_neighbors, cfg.auto_to_tiled)
         self.current = self.switch.mode  # the side the latest call ran
 
     @classmethod
-    def check_config(cls, cfg) -> None:
+    def check_config(cls, cfg: LossConfig) -> None:
         if cfg.index not in EXACT_INDEXES:
             raise ValueError(
                 f"{SECTION}.backend=auto switches between exact backends, but {SECTION}.index={cfg.index!r} is "
@@ -41,13 +51,14 @@ class AutoBackend(Backend):
                 "for an approximate index"
             )
 
-    def repulsion(self, x_rows, x_all, layout, alpha):
+    def repulsion(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+                  ) -> tuple[torch.Tensor, RepulsionStats]:
         self.current = self.switch.choose()
         return self._sides[self.current].repulsion(x_rows, x_all, layout, alpha)
 
-    def derive(self, sums, rows, loss):
+    def derive(self, sums: Mapping[str, torch.Tensor], rows: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
         return {**search_stats(sums, rows),
                 "backend_neighbors": torch.full_like(loss, float(self.current == "neighbors"))}
 
-    def observe(self, packed):
+    def observe(self, packed: PackedStats) -> None:
         self.switch.observe(packed["saturated_fraction"])

@@ -5,6 +5,14 @@ Reads nothing on the host.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+
+    from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
+
+import torch
+
 from hypersolid_scale.losses.backends import Backend, register_backend
 from hypersolid_scale.losses.repulsion import dense_repulsion
 
@@ -14,5 +22,6 @@ class DenseBackend(Backend):
     name = "dense"
     order = 0
 
-    def repulsion(self, x_rows, x_all, layout, alpha):
+    def repulsion(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+                  ) -> tuple[torch.Tensor, RepulsionStats]:
         return dense_repulsion(x_rows, x_all, layout, alpha)

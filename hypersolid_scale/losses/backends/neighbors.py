@@ -8,6 +8,14 @@ recall, recall_measured (ranks that measured recall this call; recall is 1 when 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from hypersolid_scale.losses.config import LossConfig
+    from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
+
 import torch
 
 from hypersolid_scale.losses.backends import Backend, register_backend
@@ -16,7 +24,7 @@ from hypersolid_scale.losses.neighbors import NeighborRepulsion
 SEARCH_STATS = ("candidates", "saturated_rows", "saturated_fraction", "recall", "recall_measured")
 
 
-def search_stats(sums, rows: int) -> dict[str, torch.Tensor]:
+def search_stats(sums: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
     """The values of :data:`SEARCH_STATS` from the RepulsionStats sums over ranks and M_g (``rows``)."""
     hits, total = sums["recall_hits"], sums["recall_total"]
     return dict(candidates=sums["candidates"], saturated_rows=sums["saturated_rows"],
@@ -32,14 +40,15 @@ class NeighborsBackend(Backend):
     order = 2
     stat_names = SEARCH_STATS
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg: LossConfig) -> None:
         super().__init__(cfg)
         c = cfg
         self.neighbors = NeighborRepulsion(index=c.index, k=c.k, nprobe=c.nprobe, ef_search=c.ef_search,
                                            recall_every=c.recall_every, tile_size=c.tile_size)
 
-    def repulsion(self, x_rows, x_all, layout, alpha):
+    def repulsion(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+                  ) -> tuple[torch.Tensor, RepulsionStats]:
         return self.neighbors(x_rows, x_all, layout, alpha)
 
-    def derive(self, sums, rows, loss):
+    def derive(self, sums: Mapping[str, torch.Tensor], rows: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
         return search_stats(sums, rows)
