@@ -1,8 +1,14 @@
 """Backbones (torchvision ResNet, timm ViT, a small CPU CNN; one module each under ``backbones/``, registered by
 name) and the projector MLP."""
 
-from hypersolid_scale.models.backbones import (Backbone, backbone_names, build_backbone, get_backbone,
-                                               register_backbone, unregister_backbone)
+from hypersolid_scale.models.backbones import (
+                                               Backbone,
+                                               backbone_names,
+                                               build_backbone,
+                                               get_backbone,
+                                               register_backbone,
+                                               unregister_backbone,
+)
 from hypersolid_scale.models.backbones.small_cnn import SmallCNN
 from hypersolid_scale.models.backbones.vit import ViTBackbone
 from hypersolid_scale.models.config import ModelConfig

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ class ViTBackbone(nn.Module):
             patch_size=cfg.patch_size,
             dynamic_img_size=True,
         )
-        self.feature_dim = int(self.vit.num_features)
+        self.feature_dim = int(cast(int, self.vit.num_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
