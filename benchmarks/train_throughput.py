@@ -137,8 +137,10 @@ def run_trainer(cfg: Any, data: DeviceImages, device: torch.device, warmup: int,
         run.engine.model.to(memory_format=torch.channels_last)
     if check_feats is not None:
         with torch.no_grad():
-            feats = run.engine.forward(data.views(0))
-            check_feats.append((feats.detach(), float(run.loss_fn(feats))))
+            method = run.method
+            with run.engine.autocast():
+                feats = method.embed_views(data.views(0), run.backbone).float()
+            check_feats.append((feats, float(method.criterion(feats))))
     # train_step's statistics may stay on the device (no host sync per step): read only the last one.
     out = time_loop(lambda i: trainer.train_step(run, data.views(i), i)["loss"], data, warmup, steps, device)
     out["bf16"] = run.bf16
@@ -162,7 +164,7 @@ def run_reference(cfg: Any, data: DeviceImages, device: torch.device, warmup: in
         views = data.views(i)  # augmented outside autocast, as the trainer's loader does
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             z = forward(views)
-        loss = paper_loss(z, cfg.loss.alpha, cfg.loss.norm_weight)
+        loss = paper_loss(z, cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -207,7 +209,7 @@ def run_variant(variant: str, ctx: dict, args: argparse.Namespace, device: torch
             r = run_trainer(cfg, data, device, args.warmup, args.steps, None if compile else checks)
             if checks:  # the trainer's loss and the plain one agree on the same embeddings
                 feats, value = checks[0]
-                ref = float(paper_loss(feats, base.loss.alpha, base.loss.norm_weight))
+                ref = float(paper_loss(feats, base.method.hypersolid.alpha, base.method.hypersolid.norm_weight))
                 r["loss_vs_reference_rel_err"] = abs(value - ref) / max(abs(ref), 1e-12)
         else:
             try:
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="start a torch.compile variant only with this many seconds of --budget-s left")
     ap.add_argument("--no-channels-last", action="store_true")
     ap.add_argument("--compile-on-cpu", action="store_true")
-    ap.add_argument("--override", action="append", default=[], help="extra config override, e.g. loss.backend=tiled")
+    ap.add_argument("--override", action="append", default=[], help="extra config override, e.g. method.hypersolid.backend=tiled")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -1,6 +1,6 @@
 """The whole run as one typed dataclass tree: YAML files + ``section.key=value`` overrides.
 
-Every section owned by another package (data, model, loss, tracking, eval) is imported from it, so one
+Every section owned by another package (data, model, method, tracking, eval) is imported from it, so one
 definition per field exists in the project. ``load_config`` fails *before any work starts* with a
 :class:`~hypersolid_scale.errors.ConfigError` (a ``ValueError``) that names the offending file or key and
 what is allowed: a YAML syntax error (with its line and column), an unknown key, a value of the wrong type
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,8 @@ from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.eval.config import EvalConfig
-from hypersolid_scale.methods.config import METHODS, TrainLossConfig, validate_method_run
+from hypersolid_scale.methods import MethodConfig, get_method, method_names
+from hypersolid_scale.methods.config import MOVED_NOTE, move_loss_section
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import OptimConfig
@@ -72,7 +75,7 @@ class CheckpointConfig:
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    loss: TrainLossConfig = field(default_factory=TrainLossConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -157,11 +160,12 @@ def _explain(err: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
 def validate(cfg: Config) -> None:
     """Check closed choices and numeric ranges; raise ConfigError naming the key and the allowed values.
 
-    The data, model, loss, tracking and eval sections are checked by their own packages' ``validate``
-    (their ValueErrors become ConfigErrors: a bad value in a config is always the user's to fix).
+    The data, model, method, tracking and eval sections are checked by their own packages' ``validate``
+    (their ValueErrors become ConfigErrors: a bad value in a config is always the user's to fix); the chosen
+    method then checks what it cannot be combined with.
     """
     try:
-        for section in (cfg.data, cfg.model, cfg.loss, cfg.eval):
+        for section in (cfg.data, cfg.model, cfg.method, cfg.eval):
             section.validate()
         validate_tracking(cfg.tracking)
     except ConfigError:
@@ -185,7 +189,7 @@ def validate(cfg: Config) -> None:
     if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
         raise ConfigError(f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
                           "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0")
-    validate_method_run(cfg)
+    get_method(cfg.method.name).check_run(cfg)
 
 
 _RENAMED = {"dist.backend": "dist.transport"}  # former name -> name; old checkpoints' configs are migrated
@@ -195,8 +199,8 @@ def _refuse_renamed(keys: set[str], where: str) -> None:
     for old, new in _RENAMED.items():
         if old in keys:
             raise ConfigError(f"config key '{old}' ({where}) is now called '{new}' (the process group's transport: "
-                              f"auto | gloo | nccl; 'backend' names only the repulsion algorithm, loss.backend); "
-                              f"rename it to {new}")
+                              "auto | gloo | nccl; 'backend' names only the repulsion algorithm, "
+                              f"method.hypersolid.backend); rename it to {new}")
 
 
 def _read_yaml(path: str | Path) -> DictConfig:
@@ -215,7 +219,7 @@ def _read_yaml(path: str | Path) -> DictConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
     _refuse_renamed(set(flatten(data)), f"in {path}")
-    return OmegaConf.create(data)
+    return OmegaConf.create(_moved(data, f"in {path}"))
 
 
 def parse_override(ov: str) -> DictConfig:
@@ -237,7 +241,7 @@ def parse_override(ov: str) -> DictConfig:
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
     """All overrides as one config, later ones winning (see :func:`parse_override` for the errors)."""
-    return OmegaConf.merge(OmegaConf.create(), *(parse_override(ov) for ov in overrides))  # type: ignore[return-value]
+    return OmegaConf.merge(OmegaConf.create(), *(parse_override(ov) for ov in overrides))
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -248,7 +252,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         its allowed set, a malformed override, a run_dir that is a file; it blames the file or the override.
     """
     schema = OmegaConf.structured(Config)
-    given = [(ov.split("=", 1)[0], f"from the command-line override {ov!r}", parse_override(ov)) for ov in overrides]
+    given = [(ov.split("=", 1)[0], f"from the command-line override {ov!r}", _moved_override(ov)) for ov in overrides]
     _refuse_renamed({key for key, _, _ in given}, "a command-line override")
     layers = ([("", f"in {path}", _read_yaml(path))] if path is not None else []) + given
     merged, where = schema, ""
@@ -274,15 +278,37 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict (what checkpoints store and ``config.yaml`` holds)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
 
 
 _FORMAT_NAMES = ("webdataset", "ffcv", "imagefolder")  # once values of data.dataset, now of data.format
 
 
+_said_moved = False
+
+
+def _moved(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """``d`` with an earlier version's ``loss`` section moved to ``method``, said once per process (rank 0)."""
+    global _said_moved
+    d, moved = move_loss_section(d)
+    if moved and not _said_moved and os.environ.get("RANK", "0") == "0":
+        _said_moved = True
+        print(f"note: {MOVED_NOTE} ({where}); the config is read as moved", file=sys.stderr, flush=True)
+    return d
+
+
+def _moved_override(ov: str) -> DictConfig:
+    layer = parse_override(ov)
+    if "loss" not in layer:
+        return layer
+    return OmegaConf.create(_moved(OmegaConf.to_container(layer), f"the override {ov!r}"))
+
+
 def migrate(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict stored by an older version (a checkpoint's), as this version names it: renamed keys
-    under their new name, and a storage format written as ``data.dataset`` moved to ``data.format``."""
+    under their new name, the ``loss`` section as ``method``, and a storage format written as
+    ``data.dataset`` moved to ``data.format``."""
+    d = _moved(d, "a stored config")
     for old, new in _RENAMED.items():
         (section, old_key), new_key = old.split("."), new.split(".")[1]
         if isinstance(d.get(section), dict) and old_key in d[section]:
@@ -311,14 +337,11 @@ def to_yaml(cfg: Config) -> str:
 
 
 def _training_relevant(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """The keys that define what is trained. A baseline's section counts only when it is the chosen
-    ``loss.name``, and ``loss.name`` itself only when it is not the default: a Hypersolid config then
-    hashes as it did before the baselines existed, so older checkpoints keep resuming."""
+    """The keys that define what is trained: a method's section counts only when it is the chosen one."""
     flat = {k: v for k, v in flatten(cfg_dict).items() if not k.startswith(_RESUMABLE_PREFIXES)}
-    chosen = flat.get("loss.name", "hypersolid")
-    unread = tuple(f"loss.{m}." for m in METHODS if m not in ("hypersolid", chosen))
-    return {k: v for k, v in flat.items()
-            if not k.startswith(unread) and not (k == "loss.name" and v == "hypersolid")}
+    chosen = flat.get("method.name", "hypersolid")
+    unread = tuple(f"method.{m}." for m in method_names() if m != chosen)
+    return {k: v for k, v in flat.items() if not k.startswith(unread)}
 
 
 def fingerprint(cfg: Config | dict[str, Any]) -> str:

@@ -1,9 +1,10 @@
-"""Everything a training run needs, built from its Config: seeds, precision, model, engine, loss, loader and
-learning-rate schedule, in one plain container (``Run``).
+"""Everything a training run needs, built from its Config: seeds, precision, backbone and method, engine,
+loader and learning-rate schedule, in one plain container (``Run``).
 
-``loss.name`` other than hypersolid trains a baseline (:mod:`hypersolid_scale.methods`): the engine then
-wraps a :class:`MethodModel` (the backbone and the method's heads, teacher and state in ONE module), so
-that the BatchNorm conversion and DDP cover the heads too and the checkpoint's model state holds them.
+Every method (``method.name``, :mod:`hypersolid_scale.methods`), Hypersolid included, trains the same way:
+the engine wraps a :class:`MethodModel` (the backbone and the method's heads, loss, teacher and state in ONE
+module), so that the BatchNorm conversion and DDP cover the heads too and the checkpoint's model state
+holds them.
 
 A user error met while building (data that is not where ``data.path`` says) may hit one rank only (a shard
 on one node's disk): :func:`on_every_rank` makes every rank raise it together, so that none is left waiting
@@ -24,11 +25,10 @@ from torch import nn
 from hypersolid_scale.config import Config
 from hypersolid_scale.data import build_train_loader, in_channels
 from hypersolid_scale.distributed import (Engine, WorldInfo, all_reduce_max_flag, build_engine, gather_objects,
-                                          get_world_size, resolve_transport)
+                                          resolve_transport)
 from hypersolid_scale.errors import ConfigError, DataError, UserError
-from hypersolid_scale.losses import HypersolidLoss
-from hypersolid_scale.methods import Method, build_method
-from hypersolid_scale.models import build_model
+from hypersolid_scale.methods import Method, build_method, get_method
+from hypersolid_scale.models import Projector, build_backbone
 from hypersolid_scale.optim import lr_schedule, optimizer_factory
 from hypersolid_scale.step_monitor import NonFiniteGuard
 
@@ -92,14 +92,15 @@ def _train_loader(cfg: Config, info: WorldInfo, device: torch.device) -> Any:
 
 
 class MethodModel(nn.Module):
-    """A baseline's whole trainable state: ``backbone`` (the weights evaluation reads) and ``method`` (heads,
-    momentum teacher, DINO's center, SwaV's queue, the step count). ``forward(views) -> (loss, stats)``."""
+    """What a run trains: ``backbone`` (the weights evaluation reads) and ``method`` (its heads, loss, momentum
+    teacher, DINO's center, SwaV's queue, the step count) in ONE module, so that the BatchNorm conversion and
+    DDP cover the heads too and the checkpoint's model state holds them. ``forward(views) -> (loss, stats)``."""
 
     def __init__(self, backbone: nn.Module, feature_dim: int, method: Method) -> None:
         super().__init__()
         self.backbone, self.feature_dim, self.method = backbone, feature_dim, method
 
-    def forward(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, Any]:
         return self.method(views, self.backbone)
 
 
@@ -109,7 +110,6 @@ class Run:
     info: WorldInfo
     device: torch.device
     engine: Engine
-    loss_fn: HypersolidLoss | None  # None for a baseline: its loss is inside ``method``
     loader: Any
     lr: np.ndarray
     steps_per_epoch: int
@@ -117,11 +117,15 @@ class Run:
     bf16: bool
     transport: str  # the process group's (gloo | nccl), "none" in a single process
     guard: NonFiniteGuard | None = None
-    method: Method | None = None  # the baseline (loss.name != hypersolid); it lives in engine.model
 
     def __post_init__(self) -> None:
         if self.guard is None:
             self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
+
+    @property
+    def method(self) -> Method:
+        """The method being trained (it lives in ``engine.model``)."""
+        return self.engine.model.method
 
     @property
     def backbone(self) -> nn.Module:
@@ -135,21 +139,21 @@ def _steps_per_epoch(cfg: Config, loader: Any, info: WorldInfo) -> int:
     return len(loader)
 
 
-def _method_model(cfg: Config, model: nn.Module, steps_per_epoch: int) -> MethodModel:
-    """The baseline on the freshly initialised backbone (the same initial backbone as a Hypersolid run with
-    this seed: ``build_model`` ran first); Hypersolid's projector is dropped."""
-    if cfg.loss.name == "swav" and cfg.loss.swav.queue_length > 0 and get_world_size() > 1 \
-            and cfg.dist.engine == "ddp":
-        # DDP broadcasts every buffer from rank 0 before each forward, the per-rank queue included.
-        raise ConfigError("loss.swav.queue_length > 0 keeps a queue per rank, which DistributedDataParallel "
-                          "overwrites with rank 0's at every step; set loss.swav.queue_length=0 or run in one "
-                          "process")
-    method = build_method(cfg.loss, model.backbone, model.feature_dim, steps_per_epoch=steps_per_epoch)
-    return MethodModel(model.backbone, model.feature_dim, method)
+def _method_model(cfg: Config, steps_per_epoch: int) -> MethodModel:
+    """The backbone and the chosen method's heads, initialised from the seeded generator in a fixed order:
+    the backbone, then Hypersolid's projector (``model.proj_*``), then any other method's heads. A baseline
+    draws (and drops) that projector too, so that one seed gives every method the same initial backbone and
+    a baseline the same heads as in the checkpoints of earlier versions."""
+    backbone, feature_dim = build_backbone(cfg.model)
+    name = cfg.method.name
+    if name != "hypersolid":
+        Projector(feature_dim, cfg.model.proj_hidden_dim, cfg.model.proj_dim, cfg.model.proj_layers)
+    method = build_method(cfg.method, backbone, feature_dim, steps_per_epoch=steps_per_epoch, model_cfg=cfg.model)
+    return MethodModel(backbone, feature_dim, method)
 
 
 def _trainable_only(make: Callable[[Any], torch.optim.Optimizer]) -> Callable[[Any], torch.optim.Optimizer]:
-    """The optimizer over the parameters that require grad: a baseline's teacher only follows by EMA."""
+    """The optimizer over the parameters that require grad: a momentum teacher only follows by EMA."""
     return lambda params: make([p for p in params if p.requires_grad])
 
 
@@ -160,28 +164,20 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         raise ConfigError(f"model.in_channels={cfg.model.in_channels} but the data has {channels} channel(s) "
                           f"(data.dataset={cfg.data.dataset!r}); set model.in_channels={channels}")
     bf16 = resolve_bf16(cfg.dist.bf16, device)
-    model = build_model(cfg.model)  # identical on every rank: the seed was set just before
-    o = cfg.optim
-    make_optimizer, loader, method = optimizer_factory(o), None, None
-    if cfg.loss.name != "hypersolid":
-        # The method's epoch schedules need the loader's length; its heads are initialised after the backbone.
-        loader = on_every_rank(lambda: _train_loader(cfg, info, device), info.rank)
-        model = _method_model(cfg, model, _steps_per_epoch(cfg, loader, info))
-        method, make_optimizer = model.method, _trainable_only(make_optimizer)
-    engine = build_engine(model, make_optimizer, engine=cfg.dist.engine, device=device, bf16=bf16,
-                          grad_clip=o.grad_clip, sync_bn=cfg.dist.sync_bn, compile=cfg.dist.compile,
-                          zero_stage=cfg.dist.zero_stage, batch_size_per_gpu=cfg.data.batch_size_per_gpu)
-    if loader is None:
+    get_method(cfg.method.name).check_run(cfg)  # again, now that the world size is known
+    # The method's epoch schedules need the loader's length, so the loader comes first; it must not move the
+    # seeded generator that initialises the weights, whatever its format does when it is built.
+    with torch.random.fork_rng(devices=[]):
         loader = on_every_rank(lambda: _train_loader(cfg, info, device), info.rank)
     steps_per_epoch = _steps_per_epoch(cfg, loader, info)
+    model = _method_model(cfg, steps_per_epoch)  # identical on every rank: the seed was set just before
+    o = cfg.optim
+    engine = build_engine(model, _trainable_only(optimizer_factory(o)), engine=cfg.dist.engine, device=device,
+                          bf16=bf16, grad_clip=o.grad_clip, sync_bn=cfg.dist.sync_bn, compile=cfg.dist.compile,
+                          zero_stage=cfg.dist.zero_stage, batch_size_per_gpu=cfg.data.batch_size_per_gpu)
     total = cfg.epochs * steps_per_epoch
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)
     transport = resolve_transport(cfg.dist.transport, device) if info.world_size > 1 else "none"
-    # Sync-free loss: non-finite input is caught by the guard, and every rank's batch has the same size
-    # (data.batch_size_per_gpu, full batches only), so the all_gather needs no size exchange.
-    loss_fn = None if method is not None else \
-        HypersolidLoss.from_config(cfg.loss, check_finite=False, same_rows_per_rank=True).to(device)
     lrs = lr_schedule(o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch)
-    return Run(cfg, info, device, engine, loss_fn, loader, lrs, steps_per_epoch, total, bf16, transport,
-               method=engine.model.method if method is not None else None)
+    return Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, bf16, transport)

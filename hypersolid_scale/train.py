@@ -1,15 +1,16 @@
-"""Hypersolid pre-training, top to bottom: ``build(cfg)`` then ``train_step`` in a loop.
+"""Self-supervised pre-training (Hypersolid or a baseline, ``method.name``), top to bottom: ``build(cfg)``
+then ``train_step`` in a loop; one step function for every method.
 
     torchrun --nproc_per_node=2 launch/train.py --config configs/quickstart.yaml optim.lr=3e-4
 
-One process per device (torchrun or srun). The loss sees the GLOBAL batch (its repulsion gathers the
-detached embeddings of every rank) and hands each rank P x its share of the gradient, so the engine's
-gradient averaging reproduces single-process training on the concatenated batch (docs/design.md §3).
+One process per device (torchrun or srun). The method's loss sees the GLOBAL batch (Hypersolid's repulsion
+gathers the detached embeddings of every rank) and hands each rank P x its share of the gradient, so the
+engine's gradient averaging reproduces single-process training on the concatenated batch (docs/design.md §3).
 
 No host synchronisation per step. Reading a CUDA value on the host (``float(t)``, ``bool(t)``, ``.item()``)
 waits for the GPU to finish everything queued, which starves it while the host prepares the next step. So
-``train_step`` returns its statistics as one packed device tensor (the loss's statistics, reduced across
-ranks in the loss's single collective, plus lr and grad norm), and Python floats are made only on logging
+``train_step`` returns its statistics as one packed device tensor (the method's statistics over the global
+batch, plus lr and grad norm), and Python floats are made only on logging
 steps (every ``tracking.log_every_n_steps`` and step 1) and at epoch summaries, one transfer each. Step
 time and throughput are measured over the window between two logging steps, where the host has waited
 for the GPU, rather than per step, where the host clock only sees kernel launches. Values the host must act
@@ -49,6 +50,7 @@ from hypersolid_scale.distributed import (WorldInfo, all_reduce_sum, barrier, br
                                           init_distributed)
 from hypersolid_scale.errors import EXIT_BAD_INPUT, UserError, report
 from hypersolid_scale.lifeline import EXIT_ORPHANED, die_with_parent
+from hypersolid_scale.methods import get_method
 from hypersolid_scale.losses import PackedStats
 from hypersolid_scale.losses.stats import pack
 from hypersolid_scale.monitor import log_monitor, memory_gb, plot_loss, summed_loader_stats
@@ -118,43 +120,29 @@ class Checkpointer:
 
 
 def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
-    """Forward all views, global-batch loss, backward, (clip,) step: no host synchronisation.
+    """One optimizer step of any method, in the order :mod:`hypersolid_scale.methods` asks for: forward (the
+    engine's wrapped module holds backbone and method, and returns the method's loss over the global batch),
+    backward, the method's gradient schedule, (clip,) optimizer step, the method's post-step update (a
+    teacher's EMA). No host synchronisation.
 
-    Returns the step's statistics on the device (the loss's, then lr and grad_norm); read them with
-    ``.to_dict()`` only where floats are needed. The finiteness of the step is recorded in ``run.guard``.
+    Returns the step's statistics on the device (the method's, then lr and grad_norm); read them with
+    ``.to_dict()`` only where floats are needed. A method whose statistics are per rank (each rank's loss is
+    its share of the global-batch loss) has them averaged over ranks here: one small all-reduce, no host
+    read. The finiteness of the step is recorded in ``run.guard``.
     """
     lr = float(run.lr[min(step, len(run.lr) - 1)])  # a host array: no device involved
     for group in run.engine.param_groups:
         group["lr"] = lr
-    if run.method is not None:
-        return method_step(run, views, step, lr)
-    feats = run.engine.forward(views)  # (B, V, D) float32
-    check_batch(run, feats.shape[0], step)
-    loss = run.loss_fn(feats)
-    run.engine.backward(loss)
-    grad_norm = run.engine.step()
-    stats: dict[str, torch.Tensor | float] = {"lr": lr}
-    if grad_norm is not None:
-        stats["grad_norm"] = grad_norm
-    packed = run.loss_fn.packed_stats.extend(stats)
-    run.guard.record(step, packed)
-    return packed
-
-
-def method_step(run: Run, views: list[torch.Tensor], step: int, lr: float) -> PackedStats:
-    """A baseline's step (``loss.name`` != hypersolid), in the order :mod:`hypersolid_scale.methods` asks
-    for: forward (the engine's wrapped module holds backbone and method), backward, the method's gradient
-    schedule, optimizer step, the teacher's EMA. Its statistics are averaged over ranks here (each rank's
-    loss is its share of the global-batch loss): one small all-reduce, no host read."""
     check_batch(run, views[0].shape[0], step)
+    method = run.method
     with run.engine.autocast():
         loss, stats = run.engine.wrapped(views)
     run.engine.backward(loss)
-    run.method.before_optimizer_step()
+    method.before_optimizer_step()
     grad_norm = run.engine.step()
-    run.method.after_step(step, run.total_steps, run.backbone)
+    method.after_step(step, run.total_steps, run.backbone)
     packed = pack(stats)
-    if run.info.world_size > 1:
+    if run.info.world_size > 1 and not method.stats_reduced:
         packed = PackedStats(packed.names, all_reduce_sum(packed.values) / run.info.world_size)
     extra: dict[str, torch.Tensor | float] = {"lr": lr}
     if grad_norm is not None:
@@ -238,7 +226,8 @@ def _resume_or_start(cfg: Config, info: WorldInfo, device: torch.device) -> int:
         steps_per_epoch=run.steps_per_epoch, force=cfg.checkpoint.resume == "force")
     # The tracker first: a tracking server that is down stops the run before anything is written.
     tags = {"world_size": info.world_size, "transport": run.transport, "engine": cfg.dist.engine,
-            "device": device.type, "launcher": info.launcher, "loss_backend": cfg.loss.backend, "bf16": run.bf16}
+            "device": device.type, "launcher": info.launcher, "method": cfg.method.name, "bf16": run.bf16,
+            **get_method(cfg.method.name).run_tags(cfg.method.section())}
     resume_id = ckpt.get("mlflow_run_id") if ckpt else None
     tracker = on_every_rank(lambda: make_tracker(cfg.tracking, cfg.run_dir, rank=info.rank, resume_run_id=resume_id,
                                                  tags=tags), info.rank)
@@ -316,7 +305,7 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                 history.extend(zip(range(step - meter.n + 1, step + 1), losses))
                 loader_stats = summed_loader_stats(run)  # collective: every rank, before rank 0 logs
                 if rank0:
-                    bar.write(f"epoch {epoch:3d} | step {step:7d} | {epoch_terms(mean, run.cfg.loss.name)} | "
+                    bar.write(f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
                               f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - meter.t_epoch:.0f} s")
                     tracker.log_metrics({f"loader/{k}": v for k, v in loader_stats.items()}, step=step)
             if not preempted and step < run.total_steps:
@@ -343,14 +332,6 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
     finally:
         bar.close()
         tracker.close(status=status)
-
-
-def epoch_terms(mean: dict[str, float], method: str) -> str:
-    """The epoch line's loss terms: Hypersolid's loss, alignment, repulsion and active pairs; a baseline's loss."""
-    if method != "hypersolid":
-        return f"{method} loss {mean['loss']:.4f}"
-    return (f"loss {mean['loss']:.4f} | align {mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | "
-            f"active pairs {mean['active_pairs']:.0f}")
 
 
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:

@@ -1,4 +1,4 @@
-"""``loss.backend=auto``: hysteresis on the previous step's saturated-row fraction, exact on both backends."""
+"""``method.hypersolid.backend=auto``: hysteresis on the previous step's saturated-row fraction, exact on both backends."""
 
 from __future__ import annotations
 

@@ -35,9 +35,9 @@ COMMON = [
     "deterministic=true", "dist.device=cpu", "progress=false",
 ]
 HEADS = {
-    "simclr": ["loss.simclr.hidden_dim=64", "loss.simclr.out_dim=32"],
+    "simclr": ["method.simclr.hidden_dim=64", "method.simclr.out_dim=32"],
     # momentum 0.9: the teacher moves visibly in 4 steps.
-    "byol": ["loss.byol.hidden_dim=64", "loss.byol.out_dim=32", "loss.byol.momentum_base=0.9"],
+    "byol": ["method.byol.hidden_dim=64", "method.byol.out_dim=32", "method.byol.momentum_base=0.9"],
 }
 ENGINES = {
     "zero0": ["dist.engine=deepspeed", "dist.zero_stage=0"],

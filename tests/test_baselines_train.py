@@ -1,4 +1,4 @@
-"""The baselines (loss.name = simclr | vicreg | barlowtwins | byol | dino | swav) through the trainer's own
+"""The baselines (method.name = simclr | vicreg | barlowtwins | byol | dino | swav) through the trainer's own
 path, launch/train.py: they train, log their loss under ``train/loss``, checkpoint the method's state (heads,
 teacher, DINO's center, the step count), resume bitwise, and 2 processes equal 1 process. Also the config
 keys that choose them and the Hypersolid checkpoints written before they existed."""
@@ -17,10 +17,11 @@ import torch
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.config import fingerprint, load_config, to_dict
 from hypersolid_scale.errors import ConfigError
-from hypersolid_scale.methods import METHODS
+from hypersolid_scale.methods import method_names
 from hypersolid_scale.train import main
 
 REPO = Path(__file__).resolve().parents[1]
+METHODS = method_names()
 BASELINES = [m for m in METHODS if m != "hypersolid"]
 STEPS = 4
 # sklearn digits and a 4-channel CNN: a step takes milliseconds. Heads shrunk to match.
@@ -28,20 +29,20 @@ TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu", "deterministic=true",
         "tracking.log_every_n_steps=1", "checkpoint.every_n_steps=2", "checkpoint.keep_last=0"]
 HEADS = {
-    "simclr": ["loss.simclr.hidden_dim=32", "loss.simclr.out_dim=16"],
-    "vicreg": ["loss.vicreg.hidden_dim=32", "loss.vicreg.out_dim=32"],
-    "barlowtwins": ["loss.barlowtwins.hidden_dim=32", "loss.barlowtwins.out_dim=32"],
+    "simclr": ["method.simclr.hidden_dim=32", "method.simclr.out_dim=16"],
+    "vicreg": ["method.vicreg.hidden_dim=32", "method.vicreg.out_dim=32"],
+    "barlowtwins": ["method.barlowtwins.hidden_dim=32", "method.barlowtwins.out_dim=32"],
     # momentum 0.9: the teacher moves visibly in 4 steps.
-    "byol": ["loss.byol.hidden_dim=32", "loss.byol.out_dim=16", "loss.byol.momentum_base=0.9"],
-    "dino": ["loss.dino.hidden_dim=32", "loss.dino.bottleneck_dim=16", "loss.dino.out_dim=64",
-             "loss.dino.momentum_base=0.9", "loss.dino.freeze_last_layer_epochs=0"],
-    "swav": ["loss.swav.hidden_dim=32", "loss.swav.out_dim=16", "loss.swav.n_prototypes=10",
-             "loss.swav.freeze_prototypes_steps=1"],
+    "byol": ["method.byol.hidden_dim=32", "method.byol.out_dim=16", "method.byol.momentum_base=0.9"],
+    "dino": ["method.dino.hidden_dim=32", "method.dino.bottleneck_dim=16", "method.dino.out_dim=64",
+             "method.dino.momentum_base=0.9", "method.dino.freeze_last_layer_epochs=0"],
+    "swav": ["method.swav.hidden_dim=32", "method.swav.out_dim=16", "method.swav.n_prototypes=10",
+             "method.swav.freeze_prototypes_steps=1"],
 }
 
 
 def _args(method: str, *extra: str) -> list[str]:
-    return [*TINY, f"loss.name={method}", *HEADS[method], *extra]
+    return [*TINY, f"method.name={method}", *HEADS[method], *extra]
 
 
 def _launch(run_dir: Path, args: list[str], nproc: int = 1) -> str:
@@ -159,20 +160,20 @@ def test_two_processes_equal_one_process(tmp_path: Path, method: str) -> None:
 
 
 def test_loss_name_and_sections_are_validated() -> None:
-    with pytest.raises(ConfigError, match=r"loss.name='simclrr'.*hypersolid \| simclr \| vicreg"):
-        load_config(None, ["loss.name=simclrr"])
-    with pytest.raises(ConfigError, match=r"loss.byol.momentum_base=1.5.*\[0, 1\]"):
-        load_config(None, ["loss.name=byol", "loss.byol.momentum_base=1.5"])
-    with pytest.raises(ConfigError, match="loss.swav.n_protoypes"):
-        load_config(None, ["loss.swav.n_protoypes=10"])
+    with pytest.raises(ConfigError, match=r"method.name='simclrr'.*hypersolid \| simclr \| vicreg"):
+        load_config(None, ["method.name=simclrr"])
+    with pytest.raises(ConfigError, match=r"method.byol.momentum_base=1.5.*\[0, 1\]"):
+        load_config(None, ["method.name=byol", "method.byol.momentum_base=1.5"])
+    with pytest.raises(ConfigError, match="method.swav.n_protoypes"):
+        load_config(None, ["method.swav.n_protoypes=10"])
     with pytest.raises(ConfigError, match="eval.features=backbone"):
-        load_config(None, ["loss.name=simclr", "eval.features=projector"])
+        load_config(None, ["method.name=simclr", "eval.features=projector"])
     with pytest.raises(ConfigError, match="freeze_last_layer_epochs"):
-        load_config(None, ["loss.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2"])
+        load_config(None, ["method.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2"])
     # What is allowed: the same with the gradient-dropping schedule off, or without ZeRO.
-    load_config(None, ["loss.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2",
-                       "loss.dino.freeze_last_layer_epochs=0"])
-    load_config(None, ["loss.name=swav", "dist.engine=deepspeed", "dist.zero_stage=0"])
+    load_config(None, ["method.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2",
+                       "method.dino.freeze_last_layer_epochs=0"])
+    load_config(None, ["method.name=swav", "dist.engine=deepspeed", "dist.zero_stage=0"])
 
 
 def test_only_the_chosen_baseline_enters_the_fingerprint() -> None:
@@ -180,15 +181,15 @@ def test_only_the_chosen_baseline_enters_the_fingerprint() -> None:
     # A Hypersolid config hashes as before the baselines existed: older checkpoints keep resuming.
     before = {**hyper, "loss": {k: v for k, v in hyper["loss"].items() if k != "name" and k not in BASELINES}}
     assert fingerprint(before) == fingerprint(hyper)
-    assert fingerprint(load_config(None, ["loss.dino.out_dim=128"])) == fingerprint(hyper)
-    byol = load_config(None, ["loss.name=byol"])
+    assert fingerprint(load_config(None, ["method.dino.out_dim=128"])) == fingerprint(hyper)
+    byol = load_config(None, ["method.name=byol"])
     assert fingerprint(byol) != fingerprint(hyper)
-    assert fingerprint(load_config(None, ["loss.name=byol", "loss.byol.out_dim=64"])) != fingerprint(byol)
-    assert fingerprint(load_config(None, ["loss.name=byol", "loss.dino.out_dim=64"])) == fingerprint(byol)
+    assert fingerprint(load_config(None, ["method.name=byol", "method.byol.out_dim=64"])) != fingerprint(byol)
+    assert fingerprint(load_config(None, ["method.name=byol", "method.dino.out_dim=64"])) == fingerprint(byol)
 
 
 def test_a_hypersolid_checkpoint_without_method_keys_still_resumes(tmp_path: Path) -> None:
-    """A checkpoint written before loss.name existed: no such keys in its config, no "method" entry."""
+    """A checkpoint written before method.name existed: no such keys in its config, no "method" entry."""
     run_dir = tmp_path / "run"
     args = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
             "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
@@ -209,7 +210,7 @@ def test_a_baseline_checkpoint_evaluates_its_backbone(straight) -> None:
     path = ck.list_checkpoints(straight("simclr"))[-1]
     model, cfg = ck.build_model_from_checkpoint(path)
     state = ck.load_checkpoint(path)
-    assert cfg.loss.name == "simclr"
+    assert cfg.method.name == "simclr"
     for k, v in model.backbone.state_dict().items():
         assert torch.equal(v.float(), state["model"][f"backbone.{k}"]), k
     with pytest.raises(ConfigError, match="no Hypersolid projector"):

@@ -81,8 +81,8 @@ def test_non_checkpoint_file_is_refused(tmp_path: Path) -> None:
 
 def test_incompatible_config_refused_unless_forced(tmp_path: Path) -> None:
     state = _state(1)
-    other = load_config(None, [*OVERRIDES, "loss.alpha=0.5"])
-    with pytest.raises(ValueError, match=r"(?s)loss.alpha: 0.9 -> 0.5.*checkpoint.resume=force"):
+    other = load_config(None, [*OVERRIDES, "method.hypersolid.alpha=0.5"])
+    with pytest.raises(ValueError, match=r"(?s)method.hypersolid.alpha: 0.9 -> 0.5.*checkpoint.resume=force"):
         ck.check_compatible(state, to_dict(other), fingerprint(other), force=False)
     with pytest.warns(UserWarning, match="despite config changes"):
         ck.check_compatible(state, to_dict(other), fingerprint(other), force=True)

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 
 from hypersolid_scale.compare import figures, table
-from hypersolid_scale.compare.plan import METHODS, Training, check_budget, config_path, parse_methods, plan
+from hypersolid_scale.compare.plan import Training, check_budget, config_path, parse_methods, plan
 from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.methods import method_names
 from hypersolid_scale.run_lock import acquire_run_lock
 from _eval_helpers import one_error_line
 
 REPO = Path(__file__).resolve().parents[1]
+METHODS = method_names()
 CONFIGS = REPO / "configs"
 
 

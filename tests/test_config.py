@@ -20,7 +20,7 @@ def test_defaults_are_the_paper_hyperparameters() -> None:
     cfg = load_config(None, [])
     assert isinstance(cfg, Config)
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.schedule) == ("adamw", 1e-3, 1e-6, "constant")
-    assert (cfg.loss.alpha, cfg.loss.norm_weight, cfg.model.proj_dim) == (0.9, 1e-6, 1024)
+    assert (cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight, cfg.model.proj_dim) == (0.9, 1e-6, 1024)
 
 
 def test_yaml_then_overrides(tmp_path: Path) -> None:
@@ -61,7 +61,7 @@ def test_sync_bn_is_auto_by_default_and_accepts_the_former_booleans(tmp_path: Pa
     (["dist.sync_bn=sometimes"], ["dist.sync_bn", "auto | true | false"]),
     (["dist.sync_bn=1"], ["dist.sync_bn", "auto | true | false"]),
     (["optim.lr=-1"], ["optim.lr", "positive"]),
-    (["loss.pooling=avg"], ["loss.pooling", "max", "mean"]),
+    (["method.hypersolid.pooling=avg"], ["method.hypersolid.pooling", "max", "mean"]),
     (["model.arch=vgg"], ["model.arch", "resnet18"]),
     (["data.dataset=cifar"], ["data.dataset", "fashion_mnist"]),
     (["optim.lr"], ["optim.lr", "section.key=value"]),  # malformed override
@@ -88,7 +88,7 @@ def test_bad_yaml_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads(path: Path) -> None:
     cfg = load_config(path, [])
-    assert cfg.optim.lr == 1e-3 and cfg.loss.alpha == 0.9 and cfg.model.proj_dim == 1024
+    assert cfg.optim.lr == 1e-3 and cfg.method.hypersolid.alpha == 0.9 and cfg.model.proj_dim == 1024
 
 
 def test_paper_setups_are_shipped() -> None:
@@ -114,8 +114,8 @@ def test_every_sweep_loads_and_varies_one_thing(path: Path) -> None:
 def test_sweep_with_a_bad_run_names_its_index(tmp_path: Path) -> None:
     f = tmp_path / "s.yaml"
     f.write_text(yaml.safe_dump({"base": str(REPO / "configs/cifar100.yaml"),
-                                 "runs": [["loss.alpha=0.5"], ["loss.alfa=0.5"]]}))
-    with pytest.raises(ValueError, match=r"runs\[1\].*loss.alfa"):
+                                 "runs": [["method.hypersolid.alpha=0.5"], ["method.hypersolid.alfa=0.5"]]}))
+    with pytest.raises(ValueError, match=r"runs\[1\].*method.hypersolid.alfa"):
         load_sweep(f)
     f.write_text(yaml.safe_dump({"base": "x.yaml"}))
     with pytest.raises(ValueError, match="'runs'"):
@@ -133,10 +133,10 @@ def test_fingerprint_ignores_how_long_and_where_but_not_what() -> None:
     base = load_config(None, [])
     same = load_config(None, ["epochs=7", "max_steps=5", "run_dir=/elsewhere", "tracking.experiment=x",
                               "checkpoint.keep_last=9", "data.num_workers=0"])
-    other = load_config(None, ["loss.alpha=0.8"])
+    other = load_config(None, ["method.hypersolid.alpha=0.8"])
     assert fingerprint(base) == fingerprint(same)
     assert fingerprint(base) != fingerprint(other)
-    assert config_diff(to_dict(base), to_dict(other)) == ["loss.alpha: 0.9 -> 0.8"]
+    assert config_diff(to_dict(base), to_dict(other)) == ["method.hypersolid.alpha: 0.9 -> 0.8"]
 
 
 def test_every_config_error_is_a_config_error_and_a_value_error(tmp_path: Path) -> None:

@@ -20,13 +20,16 @@ import yaml
 from hypersolid_scale.config import Config, load_config, to_dict
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.data.presets import resolve_preset
-from hypersolid_scale.methods import DINO, METHODS, Method, SwaV, count_global_views
+from hypersolid_scale.methods import Method, count_global_views, method_names
+from hypersolid_scale.methods.dino import DINO
+from hypersolid_scale.methods.swav import SwaV
 from hypersolid_scale.models import build_model
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import optimizer_factory
 from hypersolid_scale.run_builder import _method_model, _trainable_only
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+METHODS = method_names()
 BASELINES = [m for m in METHODS if m != "hypersolid"]
 SETTINGS = ("quickstart", "cifar10", "cifar100")
 PATHS = sorted((CONFIGS / "baselines").glob("*.yaml"))
@@ -77,7 +80,7 @@ def test_every_method_has_a_config_for_every_setting() -> None:
 def test_the_config_loads_and_names_its_method(path: Path) -> None:
     method, _ = _method_and_setting(path)
     cfg = load_config(path)
-    assert cfg.loss.name == method
+    assert cfg.method.name == method
     assert cfg.run_dir == f"runs/{path.stem}"
     assert cfg.eval.features == "backbone"  # a baseline has no Hypersolid projector to evaluate
 
@@ -151,7 +154,7 @@ def test_cifar_hyperparameters_follow_solo_learn() -> None:
         assert {k: getattr(section, k) for k in expected[method]} == expected[method], path.name
     # SwaV freezes its prototypes for solo-learn's 2 epochs, in steps of the CIFAR global batch.
     cfg = load_config(CONFIGS / "baselines" / "swav_cifar10.yaml")
-    assert cfg.loss.swav.freeze_prototypes_steps == 2 * (CIFAR10_TRAIN_IMAGES // cfg.data.batch_size_per_gpu)
+    assert cfg.method.swav.freeze_prototypes_steps == 2 * (CIFAR10_TRAIN_IMAGES // cfg.data.batch_size_per_gpu)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -169,12 +172,12 @@ def one_thread() -> Iterator[None]:
 
 def _frozen_at_step_0(cfg: Config, method: Method) -> set[str]:
     """Parameters the config's schedules keep frozen during the first step (their gradients are dropped):
-    DINO's last layer during the first loss.dino.freeze_last_layer_epochs, SwaV's prototypes during the
-    first loss.swav.freeze_prototypes_steps."""
-    if isinstance(method, DINO) and cfg.loss.dino.freeze_last_layer_epochs > 0:
+    DINO's last layer during the first method.dino.freeze_last_layer_epochs, SwaV's prototypes during the
+    first method.swav.freeze_prototypes_steps."""
+    if isinstance(method, DINO) and cfg.method.dino.freeze_last_layer_epochs > 0:
         return {f"method.head.last_layer.{n}" for n, p in method.head.last_layer.named_parameters()
                 if p.requires_grad}
-    if isinstance(method, SwaV) and cfg.loss.swav.freeze_prototypes_steps > 0:
+    if isinstance(method, SwaV) and cfg.method.swav.freeze_prototypes_steps > 0:
         return {f"method.prototypes.{n}" for n, _ in method.prototypes.named_parameters()}
     return set()
 
@@ -231,7 +234,7 @@ def test_the_cifar_baseline_takes_a_training_step(path: Path, one_thread: None) 
     assert not unchanged - frozen, f"{path.name}: not updated: {sorted(unchanged - frozen)[:5]}"
     assert all(torch.isfinite(p).all() for p in after.values())
     teacher = {k: v for k, v in after.items() if k.startswith("method.teacher_")}
-    assert bool(teacher) == (cfg.loss.name in ("byol", "dino"))
+    assert bool(teacher) == (cfg.method.name in ("byol", "dino"))
     assert not any(params[k].requires_grad for k in teacher)
     if teacher:
         _assert_the_teacher_followed(teacher, before, after, path.name)

@@ -63,7 +63,7 @@ def test_the_loader_rejects_an_unknown_key(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(ValueError, match="momentun"):
         load_config(tmp_path / "bad.yaml")
-    sweep = {"base": str(SGD), "runs": [["loss.alpha=0.5"], ["loss.alhpa=0.5"]]}
+    sweep = {"base": str(SGD), "runs": [["method.hypersolid.alpha=0.5"], ["method.hypersolid.alhpa=0.5"]]}
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     with pytest.raises(ValueError, match=r"runs\[1\].*alhpa"):
         load_sweep(tmp_path / "sweep.yaml")
@@ -73,8 +73,8 @@ def test_imagenet100_alpha_sweep() -> None:
     """Ablations, "Alpha value": ImageNet-100 / ResNet-50 at alpha 0.25, 0.5, 0.625, 0.75 and 0.9."""
     base, runs = load_sweep(ALPHA_SWEEP)
     assert Path(base).resolve() == (CONFIGS / "imagenet100.yaml").resolve()
-    assert all(len(r) == 1 and r[0].startswith("loss.alpha=") for r in runs)  # alpha is all that changes
-    alphas = [load_config(base, r).loss.alpha for r in runs]
+    assert all(len(r) == 1 and r[0].startswith("method.hypersolid.alpha=") for r in runs)  # alpha is all that changes
+    alphas = [load_config(base, r).method.hypersolid.alpha for r in runs]
     assert alphas == [0.25, 0.5, 0.625, 0.75, 0.9]
     cfg = load_config(base)
     assert (cfg.model.arch, cfg.epochs, cfg.eval.knn_k) == ("resnet50", 100, [20])  # "Datasets", "Evaluation"
@@ -92,7 +92,7 @@ def test_stl10_unlabeled() -> None:
     assert (cfg.data.format, cfg.data.dataset) == ("webdataset", "stl10")
     assert (cfg.model.arch, cfg.epochs, cfg.data.batch_size_per_gpu, cfg.data.preset) == ("resnet18", 200, 128, "stl10")
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.schedule) == ("adamw", 1e-3, 1e-6, "constant")
-    assert (cfg.loss.alpha, cfg.loss.norm_weight, cfg.model.proj_dim, cfg.data.num_local_views) == (0.9, 1e-6, 1024, 6)
+    assert (cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight, cfg.model.proj_dim, cfg.data.num_local_views) == (0.9, 1e-6, 1024, 6)
     assert cfg.eval.knn_k == [5]
     assert [Path(p).name for p in (cfg.data.path, cfg.data.eval_train_path, cfg.data.test_path)] == [
         "unlabeled", "train", "test"]

@@ -198,7 +198,7 @@ def test_missing_data_path_under_torchrun_is_reported_once(tmp_path: Path) -> No
 
 def _make_checkpoint(tmp_path: Path, kind: str) -> Path:
     """A checkpoint for TINY's run that is ``kind``: missing, truncated, random, architecture, config."""
-    cfg = load_config(None, [*TINY, "loss.alpha=0.5"] if kind == "config" else TINY)
+    cfg = load_config(None, [*TINY, "method.hypersolid.alpha=0.5"] if kind == "config" else TINY)
     weights = load_config(None, [*TINY, "model.small_cnn_width=8"]) if kind == "architecture" else cfg
     torch.manual_seed(0)
     state = {"model": build_model(weights.model).state_dict(), "step": 3, "epoch": 0, "config": to_dict(cfg),

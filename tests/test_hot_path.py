@@ -69,9 +69,9 @@ def tiny_run(tmp_path: Path, device: str, extra: list[str]) -> tuple[train_mod.R
     return run, batches
 
 
-BACKENDS = [["loss.backend=dense"], ["loss.backend=tiled", "loss.tile_size=50"],
-            ["loss.backend=neighbors", "loss.index=torch", "loss.k=8", "loss.recall_every=2"],
-            ["loss.backend=auto", "loss.k=8"], ["loss.backend=neighbors", "loss.k=8"]]
+BACKENDS = [["method.hypersolid.backend=dense"], ["method.hypersolid.backend=tiled", "method.hypersolid.tile_size=50"],
+            ["method.hypersolid.backend=neighbors", "method.hypersolid.index=torch", "method.hypersolid.k=8", "method.hypersolid.recall_every=2"],
+            ["method.hypersolid.backend=auto", "method.hypersolid.k=8"], ["method.hypersolid.backend=neighbors", "method.hypersolid.k=8"]]
 
 
 # ----------------------------------------------------------------------------------------------- CPU
@@ -105,7 +105,7 @@ def test_train_loop_reads_on_logging_steps_and_epoch_ends_only(tmp_path, monkeyp
 
     monkeypatch.setattr(train_mod, "train_step", step_probe)
     args = [*TINY, f"run_dir={tmp_path / 'run'}", "dist.device=cpu", "epochs=2", "tracking.log_every_n_steps=3",
-            "checkpoint.every_n_steps=0", "checkpoint.every_n_epochs=0", "loss.backend=auto", "loss.k=8"]
+            "checkpoint.every_n_steps=0", "checkpoint.every_n_epochs=0", "method.hypersolid.backend=auto", "method.hypersolid.k=8"]
     reads: list = []
     with host_reads(reads, tag=lambda: phase["now"]):
         assert train_mod.main(args) == 0
@@ -196,7 +196,7 @@ def test_scale_config_loads_and_states_its_launch():
     assert (REPO / "launch" / "slurm" / "multinode.sbatch").is_file()
     # 8 views: the 2 global views every preset has, plus 6 local ones; 224 and 96 px
     assert (cfg.data.num_local_views, cfg.data.global_crop_size, cfg.data.local_crop_size) == (6, 224, 96)
-    assert cfg.model.arch == "resnet50" and cfg.loss.backend == "auto" and cfg.dist.bf16 == "true"
+    assert cfg.model.arch == "resnet50" and cfg.method.hypersolid.backend == "auto" and cfg.dist.bf16 == "true"
     # the LR rule stated in the header: square-root scaling from the paper's 1e-3 at batch 512
     assert "sqrt" in header and cfg.optim.lr == pytest.approx(1e-3 * math.sqrt(4096 / 512), rel=1e-3)
     # the 64-GPU variant of the header's second command loads too
@@ -214,9 +214,9 @@ def sync_debug(mode: str):
         torch.cuda.set_sync_debug_mode(0)
 
 
-SYNC_FREE = [["loss.backend=dense"], ["loss.backend=tiled", "loss.tile_size=50"],
+SYNC_FREE = [["method.hypersolid.backend=dense"], ["method.hypersolid.backend=tiled", "method.hypersolid.tile_size=50"],
              # auto's decision machinery, held on tiled (the threshold 0 is never undercut)
-             ["loss.backend=auto", "loss.k=8", "loss.auto_to_neighbors=0.0"]]
+             ["method.hypersolid.backend=auto", "method.hypersolid.k=8", "method.hypersolid.auto_to_neighbors=0.0"]]
 
 
 @cuda

@@ -10,12 +10,18 @@ from lightly.utils.scheduler import cosine_schedule
 
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.losses import HypersolidLoss, LossConfig
-from hypersolid_scale.methods import METHODS, MethodConfig, build_method, count_global_views
-from hypersolid_scale.methods.config import (BarlowTwinsConfig, BYOLConfig, DINOConfig, SimCLRConfig, SwaVConfig,
-                                             VICRegConfig)
+from hypersolid_scale.methods import MethodConfig, build_method, count_global_views, method_names
+from hypersolid_scale.methods.barlowtwins import BarlowTwinsConfig
+from hypersolid_scale.methods.byol import BYOLConfig
+from hypersolid_scale.methods.dino import DINOConfig
+from hypersolid_scale.methods.simclr import SimCLRConfig
+from hypersolid_scale.methods.swav import SwaVConfig
+from hypersolid_scale.methods.vicreg import VICRegConfig
 from hypersolid_scale.models import HypersolidModel, ModelConfig, build_backbone
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # lightly's DINO head
+
+METHODS = method_names()
 
 B = 8
 MODEL_CFG = ModelConfig(arch="small_cnn", small_cnn_width=4, proj_hidden_dim=16, proj_dim=8)
@@ -252,13 +258,13 @@ def test_views_out_of_order_or_too_few_globals_are_refused():
 
 
 @pytest.mark.parametrize("name, key, value, match", [
-    ("simclr", "temperature", 0.0, "loss.simclr.temperature=0.0 .* > 0"),
-    ("vicreg", "num_layers", 1, "loss.vicreg.num_layers=1 .* >= 2"),
-    ("barlowtwins", "hidden_dim", True, "loss.barlowtwins.hidden_dim=True .* positive integer"),
-    ("byol", "momentum_base", 1.5, r"loss.byol.momentum_base=1.5 .* \[0, 1\]"),
-    ("dino", "batch_norm", "yes", "loss.dino.batch_norm='yes' .* true or false"),
-    ("dino", "student_temp", float("nan"), "loss.dino.student_temp=nan"),
-    ("swav", "queue_length", -1, "loss.swav.queue_length=-1 .* >= 0"),
+    ("simclr", "temperature", 0.0, "method.simclr.temperature=0.0 .* > 0"),
+    ("vicreg", "num_layers", 1, "method.vicreg.num_layers=1 .* >= 2"),
+    ("barlowtwins", "hidden_dim", True, "method.barlowtwins.hidden_dim=True .* positive integer"),
+    ("byol", "momentum_base", 1.5, r"method.byol.momentum_base=1.5 .* \[0, 1\]"),
+    ("dino", "batch_norm", "yes", "method.dino.batch_norm='yes' .* true or false"),
+    ("dino", "student_temp", float("nan"), "method.dino.student_temp=nan"),
+    ("swav", "queue_length", -1, "method.swav.queue_length=-1 .* >= 0"),
 ])
 def test_bad_config_values_raise_config_error_naming_the_key(name, key, value, match):
     cfg = small_cfg(name, **{key: value})
@@ -270,8 +276,8 @@ def test_bad_config_values_raise_config_error_naming_the_key(name, key, value, m
 
 
 def test_unknown_method_and_inverted_momentum_raise_config_error():
-    with pytest.raises(ConfigError, match="loss.name='moco' .*simclr .* swav"):
+    with pytest.raises(ConfigError, match="method.name='moco' .*simclr .* swav"):
         MethodConfig(name="moco").validate()
-    with pytest.raises(ConfigError, match="momentum_base=0.99 must be <= loss.dino.momentum_end=0.9"):
+    with pytest.raises(ConfigError, match="momentum_base=0.99 must be <= method.dino.momentum_end=0.9"):
         small_cfg("dino", momentum_base=0.99, momentum_end=0.9).validate()
     small_cfg("byol", momentum_base=1.0).validate()  # the bounds themselves are allowed

@@ -7,11 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hypersolid_scale.methods import METHODS
+from hypersolid_scale.methods import method_names
 from test_methods import build, make_views
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")]
+
+METHODS = method_names()
 
 BASELINES = [m for m in METHODS if m != "hypersolid"]
 

@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from hypersolid_scale.distributed import cleanup, convert_global_batchnorm, init_distributed
-from hypersolid_scale.methods import METHODS
+from hypersolid_scale.methods import method_names
 from test_methods import B, build, make_views
 from _net import spawn_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")
+
+METHODS = method_names()
 
 WORLD = 2
 

@@ -170,7 +170,7 @@ def test_preempted_job_requeues_itself_and_requeued_job_resumes(slurm: LocalSlur
 def test_sweep_array_one_mlflow_run_per_index_in_one_experiment(slurm: LocalSlurm, tmp_path: Path) -> None:
     sweep = tmp_path / "alpha_probe.yaml"
     sweep.write_text('description: two thresholds\nbase: configs/quickstart.yaml\n'
-                     'runs:\n  - ["loss.alpha=0.8"]\n  - ["loss.alpha=0.9"]\n')
+                     'runs:\n  - ["method.hypersolid.alpha=0.8"]\n  - ["method.hypersolid.alpha=0.9"]\n')
     overrides = [o for o in TINY if o not in ("--config", "configs/quickstart.yaml")]
     # Submitted from the repository root, as a user would (the sweep's base path is relative to it).
     out = subprocess.run([sys.executable, str(SLURM_DIR / "sweep.py"), "submit", str(sweep), *CPU,
@@ -194,7 +194,7 @@ def test_sweep_array_one_mlflow_run_per_index_in_one_experiment(slurm: LocalSlur
     for i, alpha in ((0, "0.8"), (1, "0.9")):
         run = runs[f"alpha_probe-{i}"]
         assert run.info.status == "FINISHED"
-        assert run.data.params["loss.alpha"] == alpha
+        assert run.data.params["method.hypersolid.alpha"] == alpha
         assert loss_steps(client, run.info.run_id)[-1] == 4
         assert checkpoints(root / f"run_{i:03d}")[-1] == 4
 
@@ -240,16 +240,16 @@ def sweep_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]
 
 def test_sweep_file_args_count_and_bad_index(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     sweep = tmp_path / "s.yaml"
-    sweep.write_text('base: configs/quickstart.yaml\nruns:\n  - ["loss.alpha=0.85"]\n'
-                     '  - ["loss.alpha=0.9", "optim.lr=2e-3"]\n  - []\n')
+    sweep.write_text('base: configs/quickstart.yaml\nruns:\n  - ["method.hypersolid.alpha=0.85"]\n'
+                     '  - ["method.hypersolid.alpha=0.9", "optim.lr=2e-3"]\n  - []\n')
     assert sweep_cli(capsys, "count", str(sweep))[1].strip() == "3"
     code, out, err = sweep_cli(capsys, "args", str(sweep), "1")
     assert code == 0, err
-    assert out.splitlines() == ["--config", "configs/quickstart.yaml", "loss.alpha=0.9", "optim.lr=2e-3"]
+    assert out.splitlines() == ["--config", "configs/quickstart.yaml", "method.hypersolid.alpha=0.9", "optim.lr=2e-3"]
     assert sweep_cli(capsys, "args", str(sweep), "1", "--no-validate")[1] == out
     for flags in ((), ("--no-validate",)):
         code, _, err = sweep_cli(capsys, "args", str(sweep), "3", *flags)
         assert code == 2 and "--array=0-2" in err, err
-    sweep.write_text('base: configs/quickstart.yaml\nruns:\n  - ["loss.alpah=0.85"]\n')
+    sweep.write_text('base: configs/quickstart.yaml\nruns:\n  - ["method.hypersolid.alpah=0.85"]\n')
     code, _, err = sweep_cli(capsys, "count", str(sweep))
-    assert code == 2 and "loss.alpah" in err, err
+    assert code == 2 and "method.hypersolid.alpah" in err, err

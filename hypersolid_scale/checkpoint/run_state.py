@@ -9,6 +9,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 import warnings
 from typing import Any
@@ -89,7 +90,7 @@ def run_state(*, cfg: Config, engine: Engine, loader: Any, step: int, rank: int,
     }
 
 
-METHOD_PREFIX = "method."  # a baseline's heads, teacher and state inside the trained module (MethodModel.method)
+METHOD_PREFIX = "method."  # the method's heads, loss, teacher and state inside the trained module (MethodModel.method)
 
 
 def _portable(v: Any) -> Any:
@@ -104,15 +105,35 @@ def _portable(v: Any) -> Any:
 
 
 def split_method_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(model, method)``: the checkpoint's ``model`` (the backbone, and Hypersolid's projector) and, for a
-    baseline, ``method`` (everything under ``method.``); None for Hypersolid, whose layout stays as it was."""
+    """``(model, method)``: the checkpoint's ``model`` (the backbone, ``backbone.*``) and ``method`` (everything
+    under ``method.``: heads, teacher, the method's extra state; None when there is none)."""
     model = {k: _portable(v) for k, v in state.items() if not k.startswith(METHOD_PREFIX)}
     method = {k[len(METHOD_PREFIX):]: _portable(v) for k, v in state.items() if k.startswith(METHOD_PREFIX)}
     return model, (method or None)
 
 
+_said_layout = False
+
+
+def migrate_layout(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A Hypersolid checkpoint of an earlier version kept its projector in ``model`` (``projector.*``) and had
+    no ``method`` entry: the same checkpoint in the present layout (``method.projector.*``, the method's step
+    count from the checkpoint's step), said once per process. Other checkpoints are returned as they are."""
+    global _said_layout
+    model = ckpt.get("model") or {}
+    if ckpt.get("method") or not any(k.startswith("projector.") for k in model):
+        return ckpt
+    if not _said_layout and get_rank() == 0:
+        _said_layout = True
+        print(f"note: checkpoint {ckpt.get('path', '')}: written by an earlier version; its projector.* weights "
+              "are read as method.projector.*", file=sys.stderr, flush=True)
+    method = {k: v for k, v in model.items() if k.startswith("projector.")}
+    method["_extra_state"] = {"step": int(ckpt.get("step", 0))}
+    return {**ckpt, "model": {k: v for k, v in model.items() if not k.startswith("projector.")}, "method": method}
+
+
 def _trained_state(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """The trained module's state dict again: ``model`` plus ``method`` under its prefix (baselines)."""
+    """The trained module's state dict again: ``model`` plus ``method`` under its prefix."""
     return {**ckpt["model"], **{METHOD_PREFIX + k: v for k, v in (ckpt.get("method") or {}).items()}}
 
 
@@ -152,6 +173,7 @@ def restore_run_state(ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank
     ``force`` (``checkpoint.resume=force``): another world size restarts the checkpoint's epoch with its
     weights only, and an optimizer state of another layout is dropped, each with a warning.
     """
+    ckpt = migrate_layout(ckpt)
     path = ckpt.get("path", "")
     saved_world = int(ckpt.get("world_size", world_size))
     if saved_world != world_size:
@@ -242,7 +264,7 @@ def resolve_resume(cfg: Config) -> dict[str, Any] | None:
             path = str(found[0])
         elif cfg.checkpoint.path:
             path = cfg.checkpoint.path
-    path = broadcast_object(path)  # type: ignore[assignment]
+    path = broadcast_object(path)
     if path is None:
         return None
     try:
@@ -265,29 +287,33 @@ class NoProjector(nn.Module):
         self.method = method
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise ConfigError(f"this checkpoint was trained with loss.name={self.method}, which has no Hypersolid "
+        raise ConfigError(f"this checkpoint was trained with method.name={self.method}, which has no Hypersolid "
                           "projector; evaluate its backbone features (eval.features=backbone)")
 
 
 def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
     """``(HypersolidModel with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation.
 
-    A baseline's checkpoint (``loss.name`` other than hypersolid) gives its backbone, with a
-    :class:`NoProjector` in place of the projector.
+    The backbone's weights, and Hypersolid's projector for a Hypersolid checkpoint; a baseline's checkpoint
+    (``method.name`` other than hypersolid) gets a :class:`NoProjector` in place of the projector.
     """
     if not isinstance(ckpt, dict):
         ckpt = {**load_checkpoint(ckpt), "path": str(ckpt)}
+    ckpt = migrate_layout(ckpt)
     cfg = from_dict(ckpt["config"])
     model = build_model(cfg.model)
-    if cfg.loss.name == "hypersolid":
-        _load_weights(model.load_state_dict, ckpt)
+    projector = "projector."
+    # Only what embeds images: the backbone, and Hypersolid's projector (not the method's step count).
+    weights = {**ckpt, "model": {**ckpt["model"], **{k: v for k, v in (ckpt.get("method") or {}).items()
+                                                     if cfg.method.name == "hypersolid" and k.startswith(projector)}},
+               "method": None}
+    if cfg.method.name == "hypersolid":
+        _load_weights(model.load_state_dict, weights)
     else:
-        # Only the backbone's weights: the method's state is not needed to embed images.
         prefix = "backbone."
-        backbone_only = {**ckpt, "model": {k[len(prefix):]: v for k, v in ckpt["model"].items()
-                                           if k.startswith(prefix)}, "method": None}
-        _load_weights(model.backbone.load_state_dict, backbone_only)
-        model.projector = NoProjector(cfg.loss.name)
+        weights["model"] = {k[len(prefix):]: v for k, v in weights["model"].items() if k.startswith(prefix)}
+        _load_weights(model.backbone.load_state_dict, weights)
+        model.projector = NoProjector(cfg.method.name)
     model.eval()
     return model, cfg
 
@@ -300,8 +326,10 @@ def random_init_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     """
     cfg = from_dict(ckpt["config"])
     torch.manual_seed(cfg.seed)  # the trainer seeds exactly like this before building the model
-    model = build_model(cfg.model)
-    fresh = {**ckpt, "model": model.state_dict(), "optimizer": None, "step": 0, "epoch": 0, "loader": None}
-    if "method" in fresh:  # a baseline's: its backbone is what evaluation reads
-        fresh["method"] = None
-    return fresh
+    model, method = split_method_state(build_model(cfg.model).state_dict())
+    if cfg.method.name == "hypersolid":  # the projector's initial weights, in the trainer's layout
+        method = {k: v for k, v in model.items() if k.startswith("projector.")}
+        model = {k: v for k, v in model.items() if not k.startswith("projector.")}
+    else:  # a baseline's: its backbone is what evaluation reads
+        model, method = {k: v for k, v in model.items() if k.startswith("backbone.")}, None
+    return {**ckpt, "model": model, "method": method, "optimizer": None, "step": 0, "epoch": 0, "loader": None}

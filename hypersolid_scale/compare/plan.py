@@ -13,8 +13,8 @@ from pathlib import Path
 
 from hypersolid_scale.config import Config, load_config
 from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.methods import method_names
 
-METHODS: tuple[str, ...] = ("hypersolid", "simclr", "vicreg", "barlowtwins", "byol", "dino", "swav")
 # The methods that get the full number of seeds by default; the others get ``baseline_seeds``.
 MULTI_SEED_METHODS: tuple[str, ...] = ("hypersolid", "simclr")
 
@@ -46,15 +46,16 @@ def config_path(configs_dir: Path, setting: str, method: str) -> Path:
 
 
 def parse_methods(text: str) -> list[str]:
-    """``all`` or a comma-separated list of METHODS, in METHODS order, without repeats."""
+    """``all`` or a comma-separated list of registered methods, in the registry's order, without repeats."""
+    known = method_names()
     if text.strip() == "all":
-        return list(METHODS)
+        return list(known)
     names = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in names if m not in METHODS]
+    unknown = [m for m in names if m not in known]
     if unknown or not names:
         raise ConfigError(f"--methods {text!r}: unknown {', '.join(unknown) or '(empty)'}; choose from "
-                          f"{', '.join(METHODS)} or 'all'")
-    return [m for m in METHODS if m in names]
+                          f"{', '.join(known)} or 'all'")
+    return [m for m in known if m in names]
 
 
 def plan(configs_dir: Path, setting: str, methods: list[str], seeds: int, baseline_seeds: int,
@@ -102,8 +103,8 @@ def check_budget(trainings: list[Training], *, steps: int, nproc: int, out_dir: 
     views: dict[str, int] = {}
     for t in trainings:
         cfg = load_config(t.config, training_overrides(t, steps=steps, run_dir=out_dir / "runs" / t.name))
-        if cfg.loss.name != t.method:
-            raise ConfigError(f"{t.config} trains loss.name={cfg.loss.name}, not {t.method}; fix its loss.name")
+        if cfg.method.name != t.method:
+            raise ConfigError(f"{t.config} trains method.name={cfg.method.name}, not {t.method}; fix its method.name")
         batches[t.method] = cfg.data.batch_size_per_gpu * nproc
         views[t.method] = _views(cfg)
     if len(set(batches.values())) > 1:

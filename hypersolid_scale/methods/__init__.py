@@ -1,11 +1,12 @@
-"""Self-supervised methods on a shared backbone: Hypersolid and the baselines SimCLR, VICReg, Barlow Twins,
-BYOL, DINO and SwaV, built on lightly's heads and losses.
+"""Self-supervised methods on a shared backbone: Hypersolid and the baselines (SimCLR, VICReg, Barlow Twins,
+BYOL, DINO and SwaV, built on lightly's heads and losses). Each is one module here that registers itself
+(:mod:`.registry`); ``method.name`` picks one and ``method.<name>.*`` configures it.
 
 Interface (:class:`Method`, an ``nn.Module``):
 
 * ``forward(views, backbone) -> (loss, stats)``: ``views`` is the list of view tensors (B, C, H, W), the
   global views first (all of ``views[0]``'s size), then the smaller local views. Methods with
-  ``uses_local_views`` (hypersolid, DINO, SwaV) use them all; the others use the first two global views.
+  ``uses_local_views`` (Hypersolid, DINO, SwaV) use them all; the others use the first two global views.
   The student runs on its views (one backbone call per view, or per resolution); a momentum teacher (BYOL,
   DINO) runs on the global views under ``no_grad``. ``stats`` maps names to detached 0-dim tensors (no
   host read).
@@ -17,7 +18,7 @@ Interface (:class:`Method`, an ``nn.Module``):
 * ``state_dict()``/``load_state_dict()``: everything beyond the backbone: heads, teacher weights, DINO's
   center, SwaV's queue and the step count (extra state), so a resume continues bitwise.
 
-How a trainer drives it, per step::
+How the trainer drives it, per step (the one training step, for every method)::
 
     loss, stats = method(views, backbone)          # inside the DDP-wrapped module holding both
     loss.backward()
@@ -32,14 +33,8 @@ global too (the engine's BatchNorm conversion, applied to the module holding the
 """
 
 from hypersolid_scale.methods.base import EMAMethod, Method, count_global_views
-from hypersolid_scale.methods.build import build_method
-from hypersolid_scale.methods.byol import BYOL
-from hypersolid_scale.methods.config import METHODS, MethodConfig
-from hypersolid_scale.methods.dino import DINO
-from hypersolid_scale.methods.hypersolid import Hypersolid
-from hypersolid_scale.methods.redundancy import BarlowTwins, VICReg
-from hypersolid_scale.methods.simclr import SimCLR
-from hypersolid_scale.methods.swav import SwaV
+from hypersolid_scale.methods.config import MethodConfig
+from hypersolid_scale.methods.registry import build_method, get_method, method_names, register
 
-__all__ = ["BYOL", "DINO", "METHODS", "BarlowTwins", "EMAMethod", "Hypersolid", "Method", "MethodConfig",
-           "SimCLR", "SwaV", "VICReg", "build_method", "count_global_views"]
+__all__ = ["EMAMethod", "Method", "MethodConfig", "build_method", "count_global_views", "get_method",
+           "method_names", "register"]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from lightly.models.utils import deactivate_requires_grad, update_momentum
 from lightly.utils.scheduler import cosine_schedule
 from torch import nn
 
+from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.methods.params import check_section
 from hypersolid_scale.models import group_views_by_resolution
 
 
@@ -71,14 +74,91 @@ def make_teacher(module: nn.Module, fresh: nn.Module | None = None) -> nn.Module
 class Method(nn.Module):
     """One self-supervised method: heads, loss and any state beyond the backbone (see the package docstring).
 
+    A method is registered under ``name`` (``@register`` from :mod:`.registry`); its hyperparameters are the
+    ``Config`` dataclass, the run config's ``method.<name>`` section.
+
     Attributes:
+        name: the value of ``method.name`` that selects it.
+        Config: the dataclass of its ``method.<name>.*`` keys (fields may declare kinds in ``KINDS``, checked
+            by :func:`~hypersolid_scale.methods.params.check_section`; a ``validate()`` method is called too).
+        order: where it is listed among the methods (``method_names``).
         uses_local_views: the method consumes local (multi-crop) views; the others use the two global views.
         separate_views: run each view alone through backbone and heads (their papers' implementations).
+        tells_views_by_size: a view smaller than the first is local (DINO, SwaV): local crops must be smaller.
+        stats_reduced: ``forward``'s statistics already hold the global batch's values (the trainer does not
+            average them over ranks again).
+        projector_features: ``eval.features=projector`` reads this method's ``projector`` (Hypersolid's).
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
     """
 
-    uses_local_views: bool = False
-    separate_views: bool = False
+    name: ClassVar[str] = ""
+    Config: ClassVar[type]
+    order: ClassVar[int] = 100
+    uses_local_views: ClassVar[bool] = False
+    separate_views: ClassVar[bool] = False
+    tells_views_by_size: ClassVar[bool] = False
+    stats_reduced: ClassVar[bool] = False
+    projector_features: ClassVar[bool] = False
+
+    @classmethod
+    def build(cls, section: Any, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int,
+              model_cfg: Any = None) -> Method:
+        """The method from its config section; most take ``(feature_dim, section, steps_per_epoch)``."""
+        return cls(feature_dim, section, steps_per_epoch)  # type: ignore[call-arg]
+
+    @classmethod
+    def validate_section(cls, section: Any) -> None:
+        """Raise ConfigError naming the first bad ``method.<name>.<key>``."""
+        check_section(f"method.{cls.name}", section)
+        if hasattr(section, "validate"):
+            try:
+                section.validate()
+            except ConfigError:
+                raise
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+
+    @classmethod
+    def frozen_by_schedule(cls, section: Any) -> tuple[str, int] | None:
+        """``(key, value)`` of a schedule that drops gradients of a frozen part before the optimizer step
+        (DINO's last layer, SwaV's prototypes), when it is on; None otherwise."""
+        return None
+
+    @classmethod
+    def check_run(cls, cfg: Any) -> None:
+        """What this method cannot be combined with in the run config ``cfg`` (a ``Config``, a layer above
+        this package, hence untyped): one ConfigError naming the keys and the fix."""
+        if cfg.eval.features != "backbone" and not cls.projector_features:
+            raise ConfigError(f"eval.features={cfg.eval.features!r} reads Hypersolid's projector, which a "
+                              f"method.name={cls.name} run does not train (its heads are the method's own); set "
+                              "eval.features=backbone")
+        frozen = cls.frozen_by_schedule(getattr(cfg.method, cls.name))
+        # ZeRO 1/2 reduce the gradients into DeepSpeed's own partitioned buffers, out of reach of the step where
+        # a schedule drops the gradients of a frozen part.
+        if cfg.dist.engine == "deepspeed" and cfg.dist.zero_stage > 0 and frozen is not None:
+            key = f"method.{cls.name}.{frozen[0]}"
+            raise ConfigError(
+                f"method.name={cls.name} with dist.engine=deepspeed and dist.zero_stage={cfg.dist.zero_stage}: "
+                f"{key}={frozen[1]} freezes part of the head by dropping its gradients before the optimizer step, "
+                f"which ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or {key}=0")
+        if cls.tells_views_by_size:
+            # lightly's multi-crop convention: a local view is told from a global one by its size.
+            preset = resolve_preset(cfg.data)
+            if preset.num_local_views > 0 and preset.local_crop_size >= preset.global_crop_size:
+                raise ConfigError(
+                    f"method.name={cls.name} tells local views from global ones by their size, but the local crops "
+                    f"({preset.local_crop_size} px) are not smaller than the global ones ({preset.global_crop_size} "
+                    "px): every view would count as global; set a smaller data.local_crop_size (e.g. 18 for 32 px "
+                    "CIFAR) or data.num_local_views=0")
+
+    @classmethod
+    def run_tags(cls, section: Any) -> dict[str, Any]:
+        """Tags of a training run of this method beyond ``method`` (e.g. Hypersolid's loss backend)."""
+        return {}
+
+    def epoch_terms(self, mean: dict[str, float]) -> str:
+        """The epoch line's loss terms from the epoch's mean statistics."""
+        return f"{self.name} loss {mean['loss']:.4f}"
 
     def __init__(self, steps_per_epoch: int = 1) -> None:
         super().__init__()

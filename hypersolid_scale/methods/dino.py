@@ -8,20 +8,58 @@ buffer on every rank.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from lightly.loss import DINOLoss
 from lightly.models.modules import DINOProjectionHead
 from torch import nn
 
 from hypersolid_scale.methods.base import EMAMethod, encode, make_teacher, project
-from hypersolid_scale.methods.config import DINOConfig
+from hypersolid_scale.methods.registry import register
 
 
+@dataclass
+class DINOConfig:
+    hidden_dim: int = 2048  # DINO paper: 3-layer MLP of width 2048; lightly default
+    bottleneck_dim: int = 256  # DINO paper; lightly default
+    out_dim: int = 65536  # DINO paper K; lightly default (solo-learn's CIFAR configs use 4096)
+    batch_norm: bool = False  # DINO paper: no BN in the head (lightly default)
+    norm_last_layer: bool = True  # DINO paper: weight-normalised last layer with fixed norm; lightly default
+    freeze_last_layer_epochs: int = 1  # DINO paper: last layer frozen during the first epoch
+    warmup_teacher_temp: float = 0.04  # DINO paper; lightly default
+    teacher_temp: float = 0.04  # DINO paper (0.07 for long runs); lightly default
+    warmup_teacher_temp_epochs: int = 30  # DINO paper; lightly default
+    student_temp: float = 0.1  # DINO paper; lightly default
+    center_momentum: float = 0.9  # DINO paper m; lightly default
+    momentum_base: float = 0.996  # DINO paper: teacher EMA from 0.996 to 1 with a cosine schedule
+    momentum_end: float = 1.0  # DINO paper
+
+    KINDS = {"hidden_dim": "pos_int", "bottleneck_dim": "pos_int", "out_dim": "pos_int", "batch_norm": "bool",
+             "norm_last_layer": "bool", "freeze_last_layer_epochs": "nonneg_int", "warmup_teacher_temp": "pos_float",
+             "teacher_temp": "pos_float", "warmup_teacher_temp_epochs": "nonneg_int", "student_temp": "pos_float",
+             "center_momentum": "unit", "momentum_base": "unit", "momentum_end": "unit"}
+
+
+@register
 class DINO(EMAMethod):
     """Teacher temperature and the frozen last layer follow the papers' epoch schedules: the epoch is
     ``step // steps_per_epoch`` with ``step`` the optimizer steps completed (``after_step`` counts them)."""
 
+    name, Config, order = "dino", DINOConfig, 50
+
     uses_local_views = True
+    tells_views_by_size = True
+
+    @classmethod
+    def build(cls, section: DINOConfig, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int,
+              model_cfg: object = None) -> DINO:
+        return cls(feature_dim, section, backbone, steps_per_epoch)
+
+    @classmethod
+    def frozen_by_schedule(cls, section: DINOConfig) -> tuple[str, int] | None:
+        epochs = section.freeze_last_layer_epochs
+        return ("freeze_last_layer_epochs", epochs) if epochs > 0 else None
 
     def __init__(self, feature_dim: int, cfg: DINOConfig, backbone: nn.Module, steps_per_epoch: int = 1) -> None:
         super().__init__(backbone, cfg.momentum_base, cfg.momentum_end, steps_per_epoch)

@@ -6,6 +6,7 @@ GLOBAL batch (``sinkhorn_gather_distributed=True``); every view predicts the oth
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,12 +17,31 @@ from lightly.models.modules.memory_bank import MemoryBankModule
 from torch import nn
 
 from hypersolid_scale.distributed import get_world_size
+from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.methods.base import Method, encode, project
-from hypersolid_scale.methods.config import SwaVConfig
+from hypersolid_scale.methods.registry import register
+
+
+@dataclass
+class SwaVConfig:
+    hidden_dim: int = 2048  # SwaV paper: 2-layer MLP of width 2048; lightly default
+    out_dim: int = 128  # SwaV paper; lightly default
+    n_prototypes: int = 3000  # SwaV paper (ImageNet); lightly default
+    temperature: float = 0.1  # SwaV paper tau; lightly default
+    sinkhorn_iterations: int = 3  # SwaV paper; lightly default
+    sinkhorn_epsilon: float = 0.05  # SwaV paper epsilon; lightly default
+    freeze_prototypes_steps: int = 313  # SwaV paper: prototypes frozen during the first epoch (313 iterations)
+    queue_length: int = 0  # lightly default (off); SwaV paper: 3840 for batches of 256, split across ranks
+    queue_start_epoch: int = 15  # SwaV paper: the queue joins the assignment from epoch 15
+
+    KINDS = {"hidden_dim": "pos_int", "out_dim": "pos_int", "n_prototypes": "pos_int", "temperature": "pos_float",
+             "sinkhorn_iterations": "pos_int", "sinkhorn_epsilon": "pos_float",
+             "freeze_prototypes_steps": "nonneg_int", "queue_length": "nonneg_int", "queue_start_epoch": "nonneg_int"}
 
 QUEUED_VIEWS = 2  # the SwaV paper keeps one queue per global view, and uses 2 global views
 
 
+@register
 class SwaV(Method):
     """Prototypes are re-normalised before every forward (SwaV paper) and frozen during the first
     ``freeze_prototypes_steps`` steps.
@@ -36,7 +56,24 @@ class SwaV(Method):
     dict).
     """
 
+    name, Config, order = "swav", SwaVConfig, 60
+
     uses_local_views = True
+    tells_views_by_size = True
+
+    @classmethod
+    def frozen_by_schedule(cls, section: SwaVConfig) -> tuple[str, int] | None:
+        steps = section.freeze_prototypes_steps
+        return ("freeze_prototypes_steps", steps) if steps > 0 else None
+
+    @classmethod
+    def check_run(cls, cfg: Any) -> None:
+        super().check_run(cfg)
+        if cfg.method.swav.queue_length > 0 and get_world_size() > 1 and cfg.dist.engine == "ddp":
+            # DDP broadcasts every buffer from rank 0 before each forward, the per-rank queue included.
+            raise ConfigError("method.swav.queue_length > 0 keeps a queue per rank, which DistributedDataParallel "
+                              "overwrites with rank 0's at every step; set method.swav.queue_length=0 or run in one "
+                              "process")
 
     def __init__(self, feature_dim: int, cfg: SwaVConfig, steps_per_epoch: int = 1) -> None:
         super().__init__(steps_per_epoch)
@@ -66,7 +103,7 @@ class SwaV(Method):
     def _queue_logits(self, global_z: list[torch.Tensor]) -> list[torch.Tensor] | None:
         if len(global_z) != len(self.queues):
             raise ValueError(f"the SwaV queue holds {len(self.queues)} global views, got {len(global_z)}; "
-                             "use 2 global views or loss.swav.queue_length=0")
+                             "use 2 global views or method.swav.queue_length=0")
         # Read the queue, then push this batch (lightly's memory bank returns the bank before the update).
         banks = [queue(z, update=True)[1].t() for queue, z in zip(self.queues, global_z)]  # (queue, out_dim)
         if self.epoch < self.queue_start_epoch:
@@ -89,6 +126,6 @@ class SwaV(Method):
         for q, (bank, ptr) in zip(self.queues, state["queues"]):
             if bank.shape != q.bank.shape:
                 raise ValueError(f"SwaV queue of shape {tuple(bank.shape)} in the state, {tuple(q.bank.shape)} "
-                                 "here: resume with the same loss.swav.queue_length and world size")
+                                 "here: resume with the same method.swav.queue_length and world size")
             q.bank.copy_(bank)
             q.bank_ptr.copy_(ptr)

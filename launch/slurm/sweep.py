@@ -5,8 +5,8 @@ A sweep file (configs/sweeps/*.yaml) names a base config and lists one override 
     description: CIFAR-100, repulsion threshold   # optional
     base: configs/cifar100_resnet18.yaml
     runs:
-      - ["loss.alpha=0.85"]
-      - ["loss.alpha=0.9", "optim.lr=2e-3"]
+      - ["method.hypersolid.alpha=0.85"]
+      - ["method.hypersolid.alpha=0.9", "optim.lr=2e-3"]
 
 Commands (used by sweep.sbatch, handy by hand)::
 

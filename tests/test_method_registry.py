@@ -1,0 +1,175 @@
+"""Methods are one file each: the registry, a method added at run time, a copied method file that trains
+through launch/train.py without any other change, and configs / checkpoints of the earlier `loss` layout."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from hypersolid_scale import methods
+from hypersolid_scale.config import from_dict, load_config, to_dict
+from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.methods import Method, build_method, get_method, method_names, register
+from hypersolid_scale.methods.base import encode
+from hypersolid_scale.methods.config import move_loss_section
+from hypersolid_scale.methods.registry import unregister
+from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.run_builder import MethodModel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_method_module_registers_one_method_in_order():
+    assert method_names() == ("hypersolid", "simclr", "vicreg", "barlowtwins", "byol", "dino", "swav")
+    for name in method_names():
+        cls = get_method(name)
+        assert cls.name == name and issubclass(cls, Method)
+        # one module per method, named after it
+        assert cls.__module__ == f"hypersolid_scale.methods.{name}"
+    with pytest.raises(ConfigError, match=r"method.name='moco' is not a known method; choose one of: hypersolid"):
+        get_method("moco")
+
+
+def test_a_second_class_under_a_taken_name_is_refused():
+    class Impostor(Method):
+        name = "simclr"
+
+    with pytest.raises(ValueError, match="two methods are named 'simclr'"):
+        register(Impostor)
+    assert get_method("simclr").__name__ == "SimCLR"
+
+
+@dataclass
+class CenterConfig:
+    out_dim: int = 8
+    KINDS = {"out_dim": "pos_int"}
+
+
+class Center(Method):
+    """A throwaway method: pull both views' projections to their mean."""
+
+    name, Config = "throwaway_center", CenterConfig
+
+    def __init__(self, feature_dim: int, cfg: CenterConfig, steps_per_epoch: int = 1) -> None:
+        super().__init__(steps_per_epoch)
+        self.head = nn.Linear(feature_dim, cfg.out_dim)
+
+    def forward(self, views, backbone):
+        views, _ = self.select_views(views)
+        z0, z1 = (self.head(f) for f in encode(backbone, views, separate=False))
+        loss = (z0 - z1).pow(2).mean()
+        return loss, {"loss": loss.detach()}
+
+
+@pytest.fixture
+def throwaway_method():
+    register(Center)
+    try:
+        yield Center
+    finally:
+        unregister(Center.name)
+    assert Center.name not in method_names()
+
+
+def test_a_method_registered_at_run_time_builds_validates_and_trains_a_step(throwaway_method):
+    assert throwaway_method.name in method_names()
+    torch.manual_seed(0)
+    backbone, feature_dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn_width=4, in_channels=1))
+    cfg = SimpleNamespace(name="throwaway_center", throwaway_center=CenterConfig(out_dim=0))
+    with pytest.raises(ConfigError, match=r"method.throwaway_center.out_dim=0 is not allowed; it must be a positive"):
+        build_method(cfg, backbone, feature_dim, steps_per_epoch=1)
+    cfg.throwaway_center = CenterConfig()
+    model = MethodModel(backbone, feature_dim, build_method(cfg, backbone, feature_dim, steps_per_epoch=1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v) and v.is_floating_point()}
+    views = [torch.randn(4, 1, 12, 12) for _ in range(2)]
+    loss, stats = model(views)
+    loss.backward()
+    model.method.before_optimizer_step()
+    opt.step()
+    model.method.after_step(0, 1, model.backbone)
+    assert torch.isfinite(stats["loss"]) and model.method.step == 1
+    moved = [k for k, v in model.state_dict().items() if k in before and not torch.equal(v, before[k])]
+    assert any(k.startswith("method.head.") for k in moved) and any(k.startswith("backbone.") for k in moved)
+
+
+@pytest.mark.slow
+def test_a_copied_method_file_trains_with_no_other_change(tmp_path):
+    """Copy simclr.py under a new name: the config gains `method.simclr_copy.*`, launch/train.py trains it."""
+    src = REPO / "hypersolid_scale" / "methods" / "simclr.py"
+    copy = src.with_name("simclr_copy.py")
+    text = src.read_text()
+    assert '"simclr"' in text
+    copy.write_text(text.replace('"simclr"', '"simclr_copy"'))
+    try:
+        run_dir = tmp_path / "run"
+        proc = subprocess.run(
+            [sys.executable, "launch/train.py", "--config", "configs/baselines/simclr_quickstart.yaml",
+             "method.name=simclr_copy", "method.simclr_copy.hidden_dim=32", "method.simclr_copy.out_dim=16",
+             "data.max_train_samples=256", "data.batch_size_per_gpu=32", "model.small_cnn_width=4", "max_steps=2",
+             "eval.every_n_epochs=0", "tracking.enabled=false", "progress=false", f"run_dir={run_dir}"],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    finally:
+        copy.unlink()
+    ckpt = torch.load(sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1], map_location="cpu", weights_only=True)
+    assert ckpt["config"]["method"]["name"] == "simclr_copy" and ckpt["step"] == 2
+    assert any(k.startswith("head.") for k in ckpt["method"]) and all(k.startswith("backbone.") for k in ckpt["model"])
+    assert "simclr_copy" not in method_names()  # this process never imported the copy
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The earlier `loss` section
+# ----------------------------------------------------------------------------------------------------------
+
+
+def test_the_loss_section_moves_to_method():
+    old = {"loss": {"name": "swav", "alpha": 0.5, "swav": {"temperature": 0.2}}, "seed": 3}
+    new, moved = move_loss_section(old)
+    assert moved and new == {"seed": 3, "method": {"name": "swav", "hypersolid": {"alpha": 0.5},
+                                                   "swav": {"temperature": 0.2}}}
+    assert move_loss_section({"method": {"name": "byol"}}) == ({"method": {"name": "byol"}}, False)
+
+
+def test_an_old_config_file_and_old_overrides_load_as_the_new_ones_with_one_note(tmp_path, capfd):
+    old = tmp_path / "old.yaml"
+    old.write_text("loss:\n  alpha: 0.5\n  backend: tiled\n  tile_size: 64\nseed: 1\n")
+    new = tmp_path / "new.yaml"
+    new.write_text("method:\n  hypersolid:\n    alpha: 0.5\n    backend: tiled\n    tile_size: 64\nseed: 1\n")
+    assert to_dict(load_config(old)) == to_dict(load_config(new))
+    assert to_dict(load_config(None, ["loss.name=dino", "loss.dino.teacher_temp=0.05"])) == \
+        to_dict(load_config(None, ["method.name=dino", "method.dino.teacher_temp=0.05"]))
+    err = capfd.readouterr().err
+    notes = [line for line in err.splitlines() if "'loss' is now 'method'" in line]
+    assert len(notes) <= 1 and (notes or methods.config.MOVED_NOTE)  # said at most once per process
+    with pytest.raises(ConfigError, match="unknown config key 'method.hypersolid.alphaa'"):
+        load_config(None, ["loss.alphaa=0.5"])
+
+
+def test_a_stored_config_of_the_earlier_layout_reads_as_moved():
+    cfg = load_config(None, ["method.hypersolid.alpha=0.7", "method.name=hypersolid"])
+    stored = to_dict(cfg)
+    stored["loss"] = stored.pop("method")["hypersolid"]  # how an earlier version stored it
+    assert to_dict(from_dict(stored)) == to_dict(cfg)
+
+
+def test_the_old_projector_layout_of_a_checkpoint_is_read_as_the_method_s(capfd):
+    from hypersolid_scale.checkpoint.run_state import migrate_layout
+
+    proj = torch.ones(2)
+    ckpt = {"model": {"backbone.w": torch.zeros(1), "projector.net.0.weight": proj}, "step": 7, "path": "x.pt"}
+    out = migrate_layout(ckpt)
+    assert set(out["model"]) == {"backbone.w"} and out["method"]["projector.net.0.weight"] is proj
+    assert out["method"]["_extra_state"] == {"step": 7}
+    assert migrate_layout(out) is out  # the present layout is left alone
+    assert re.search(r"x\.pt: written by an earlier version", capfd.readouterr().err)
