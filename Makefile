@@ -46,8 +46,12 @@ test-fast: setup
 demo: setup
 	bash launch/demo.sh
 
+# make bench [BENCH_ARGS="--sizes 1024 4096"] [BENCH_STRICT=1]: the repulsion benchmark into runs/bench/, then
+# what got slower or heavier than the committed benchmarks/results/repulsion.json (BENCH_STRICT=1: fail then).
+bench: BENCH_OUT ?= runs/bench/repulsion
 bench: setup
-	$(PY) benchmarks/repulsion.py
+	$(PY) benchmarks/repulsion.py --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) benchmarks/repulsion_compare.py $(BENCH_OUT).json $(if $(BENCH_STRICT),--strict)
 
 clean:
 	rm -rf $(VENV) runs outputs .pytest_cache

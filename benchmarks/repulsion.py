@@ -15,7 +15,9 @@ Loss error is relative to dense at the same size, or to tiled where dense does n
 channels_last) and puts the repulsion's fwd+bwd time next to it (see ``share``).
 A dense run whose estimated footprint exceeds the memory budget is skipped and recorded as such rather than
 risking the machine. Two regimes: ``spread`` (embeddings of a trained encoder: few pairs inside alpha) and
-``collapsed`` (an untrained one: almost every pair inside alpha). Writes results/repulsion.json and .png.
+``collapsed`` (an untrained one: almost every pair inside alpha). Writes results/repulsion.json and .png
+(``--out``). ``make bench`` writes runs/bench/repulsion.* instead and compares them with the committed
+results/repulsion.json (``repulsion_compare.py``: what got slower or heavier, as ratios over a noise allowance).
 """
 
 from __future__ import annotations
@@ -240,6 +242,23 @@ def share(device: str, batch: int, res: tuple[int, int], steps: int, dim: int, r
     return out
 
 
+BLAS_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "MKL_CBWR",
+            "MKL_ENABLE_INSTRUCTIONS", "KMP_AFFINITY", "OMP_PROC_BIND", "NVPL_BLAS_DEBUG_CPU_TYPE")
+
+
+def environment() -> dict:
+    """What besides the code moves these timings: library versions, thread counts, BLAS variables, load."""
+    import faiss
+    import numpy
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
+            "faiss": getattr(faiss, "__version__", "?"), "threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(),
+            "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+            "load_average_at_start": list(os.getloadavg())}
+
+
 def memory_budget(device: str) -> int:
     if device == "cuda":
         import torch
@@ -300,7 +319,8 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": args.device, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "dim": args.dim, "views": VIEWS, "memory_budget_bytes": budget, "backends": backends}
+            "dim": args.dim, "views": VIEWS, "memory_budget_bytes": budget, "backends": backends,
+            **environment()}
     if args.device == "cuda":
         import torch
 

@@ -21,7 +21,8 @@ Exactness (docs/design.md §2):
 
 Host synchronisation: the candidate work has fixed shapes (m × k), so the only device value read on the host
 is the set of saturated rows (``nonzero``), which sizes the exact fallback; a host-side search (FAISS on the
-CPU) copies the embeddings to the host as well.
+CPU) copies the embeddings to the host as well. On the CPU, where a host read costs nothing, the candidates
+are recomputed only in the row chunks that hold a candidate near alpha or the batch's largest cosine.
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ class NeighborRepulsion:
             return faiss_gpu_ivf_search(xq, xb, k, nprobe=self.nprobe)
         if x_rows.is_cuda and not self._warned:
             self._warned = True
-            warnings.warn(f"loss.index={self.index_kind} searches on the CPU (faiss-gpu "
+            warnings.warn(f"method.hypersolid.index={self.index_kind} searches on the CPU (faiss-gpu "
                           f"{'has no HNSW' if self.index_kind == 'hnsw' else 'is not installed'}): the embeddings "
-                          "are copied to the host every step. Use loss.index=flat for an exact search on the GPU.",
+                          "are copied to the host every step. Use method.hypersolid.index=flat for an exact search on the GPU.",
                           stacklevel=3)
         scores, ids = faiss_search(np.ascontiguousarray(xq.cpu().numpy()), np.ascontiguousarray(xb.cpu().numpy()),
                                    k, self.index_kind, nprobe=self.nprobe, ef_search=self.ef_search)
@@ -138,14 +139,15 @@ class NeighborRepulsion:
             y += (w @ xc3).reshape(m, -1)  # (B_r, V, V) @ (B_r, V, D)
 
         # Negatives from the search: every candidate's similarity recomputed exactly, in fixed-shape chunks
-        # of rows (no data-dependent shapes, so no host synchronisation).
+        # of rows (no data-dependent shapes, so no host synchronisation); on the CPU only the chunks that
+        # can change a result (see _chunk_starts).
         neg = found & (ids // v != (row_ids // v)[:, None]) & keep[:, None]  # (m, k)
         cand = ids.clamp(min=0)
         neg_max = torch.full((m,), -2.0, dtype=xr.dtype, device=dev)
         active_neg = torch.zeros((), dtype=torch.float64, device=dev)
         # Candidates gathered at once: (rows × k × D) <= tile², the scratch bound of the tiled backend too.
         chunk = max(1, self.tile_size * self.tile_size // max(1, k * xr.shape[1]))
-        for r0 in range(0, m, chunk):
+        for r0 in self._chunk_starts(xr, x_all, scores, neg, alpha, chunk):
             r1 = min(r0 + chunk, m)
             xc = x_all[cand[r0:r1]]  # (rows, k, D)
             sim = (xc @ xr[r0:r1, :, None]).squeeze(2)  # (rows, k, D) @ (rows, D, 1) -> (rows, k)
@@ -176,6 +178,39 @@ class NeighborRepulsion:
         if self.recall_every and (self.calls - 1) % self.recall_every == 0:
             self._recall(xr, x_all, row_ids, layout, alpha, ids, saturated, st)
         return value, y, st
+
+    @staticmethod
+    def _chunk_starts(xr: torch.Tensor, x_all: torch.Tensor, scores: torch.Tensor, neg: torch.Tensor,
+                      alpha: float, chunk: int) -> list[int] | range:
+        """First rows of the candidate chunks whose exact recomputation can change a result.
+
+        On CUDA: every chunk (a data-dependent choice would be a host read). On the CPU reading a value costs
+        nothing, and gathering every row's k candidates (m · k · D floats) is what dominates this backend's time
+        when few pairs are active (the spread regime: none at all among the negatives), so a chunk is
+        recomputed only if one of its rows has a negative candidate that (a) the search scores above
+        ``alpha - margin`` (any active pair: the search's score is within the margin of the exact cosine,
+        the same bound the saturation test relies on), or (b) could hold the batch's largest negative
+        cosine (its best score within two margins of the best one; ``max_cos``). A skipped chunk has no
+        active pair, so it would add exact zeros to the value and the rows, and only negatives below the
+        batch maximum to ``max_cos``: the results are those of computing every chunk, bit for bit. A
+        non-finite input (whose zeros would be NaN) takes every chunk.
+        """
+        m = xr.shape[0]
+        every = range(0, m, chunk)
+        if xr.device.type != "cpu" or not m:
+            return every
+        # CPU tensors only from here: their values are read through NumPy views of host memory (no device to
+        # wait for, unlike the CUDA path above, which reads nothing).
+        if not torch.isfinite(x_all).all().numpy():
+            return every
+        if not neg.any().numpy():
+            return []
+        best = torch.where(neg, scores, torch.full_like(scores, -3.0)).amax(dim=1)  # best negative score per row
+        near = (neg & (scores > alpha - _SATURATION_MARGIN)).any(dim=1)
+        rows = near | (best >= best.max() - 2 * _SATURATION_MARGIN)
+        hit = torch.zeros(len(every), dtype=torch.bool)
+        hit.index_fill_(0, rows.nonzero().squeeze(1) // chunk, True)
+        return (hit.nonzero().squeeze(1) * chunk).numpy().tolist()
 
     def _recall(self, xr, x_all, row_ids, layout, alpha, ids, saturated, st: RepulsionStats) -> None:
         """Found vs truly active (allowed) pairs on a strided sample of rows, into ``st`` (device tensors).
