@@ -88,7 +88,7 @@ def test_every_baseline_trains_logs_its_loss_and_checkpoints_its_state(straight,
     steps = [int(p.stem.split("_")[1]) for p in ck.list_checkpoints(run_dir)]
     assert steps == [2, STEPS]
     state = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
-    assert state["config"]["loss"]["name"] == method
+    assert state["config"]["method"]["name"] == method
     assert state["method"]["_extra_state"]["step"] == STEPS  # the step count behind the epoch schedules
     assert all(k.startswith("backbone.") for k in state["model"]), "only the backbone is the model's"
     first = ck.load_checkpoint(ck.list_checkpoints(run_dir)[0])
@@ -176,20 +176,20 @@ def test_loss_name_and_sections_are_validated() -> None:
     load_config(None, ["method.name=swav", "dist.engine=deepspeed", "dist.zero_stage=0"])
 
 
-def test_only_the_chosen_baseline_enters_the_fingerprint() -> None:
-    hyper = to_dict(load_config(None, []))
-    # A Hypersolid config hashes as before the baselines existed: older checkpoints keep resuming.
-    before = {**hyper, "loss": {k: v for k, v in hyper["loss"].items() if k != "name" and k not in BASELINES}}
-    assert fingerprint(before) == fingerprint(hyper)
+def test_only_the_chosen_method_enters_the_fingerprint() -> None:
+    hyper = load_config(None, [])
     assert fingerprint(load_config(None, ["method.dino.out_dim=128"])) == fingerprint(hyper)
+    assert fingerprint(load_config(None, ["method.hypersolid.alpha=0.5"])) != fingerprint(hyper)
     byol = load_config(None, ["method.name=byol"])
     assert fingerprint(byol) != fingerprint(hyper)
     assert fingerprint(load_config(None, ["method.name=byol", "method.byol.out_dim=64"])) != fingerprint(byol)
     assert fingerprint(load_config(None, ["method.name=byol", "method.dino.out_dim=64"])) == fingerprint(byol)
+    assert fingerprint(load_config(None, ["method.name=byol", "method.hypersolid.alpha=0.5"])) == fingerprint(byol)
 
 
-def test_a_hypersolid_checkpoint_without_method_keys_still_resumes(tmp_path: Path) -> None:
-    """A checkpoint written before method.name existed: no such keys in its config, no "method" entry."""
+def test_a_hypersolid_checkpoint_of_the_earlier_layout_resumes(tmp_path: Path) -> None:
+    """A checkpoint written before every method had its section: its config holds a 'loss' section with
+    Hypersolid's keys, its 'model' the projector, and there is no 'method' entry."""
     run_dir = tmp_path / "run"
     args = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
             "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
@@ -198,12 +198,16 @@ def test_a_hypersolid_checkpoint_without_method_keys_still_resumes(tmp_path: Pat
     assert main(args) == 0
     newest = ck.list_checkpoints(run_dir)[-1]
     state = torch.load(newest, weights_only=True)
-    assert "method" not in state
-    state["config"]["loss"] = {k: v for k, v in state["config"]["loss"].items()
-                               if k != "name" and k not in BASELINES}
+    method = state.pop("method")
+    assert set(method) == {"_extra_state"} | {k for k in method if k.startswith("projector.")}
+    state["model"].update({k: v for k, v in method.items() if k.startswith("projector.")})
+    state["config"]["loss"] = state["config"].pop("method")["hypersolid"]
     ck.atomic_save(state, newest)
     assert main([a.replace("max_steps=2", "max_steps=3") for a in args]) == 0
-    assert ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])["step"] == 3
+    resumed = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
+    assert resumed["step"] == 3 and resumed["method"]["_extra_state"]["step"] == 3
+    assert any(k.startswith("projector.") for k in resumed["method"]) and \
+        not any(k.startswith("projector.") for k in resumed["model"])
 
 
 def test_a_baseline_checkpoint_evaluates_its_backbone(straight) -> None:

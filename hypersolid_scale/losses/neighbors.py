@@ -89,7 +89,8 @@ class NeighborRepulsion:
             self._warned = True
             warnings.warn(f"method.hypersolid.index={self.index_kind} searches on the CPU (faiss-gpu "
                           f"{'has no HNSW' if self.index_kind == 'hnsw' else 'is not installed'}): the embeddings "
-                          "are copied to the host every step. Use method.hypersolid.index=flat for an exact search on the GPU.",
+                          "are copied to the host every step. Use method.hypersolid.index=flat for an exact search "
+                          "on the GPU.",
                           stacklevel=3)
         scores, ids = faiss_search(np.ascontiguousarray(xq.cpu().numpy()), np.ascontiguousarray(xb.cpu().numpy()),
                                    k, self.index_kind, nprobe=self.nprobe, ef_search=self.ef_search)
