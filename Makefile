@@ -1,6 +1,6 @@
 # hypersolid_scale — the two commands of the README:
 #   make demo   set up everything, prepare Fashion-MNIST, train 2 processes on the CPU, evaluate
-#   make test   set up everything, run the whole test suite (slow end-to-end tests included)
+#   make test   set up everything, lint (ruff, mypy), run the whole test suite (slow end-to-end tests included)
 # Both work on a fresh Debian machine as root: they install the apt packages, create .venv and install
 # the package with all extras. Setup is skipped when already done (stamp files in .venv/).
 
@@ -12,8 +12,10 @@ PIP := $(VENV)/bin/pip
 APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev dataset-fashion-mnist \
                 slurmctld slurmd slurm-client munge
 PYTEST_ARGS ?=
+# What ruff and mypy check (mypy reads the same list from pyproject.toml's [tool.mypy] files).
+LINT_PATHS := hypersolid_scale launch benchmarks
 
-.PHONY: setup apt venv test test-fast demo bench clean
+.PHONY: setup apt venv lint format-check test test-fast demo bench clean
 
 setup: apt venv
 
@@ -37,7 +39,16 @@ $(VENV)/.stamp-install: pyproject.toml
 	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation -e ".[all]"
 	@touch $@
 
-test: setup
+# Lint and types, configured in pyproject.toml; mypy keeps its cache in .mypy_cache (a warm run takes seconds).
+lint: setup
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+
+# The formatter's check ([tool.ruff.format]); not yet part of lint: the tree predates the formatter.
+format-check: setup
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
+test: setup lint
 	$(PY) -m pytest -v --timeout=1800 $(PYTEST_ARGS)
 
 test-fast: setup
@@ -54,4 +65,4 @@ bench: setup
 	$(PY) benchmarks/repulsion_compare.py $(BENCH_OUT).json $(if $(BENCH_STRICT),--strict)
 
 clean:
-	rm -rf $(VENV) runs outputs .pytest_cache
+	rm -rf $(VENV) runs outputs .pytest_cache .mypy_cache .ruff_cache

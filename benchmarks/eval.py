@@ -12,9 +12,10 @@ Section "clustering" (results/clustering.json, clustering.png): what ``eval.suit
 the default protocol on every point, at n = 50k and 100k, d = 512 and 2048: K-Means (k = classes), the
 exact neighbour graph (``pairs.neighbour_graph``), the DBSCAN sweep over the paper's 101 eps and over the
 adaptive grid, the HDBSCAN spanning tree (``density.reachability_tree``) and its labels. Each row runs in a
-process of its own: its peak RSS is the whole cost (interpreter, data, algorithm). The dense path the exact one replaced (scikit-learn's DBSCAN and the hdbscan package on a precomputed
-(n, n) matrix) needs 8 n^2 bytes for HDBSCAN's float64 matrix alone (19 GiB at 50k): it runs at the
-largest n within ``--dense-budget-gib``, next to the exact path at the same n, and their labels are compared.
+process of its own: its peak RSS is the whole cost (interpreter, data, algorithm). The dense path the exact one
+replaced (scikit-learn's DBSCAN and the hdbscan package on a precomputed (n, n) matrix) needs 8 n^2 bytes for
+HDBSCAN's float64 matrix alone (19 GiB at 50k): it runs at the largest n within ``--dense-budget-gib``, next
+to the exact path at the same n, and their labels are compared.
 Embeddings (``cluster_embeddings``) are shaped like a trained encoder's and L2-normalised.
 """
 
@@ -30,9 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -40,12 +41,11 @@ from sklearn.metrics import adjusted_rand_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypersolid_scale.eval import clustering, geometry, neighborhood, plots  # noqa: E402
-from hypersolid_scale.eval.config import EvalConfig  # noqa: E402
-from hypersolid_scale.eval.density import (  # noqa: E402
-    EPS_FLOOR, dbscan_sweep_labels, labels_from_tree, reachability_tree)
-from hypersolid_scale.eval.knn import knn_accuracy  # noqa: E402
-from hypersolid_scale.eval.linear import linear_probe  # noqa: E402
+from hypersolid_scale.eval import clustering, geometry, neighborhood, plots
+from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.eval.density import EPS_FLOOR, dbscan_sweep_labels, labels_from_tree, reachability_tree
+from hypersolid_scale.eval.knn import knn_accuracy
+from hypersolid_scale.eval.linear import linear_probe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # L-BFGS iterations of the timed probe: time per iteration is what scales; launch/eval.py runs up to
@@ -145,8 +145,12 @@ def _exact_row(x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfi
     out["graph"] = {"requested_radius": radius, "radius": graph.radius, "pairs": int(graph.dist.size), "k": k}
     labels: dict[str, np.ndarray] = {}
     for name, eps in grids.items():
-        sweep, stages[name] = measure(lambda eps=eps: clustering.dbscan_sweep(
-            x, y, eps=eps, min_samples=ev.dbscan_min_samples, max_edges=ev.dbscan_max_edges, graph=graph))
+
+        def sweep_of(eps: Sequence[float] = eps) -> list[dict[str, Any]]:
+            return clustering.dbscan_sweep(x, y, eps=eps, min_samples=ev.dbscan_min_samples,
+                                           max_edges=ev.dbscan_max_edges, graph=graph)
+
+        sweep, stages[name] = measure(sweep_of)
         done = [r for r in sweep if r["nmi"] is not None]
         best = max(done, key=lambda r: r["nmi"])
         out[name] = {"n_eps": len(sweep), "n_run": len(done), **{f"best_{key}": best[key] for key in
@@ -192,7 +196,7 @@ def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     (x, y), stages["data"] = measure(lambda: cluster_embeddings(spec["n"], spec["dim"], spec["classes"], spec["seed"]))
     out, labels = (_exact_row if spec["path"] == "exact" else _dense_row)(x, y, spec, ev, stages)
     if spec.get("labels_out"):
-        np.savez(spec["labels_out"], **labels)
+        np.savez(spec["labels_out"], **cast(dict[str, Any], labels))
     for name, s in stages.items():
         print(f"    {spec['path']:5s} n={spec['n']:6d} d={spec['dim']:4d} {name:22s} {s['seconds']:8.1f} s "
               f"{s['peak_rss_mib']:8.0f} MiB", flush=True)

@@ -16,7 +16,7 @@ import platform
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 PARTS = {"cuda_tests": None, "repulsion": "repulsion.json", "train_throughput": "train_throughput.json",
          "loaders": "loaders.json"}
@@ -25,18 +25,19 @@ PARTS = {"cuda_tests": None, "repulsion": "repulsion.json", "train_throughput": 
 def junit_counts(path: Path) -> dict[str, Any]:
     """passed / failed / errors / skipped counts and the failed tests' messages, from pytest's junit XML."""
     root = ET.parse(path).getroot()
-    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
+    counts: dict[str, Any] = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
     for case in root.iter("testcase"):
         name = f"{case.get('classname')}::{case.get('name')}"
         kinds = {child.tag for child in case}
         if "failure" in kinds or "error" in kinds:
             counts["failed" if "failure" in kinds else "errors"] += 1
-            node = case.find("failure") if "failure" in kinds else case.find("error")
+            node = cast(ET.Element, case.find("failure") if "failure" in kinds else case.find("error"))
             counts["failures"].append({"test": name, "message": (node.get("message") or "")[:500],
                                        "tail": (node.text or "")[-1500:]})
         elif "skipped" in kinds:
             counts["skipped"] += 1
-            counts.setdefault("skip_reasons", {})[name] = (case.find("skipped").get("message") or "")[:200]
+            skipped = cast(ET.Element, case.find("skipped"))
+            counts.setdefault("skip_reasons", {})[name] = (skipped.get("message") or "")[:200]
         else:
             counts["passed"] += 1
     return counts
@@ -61,7 +62,7 @@ def collect(out: Path) -> dict[str, Any]:
         try:
             if name == "cuda_tests":
                 data = junit_counts(out / "cuda_tests.xml")
-            elif (out / result).is_file():
+            elif result is not None and (out / result).is_file():  # None: cuda_tests, read above
                 data = json.loads((out / result).read_text())
         except (OSError, ValueError, ET.ParseError) as err:
             entry["parse_error"] = f"{type(err).__name__}: {err}"

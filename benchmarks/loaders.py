@@ -6,10 +6,11 @@
 decode/crop/flip, photometric batched on --device), (c) torchvision ImageFolder + the same PIL
 multi-crop, (d) ``tensor``: TensorMultiCrop on --device over uint8 images already in memory (no decoding:
 the augmentation alone). A loader that cannot run here (FFCV not installed) is recorded as skipped.
-Data: real Fashion-MNIST images (sklearn's digits where Fashion-MNIST is not installed), converted once per resolution with the conversion CLI to
-RGB JPEGs (quality 90) at 32 px (cifar preset: 2x32 + 6x32 views) and 224 px (default preset:
-2x224 + 6x96 views). FFCV's one-time numba compilation is timed separately (warm-up epoch), then every
-loader is timed over whole epochs. Writes loaders.json and loaders.png into --out (benchmarks/results).
+Data: real Fashion-MNIST images (sklearn's digits where Fashion-MNIST is not installed), converted once per
+resolution with the conversion CLI to RGB JPEGs (quality 90) at 32 px (cifar preset: 2x32 + 6x32 views)
+and 224 px (default preset: 2x224 + 6x96 views). FFCV's one-time numba compilation is timed separately
+(warm-up epoch), then every loader is timed over whole epochs. Writes loaders.json and loaders.png into --out
+(benchmarks/results).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypersolid_scale.data import DataConfig, build_train_loader  # noqa: E402
-from hypersolid_scale.data.convert import main as convert  # noqa: E402
+from hypersolid_scale.data import DataConfig, build_train_loader
+from hypersolid_scale.data.convert import main as convert
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SETUPS = {32: "cifar", 224: "default"}
@@ -97,7 +99,7 @@ def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
     n, t0 = 0, time.perf_counter()
     for epoch in range(1, epochs + 1):
         loader.set_epoch(epoch)
-        for views, labels in loader:
+        for _views, labels in loader:
             n += len(labels)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -109,7 +111,7 @@ def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
         n_raw, t0 = 0, time.perf_counter()
         for epoch in range(1, epochs + 1):
             loader.set_epoch(epoch)
-            for views, labels, _ in loader.raw_batches():
+            for _views, labels, _ in loader.raw_batches():
                 n_raw += len(labels)
         out["decode_crop_flip_images_per_s"] = n_raw / (time.perf_counter() - t0)
     return out
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
         common = dict(preset=SETUPS[size], batch_size_per_gpu=args.batch, num_workers=args.workers)
-        root = None
+        root: Any = None  # a Path when a file-based loader is wanted
         if set(wanted) - {"tensor"}:
             root = prepare(Path(args.cache), size, args.images, source, with_ffcv=no_ffcv is None)
         for name in wanted:
@@ -186,11 +188,14 @@ def main(argv: list[str] | None = None) -> None:
                 if name == "tensor":
                     r = time_tensor_path(size, args.images, args.batch, device, args.epochs)
                 else:
-                    cfg = {"webdataset+PIL": lambda: DataConfig(format="webdataset", path=str(root), shuffle_buffer=256,
-                                                                **common),
-                           "ffcv": lambda: DataConfig(format="ffcv", path=str(root), ffcv_order="random", **common),
-                           "imagefolder+PIL": lambda: DataConfig(format="imagefolder", path=str(root / "folder"),
-                                                                 **common)}[name]()
+                    if name == "webdataset+PIL":
+                        cfg = DataConfig(format="webdataset", path=str(root), shuffle_buffer=256, **common)
+                    elif name == "ffcv":
+                        cfg = DataConfig(format="ffcv", path=str(root), ffcv_order="random", **common)
+                    elif name == "imagefolder+PIL":
+                        cfg = DataConfig(format="imagefolder", path=str(root / "folder"), **common)
+                    else:
+                        raise KeyError(name)
                     r = time_loader(cfg, device, args.epochs)
             except Exception as err:  # noqa: BLE001 - one loader's failure must not end the others
                 results.append({**head, "skipped": f"failed: {type(err).__name__}: {str(err)[-300:]}"})

@@ -30,6 +30,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the sibling report module, also when imported from elsewhere
@@ -37,7 +41,7 @@ from repulsion_report import plot, summarize  # noqa: E402
 
 RESULTS = HERE / "results"
 VIEWS = 8  # 2 global + 6 local, the paper's default
-BACKENDS = [
+BACKENDS: list[tuple[str, dict[str, Any]]] = [
     ("dense", {}),
     ("tiled", {"tile_size": 4096}),
     ("neighbors-flat", {"index": "flat", "k": 64}),
@@ -47,7 +51,7 @@ BACKENDS = [
 DENSE_BYTES_PER_PAIR = 24  # similarity, hinge, masks and autograd buffers of the (M × M) block, measured ~20
 
 
-def make_embeddings(m: int, d: int, regime: str, device: str):
+def make_embeddings(m: int, d: int, regime: str, device: str) -> torch.Tensor:
     import torch
 
     # Drawn on the device: at M = 256k the CPU would take longer to draw them than the GPU to use them.
@@ -103,7 +107,7 @@ def measure(backend_name: str, m: int, regime: str, dim: int, device: str, dtype
     fn = HypersolidLoss(backend=backend, **opts)
     reps = 3 if m <= 4096 else 1
 
-    def step():
+    def step() -> float:
         f = feats.clone().requires_grad_(True)
         loss = fn(f)
         loss.backward()
@@ -135,12 +139,12 @@ def measure(backend_name: str, m: int, regime: str, dim: int, device: str, dtype
     return out
 
 
-def worker(args) -> dict:
+def worker(args: argparse.Namespace) -> dict:
     """One backend at one size and regime in a fresh process; prints a JSON line."""
     return measure(args.backend, args.m, args.regime, args.dim, args.device, args.dtype)
 
 
-def run_one(backend: str, m: int, regime: str, dtype: str, args) -> dict:
+def run_one(backend: str, m: int, regime: str, dtype: str, args: argparse.Namespace) -> dict:
     head = {"backend": backend, "m": m, "regime": regime, "dtype": dtype}
     if args.device == "cuda" or args.inprocess:
         import torch
@@ -221,7 +225,8 @@ def share(device: str, batch: int, res: tuple[int, int], steps: int, dim: int, r
         if i >= 2:  # two warm-up steps (cuDNN autotuning)
             times.append(time.perf_counter() - t0)
     t_step = sorted(times)[len(times) // 2]
-    model = opt = views = None  # free the activations' owners before the large repulsion runs
+    # Free the activations' owners before the large repulsion runs.
+    model = opt = views = None  # type: ignore[assignment]
     out: dict = {"per_gpu_batch_measured": batch, "resnet50_step_s": t_step, "resnet50_s_per_image": t_step / batch,
                  "views": f"2x{res[0]} + {VIEWS - 2}x{res[1]}", "dim": dim, "repulsion_backend": repulsion_backend,
                  "cases": []}
@@ -267,7 +272,7 @@ def memory_budget(device: str) -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768, 65536])
@@ -315,7 +320,8 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit(f"unknown backend(s) {unknown}; choose among {names}")
     budget = memory_budget(args.device)
-    t_start, rows = time.monotonic(), []
+    t_start = time.monotonic()
+    rows: list[dict] = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"device": args.device, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

@@ -102,7 +102,7 @@ def report(result: dict, *, time_threshold: float, mem_threshold: float) -> list
     return lines
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("new", help="JSON written by benchmarks/repulsion.py")
     ap.add_argument("--baseline", default=str(DEFAULT_BASELINE), help="reference JSON (default: the committed one)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 
 def plot(rows: list[dict], path: Path, shares: dict | None = None) -> None:
@@ -41,7 +42,8 @@ def plot(rows: list[dict], path: Path, shares: dict | None = None) -> None:
         labels = [f"B={c['global_batch']}\nP={c['gpus']}" for c in cases]
         ax.bar(labels, [100 * c["repulsion_share"] for c in cases])
         ax.set_ylabel("% of a ResNet-50 step")
-        ax.set_title(f"repulsion share ({shares['repulsion_backend']}, per GPU: rows 8B/P x cols 8B)", fontsize=9)
+        backend = cast(dict, shares)["repulsion_backend"]  # cases come from shares
+        ax.set_title(f"repulsion share ({backend}, per GPU: rows 8B/P x cols 8B)", fontsize=9)
     else:
         ax.set_axis_off()
     fig.tight_layout()

@@ -32,14 +32,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypersolid_scale.data import DataConfig, build_train_loader  # noqa: E402
-from hypersolid_scale.data.builtin import ArraySplit  # noqa: E402
-from hypersolid_scale.data.loaders import InMemoryMultiCropLoader  # noqa: E402
-from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
-from hypersolid_scale.distributed import (  # noqa: E402
-    all_reduce_sum, cleanup, get_rank, get_world_size, init_distributed)
-from hypersolid_scale.losses import HypersolidLoss  # noqa: E402
-from hypersolid_scale.models import ModelConfig, build_model  # noqa: E402
+from hypersolid_scale.data import DataConfig, build_train_loader
+from hypersolid_scale.data.builtin import ArraySplit
+from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
+from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.distributed import all_reduce_sum, cleanup, get_rank, get_world_size, init_distributed
+from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.models import ModelConfig, build_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "communication")
@@ -72,8 +71,9 @@ def time_steps(loader: Any, model_cfg: ModelConfig, backend: str, steps: int, de
     torch.manual_seed(0)
     model = build_model(model_cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
-    loss_fn = HypersolidLoss(backend=backend, **({"tile_size": 256} if backend == "tiled" else {}))
-    totals = {p: 0.0 for p in PHASES}
+    opts: dict[str, Any] = {"tile_size": 256} if backend == "tiled" else {}
+    loss_fn = HypersolidLoss(backend=backend, **opts)
+    totals = dict.fromkeys(PHASES, 0.0)
     it, done, images = iter(loader), 0, 0
     for i in range(steps + 1):  # the first step warms up (allocations, FAISS index) and is not counted
         t = {}
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                                    ("resnet18_32px", resnet18_setup, args.batch_resnet)):
             loader, model_cfg = make(batch, device)
             for backend in args.backends.split(","):
-                r = time_steps(loader, model_cfg, backend, args.steps, device, bf16)
+                r: dict[str, Any] = time_steps(loader, model_cfg, backend, args.steps, device, bf16)
                 r.update(setup=setup, backend=backend, device=str(device), world_size=info.world_size, bf16=bf16)
                 results.append(r)
                 if info.rank == 0:

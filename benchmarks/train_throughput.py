@@ -25,8 +25,9 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -137,7 +138,7 @@ def run_trainer(cfg: Any, data: DeviceImages, device: torch.device, warmup: int,
         run.engine.model.to(memory_format=torch.channels_last)
     if check_feats is not None:
         with torch.no_grad():
-            method = run.method
+            method = cast(Any, run.method)  # a Hypersolid run: its projector and loss
             with run.engine.autocast():
                 feats = method.embed_views(data.views(0), run.backbone).float()
             check_feats.append((feats, float(method.criterion(feats))))
@@ -202,7 +203,7 @@ def run_variant(variant: str, ctx: dict, args: argparse.Namespace, device: torch
     t0 = time.monotonic()
     try:
         if variant.startswith("reference"):
-            r = run_reference(base, data, device, args.warmup, args.steps, compile)
+            r: dict[str, Any] = run_reference(base, data, device, args.warmup, args.steps, compile)
         elif variant.startswith("trainer"):
             checks: list = []
             cfg = make_config(setup, batch, device, [*overrides, f"dist.compile={str(compile).lower()}"])
@@ -277,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="start a torch.compile variant only with this many seconds of --budget-s left")
     ap.add_argument("--no-channels-last", action="store_true")
     ap.add_argument("--compile-on-cpu", action="store_true")
-    ap.add_argument("--override", action="append", default=[], help="extra config override, e.g. method.hypersolid.backend=tiled")
+    ap.add_argument("--override", action="append", default=[],
+                    help="extra config override, e.g. method.hypersolid.backend=tiled")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -294,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps, "channels_last": not args.no_channels_last}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
-    ctxs = [prepare_setup(setup, batches[setup] or int(load_config(ROOT / SETUPS[setup][0], []).data.batch_size_per_gpu),
+    ctxs = [prepare_setup(setup,
+                          batches[setup] or int(load_config(ROOT / SETUPS[setup][0], []).data.batch_size_per_gpu),
                           args, device) for setup in args.setups]
     results = [c["res"] for c in ctxs]
     # Cheap variants first, for every setup; the compiled ones (up to a minute of compilation each) last,

@@ -28,8 +28,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from PIL import Image
@@ -37,12 +38,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hypersolid_scale.data.common import mix_seed  # noqa: E402
-from hypersolid_scale.data.convert import main as convert  # noqa: E402
-from hypersolid_scale.data.loaders import _seed_worker  # noqa: E402
-from hypersolid_scale.data.presets import PRESETS  # noqa: E402
-from hypersolid_scale.data.transforms import build_pil_multicrop  # noqa: E402
-from hypersolid_scale.data.webdataset import WebDatasetLoader, decode_image, decode_label  # noqa: E402
+from hypersolid_scale.data.common import mix_seed
+from hypersolid_scale.data.convert import main as convert
+from hypersolid_scale.data.loaders import _seed_worker
+from hypersolid_scale.data.presets import PRESETS
+from hypersolid_scale.data.transforms import build_pil_multicrop
+from hypersolid_scale.data.webdataset import WebDatasetLoader, decode_image, decode_label
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PRESET = PRESETS["cifar"]
@@ -183,7 +184,8 @@ def main() -> int:
         setups = [("former tarfile loop", "local files", str(root / "train")),
                   ("webdataset library", "local files", str(root / "train")),
                   ("webdataset library", "pipe:cat", f"pipe:cat {brace}")]
-        transforms = {"multi-crop": build_pil_multicrop(PRESET), "decode only": to_tensor}
+        transforms: dict[str, Callable[..., Any]] = {"multi-crop": build_pil_multicrop(PRESET),
+                                                     "decode only": to_tensor}
         results = []
         for mode, transform in transforms.items():
             # Repeats interleaved (A B C A B C ...): a machine whose load changes affects every reader alike.

@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -34,7 +34,8 @@ from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import OptimConfig
 from hypersolid_scale.run_lock import not_a_directory
-from hypersolid_scale.tracking import TrackingConfig, validate_config as validate_tracking
+from hypersolid_scale.tracking import TrackingConfig
+from hypersolid_scale.tracking import validate_config as validate_tracking
 
 # ----------------------------------------------------------------------------------------------------------
 # Trainer-owned sections
@@ -153,7 +154,7 @@ def _explain(err: OmegaConfBaseException, schema: DictConfig) -> ConfigError:
     expected = ""
     if isinstance(parent, DictConfig) and leaf in parent:
         node = parent._get_node(leaf)
-        expected = f" (expected {getattr(node, '_metadata').ref_type})" if node is not None else ""
+        expected = f" (expected {node._metadata.ref_type})" if node is not None else ""
     return ConfigError(f"bad value for config key '{key}'{expected}: {first_line}")
 
 
@@ -241,7 +242,7 @@ def parse_override(ov: str) -> DictConfig:
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
     """All overrides as one config, later ones winning (see :func:`parse_override` for the errors)."""
-    return OmegaConf.merge(OmegaConf.create(), *(parse_override(ov) for ov in overrides))
+    return cast(DictConfig, OmegaConf.merge(OmegaConf.create(), *(parse_override(ov) for ov in overrides)))
 
 
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -257,10 +258,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     layers = ([("", f"in {path}", _read_yaml(path))] if path is not None else []) + given
     merged, where = schema, ""
     try:  # one layer at a time, so that an error is blamed on the file or on the override that caused it
-        for _, where, layer in layers:
+        for _, where, layer in layers:  # noqa: B007 - `where` names the failing layer in the except below
             merged = OmegaConf.merge(merged, layer)
         where = ""
-        cfg = OmegaConf.to_object(merged)
+        cfg = cast(Config, OmegaConf.to_object(merged))
     except OmegaConfBaseException as err:
         if not where:  # found converting (an interpolation): blame the key's last override, else the file
             k = getattr(err, "full_key", None) or "?"
@@ -278,7 +279,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dict (what checkpoints store and ``config.yaml`` holds)."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
 
 
 _FORMAT_NAMES = ("webdataset", "ffcv", "imagefolder")  # once values of data.dataset, now of data.format
@@ -301,7 +302,7 @@ def _moved_override(ov: str) -> DictConfig:
     layer = parse_override(ov)
     if "loss" not in layer:
         return layer
-    return OmegaConf.create(_moved(OmegaConf.to_container(layer), f"the override {ov!r}"))
+    return OmegaConf.create(_moved(cast(dict[str, Any], OmegaConf.to_container(layer)), f"the override {ov!r}"))
 
 
 def migrate(d: dict[str, Any]) -> dict[str, Any]:
@@ -326,7 +327,8 @@ def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors, configs stored by
     older versions (checkpoints) are read through :func:`migrate`."""
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(migrate(d))))
+        cfg = cast(Config, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
+                                                               OmegaConf.create(migrate(d)))))
     except OmegaConfBaseException as err:
         raise _explain(err, OmegaConf.structured(Config)) from None
     return cfg

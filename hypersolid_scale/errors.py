@@ -20,8 +20,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 1
@@ -139,7 +139,7 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
         return 130
     except SystemExit:
         raise
-    except BaseException as err:  # noqa: BLE001  (reported, never swallowed: the exit code says it failed)
+    except BaseException as err:
         path = log_file() if log_file is not None else None
         _write_log(path, "".join(traceback.format_exception(err)))  # with HS_DEBUG=1 too: the log is the record
         if debug_enabled():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
-from typing import Any, Mapping
+from typing import Any, cast
 
 
 def flatten(d: Mapping[str, Any] | Any, prefix: str = "") -> dict[str, Any]:
@@ -11,7 +12,7 @@ def flatten(d: Mapping[str, Any] | Any, prefix: str = "") -> dict[str, Any]:
     if is_dataclass(d) and not isinstance(d, type):
         d = asdict(d)
     out: dict[str, Any] = {}
-    for key, value in d.items():
+    for key, value in cast(Mapping[str, Any], d).items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping) and value or is_dataclass(value) and not isinstance(value, type):
             out.update(flatten(value, name + "."))

@@ -10,8 +10,9 @@ first checkpoint.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpoint written, requeue the job
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -24,8 +25,14 @@ from torch import nn
 
 from hypersolid_scale.config import Config
 from hypersolid_scale.data import build_train_loader, in_channels
-from hypersolid_scale.distributed import (Engine, WorldInfo, all_reduce_max_flag, build_engine, gather_objects,
-                                          resolve_transport)
+from hypersolid_scale.distributed import (
+    Engine,
+    WorldInfo,
+    all_reduce_max_flag,
+    build_engine,
+    gather_objects,
+    resolve_transport,
+)
 from hypersolid_scale.errors import ConfigError, DataError, UserError
 from hypersolid_scale.methods import Method, build_method, get_method
 from hypersolid_scale.models import Projector, build_backbone
@@ -66,7 +73,7 @@ def on_every_rank(build_part: Callable[[], T], rank: int) -> T:
     try:
         result = build_part()
     except UserError as err:
-        failure, result = err, None  # type: ignore[assignment]
+        failure, result = err, None
     messages = gather_objects(None if failure is None else str(failure))
     if not all_reduce_max_flag(failure is not None):
         return result  # type: ignore[return-value]
@@ -103,6 +110,12 @@ class MethodModel(nn.Module):
     def forward(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, Any]:
         return self.method(views, self.backbone)
 
+    @property
+    def projector(self) -> nn.Module:
+        """Hypersolid's projector, for projector features (``eval.features=projector``, which only a method
+        with ``projector_features`` accepts)."""
+        return cast(nn.Module, self.method.projector)
+
 
 @dataclass
 class Run:
@@ -116,20 +129,24 @@ class Run:
     total_steps: int
     bf16: bool
     transport: str  # the process group's (gloo | nccl), "none" in a single process
-    guard: NonFiniteGuard | None = None
+    guard: NonFiniteGuard = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.guard is None:
-            self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
+        self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
+
+    @property
+    def trained(self) -> MethodModel:
+        """The module being trained: backbone and method (the engine's unwrapped model)."""
+        return cast(MethodModel, self.engine.model)
 
     @property
     def method(self) -> Method:
         """The method being trained (it lives in ``engine.model``)."""
-        return self.engine.model.method
+        return self.trained.method
 
     @property
     def backbone(self) -> nn.Module:
-        return self.engine.model.backbone
+        return self.trained.backbone
 
 
 def _steps_per_epoch(cfg: Config, loader: Any, info: WorldInfo) -> int:

@@ -57,6 +57,7 @@ class NonFiniteGuard:
         step = int(self.first_bad)
         if step < 0:
             return
+        assert self.bad_values is not None  # recorded with first_bad
         what = ", ".join(f"{k}={v:.4g}" for k, v in zip(self.names, self.bad_values.tolist()))
         raise NonFiniteLossError(
             f"non-finite loss at step {step} ({what}). Training stopped before any checkpoint was written after "
@@ -101,7 +102,9 @@ class EpochMeter:
     """
 
     def __init__(self, steps_per_epoch: int, device: torch.device) -> None:
-        self.n, self.names, self.sum, self.summed = 0, (), None, 0
+        self.n, self.summed = 0, 0
+        self.names: tuple[str, ...] = ()
+        self.sum: torch.Tensor | None = None
         self.losses = torch.zeros(steps_per_epoch, dtype=torch.float64, device=device)  # for the loss plot
         self.t_epoch = self.t_window = time.perf_counter()
         self.window_steps, self.window_data_s = 0, 0.0
@@ -110,6 +113,7 @@ class EpochMeter:
         if self.sum is None or self.names != stats.names:
             # A new layout (say, a grad norm that appears after the first step): average it from here on.
             self.names, self.sum, self.summed = stats.names, torch.zeros_like(stats.values), 0
+        assert self.sum is not None
         self.sum += stats.values
         self.summed += 1
         if self.n < self.losses.numel():
@@ -129,6 +133,7 @@ class EpochMeter:
 
     def summary(self, global_batch: int) -> tuple[dict[str, float], list[float]]:
         """Epoch means of every statistic plus throughput, and the per-step losses: one host transfer."""
+        assert self.sum is not None  # summary() follows add()
         values = torch.cat([self.sum / max(1, self.summed), self.losses[: min(self.n, self.losses.numel())]]).tolist()
         mean = dict(zip(self.names, values[: len(self.names)]))
         mean["images_per_s"] = global_batch * self.n / max(time.perf_counter() - self.t_epoch, 1e-9)

@@ -17,6 +17,7 @@ _PARENT = os.getppid()  # first thing: the launcher's pid, to notice if it dies 
 
 import signal  # noqa: E402
 import sys  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 # Importing torch and the data stack takes seconds to a minute on a busy node: a preemption signal (Slurm's
@@ -45,8 +46,8 @@ from hypersolid_scale.errors import run_cli  # noqa: E402
 _run_dir: list[Path] = []  # known once the config is valid
 
 
-def _main(argv: list[str]) -> int:
-    return train.main(argv, early_signals=_early, on_config=lambda cfg: _run_dir.append(Path(cfg.run_dir)))
+def _main(argv: Sequence[str]) -> int:
+    return train.main(list(argv), early_signals=_early, on_config=lambda cfg: _run_dir.append(Path(cfg.run_dir)))
 
 
 def _log_file() -> Path | None:

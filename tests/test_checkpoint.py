@@ -98,10 +98,15 @@ def test_build_model_from_checkpoint_and_random_init_baseline(tmp_path: Path) ->
     for k, v in state["model"].items():
         assert torch.equal(model.state_dict()[k], v)
     init = ck.random_init_checkpoint(ck.load_checkpoint(path))
+    # the trainer's layout: the backbone in "model", Hypersolid's projector in "method"
+    assert all(k.startswith("backbone.") for k in init["model"]) and init["method"]
+    weights = {**init["model"], **init["method"]}
     torch.manual_seed(cfg.seed)
     fresh = build_model(cfg.model).state_dict()
-    assert all(torch.equal(init["model"][k], fresh[k]) for k in fresh)
-    assert any(not torch.equal(init["model"][k], state["model"][k]) for k in fresh)  # the trained ones moved
+    assert set(weights) == set(fresh) and all(torch.equal(weights[k], fresh[k]) for k in fresh)
+    assert any(not torch.equal(weights[k], state["model"][k]) for k in fresh)  # the trained ones moved
+    model, _ = ck.build_model_from_checkpoint(init)  # evaluation reads it
+    assert all(torch.equal(model.state_dict()[k], fresh[k]) for k in fresh)
 
 
 class _NotAllowed:

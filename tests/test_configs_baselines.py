@@ -3,7 +3,7 @@ its setting's Hypersolid config (configs/<setting>.yaml) only in the objective a
 documents, sees the views its method is defined on, and can take a training step.
 
 A fair comparison needs the same data, backbone, seed, global batch, training length and optimizer; what a
-baseline changes beyond its ``loss`` section is listed in ``DOCUMENTED`` (and named in the file's header).
+baseline changes beyond its ``method`` section is listed in ``DOCUMENTED`` (and named in the file's header).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.methods import Method, count_global_views, method_names
 from hypersolid_scale.methods.dino import DINO
 from hypersolid_scale.methods.swav import SwaV
-from hypersolid_scale.models import build_model
 from hypersolid_scale.nested import flatten
 from hypersolid_scale.optim import optimizer_factory
 from hypersolid_scale.run_builder import _method_model, _trainable_only
@@ -36,7 +35,7 @@ PATHS = sorted((CONFIGS / "baselines").glob("*.yaml"))
 CIFAR_PATHS = [p for p in PATHS if not p.stem.endswith("_quickstart")]
 TWO_VIEW = ("simclr", "vicreg", "barlowtwins", "byol")  # the others (DINO, SwaV) are multi-crop methods
 # Keys that do not take part in the comparison: the run's name, the objective, Hypersolid's own projector.
-NOT_COMPARED = ("run_dir", "loss.", "model.proj_")
+NOT_COMPARED = ("run_dir", "method.", "model.proj_")
 # What each baseline changes beyond the objective, by (setting, method); its header names every key.
 _CIFAR_TWO_VIEW = {"data.num_local_views", "data.global_crop_scale"}
 _CIFAR_MULTI_CROP = {"data.global_crop_scale", "data.local_crop_size", "data.local_crop_scale"}
@@ -150,7 +149,7 @@ def test_cifar_hyperparameters_follow_solo_learn() -> None:
     }
     for path in CIFAR_PATHS:
         method, _ = _method_and_setting(path)
-        section = getattr(load_config(path).loss, method)
+        section = getattr(load_config(path).method, method)
         assert {k: getattr(section, k) for k in expected[method]} == expected[method], path.name
     # SwaV freezes its prototypes for solo-learn's 2 epochs, in steps of the CIFAR global batch.
     cfg = load_config(CONFIGS / "baselines" / "swav_cifar10.yaml")
@@ -200,14 +199,14 @@ def _assert_the_teacher_followed(teacher: dict[str, torch.Tensor], before: dict[
 
 @pytest.mark.parametrize("path", CIFAR_PATHS, ids=_ids)
 def test_the_cifar_baseline_takes_a_training_step(path: Path, one_thread: None) -> None:
-    """Model and method as the trainer builds them (build_model, then the method on its backbone), the
+    """Backbone and method as the trainer builds them (``run_builder._method_model``), the
     config's optimizer over the trainable parameters, and one step on random 32 px views of the config's
     sizes: a finite loss, every trainable parameter updated except what a schedule freezes, and the momentum
     teacher (BYOL, DINO) moved towards the student."""
     cfg = load_config(path)
     torch.manual_seed(0)
     spe = CIFAR10_TRAIN_IMAGES // cfg.data.batch_size_per_gpu
-    model = _method_model(cfg, build_model(cfg.model), steps_per_epoch=spe)
+    model = _method_model(cfg, spe)
     optimizer = _trainable_only(optimizer_factory(cfg.optim))(model.parameters())
     before = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     preset = resolve_preset(cfg.data)

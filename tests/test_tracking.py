@@ -65,7 +65,7 @@ def test_default_store_holds_everything(default_run):
     assert run.info.status == "FINISHED"
     assert run.info.run_name == "unit"
     params = run.data.params
-    assert params["method.hypersolid.alpha"] == "0.9" and params["model.arch"] == "small_cnn" and params["views"] == "[2, 6]"
+    assert params["loss.alpha"] == "0.9" and params["model.arch"] == "small_cnn" and params["views"] == "[2, 6]"
     assert len(params["note"]) == MAX_PARAM_VALUE_LENGTH and params["note"].endswith("[truncated]")
     assert steps_of(client, tracker.run_id, "loss") == [0, 1, 2, 3, 4]
     assert [m.value for m in sorted(client.get_metric_history(tracker.run_id, "loss"), key=lambda m: m.step)] \
@@ -342,5 +342,5 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(mlflow_server, tmp_pa
     assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(35)]
     run = client.get_run(tracker.run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.tags["phase"] == "outage" and run.data.params == {"method.hypersolid.alpha": "0.9"}
+    assert run.data.tags["phase"] == "outage" and run.data.params == {"loss.alpha": "0.9"}
     assert [a.path for a in client.list_artifacts(tracker.run_id, "plots")] == ["plots/plot.png"]

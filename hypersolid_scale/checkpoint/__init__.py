@@ -21,14 +21,33 @@ Every problem a user can fix (a missing, damaged or foreign file, another archit
 world size, a full disk) raises :class:`~hypersolid_scale.errors.CheckpointError` naming the file and the fix.
 """
 
-from hypersolid_scale.checkpoint.files import (FORMAT_VERSION, REQUIRED_KEYS, BadCheckpoint, CheckpointMissing,
-                                               atomic_save, checkpoint_dir, checkpoint_path, delete_stale_tmp,
-                                               find_resume_checkpoint, list_checkpoints, load_checkpoint,
-                                               prune_checkpoints, run_dir_of, save_checkpoint)
-from hypersolid_scale.checkpoint.run_state import (build_model_from_checkpoint, check_compatible,
-                                                   random_init_checkpoint, resolve_resume, restore_run_state,
-                                                   rng_state, run_state, set_aside_checkpoints,
-                                                   set_rng_state)
+from hypersolid_scale.checkpoint.files import (
+    FORMAT_VERSION,
+    REQUIRED_KEYS,
+    BadCheckpoint,
+    CheckpointMissing,
+    atomic_save,
+    checkpoint_dir,
+    checkpoint_path,
+    delete_stale_tmp,
+    find_resume_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    prune_checkpoints,
+    run_dir_of,
+    save_checkpoint,
+)
+from hypersolid_scale.checkpoint.run_state import (
+    build_model_from_checkpoint,
+    check_compatible,
+    random_init_checkpoint,
+    resolve_resume,
+    restore_run_state,
+    rng_state,
+    run_state,
+    set_aside_checkpoints,
+    set_rng_state,
+)
 
 __all__ = [
     "FORMAT_VERSION", "REQUIRED_KEYS", "BadCheckpoint", "CheckpointMissing", "atomic_save",

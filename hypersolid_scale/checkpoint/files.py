@@ -249,7 +249,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         warnings.simplefilter("always")
         try:
             ckpt = torch.load(path, map_location=map_location, weights_only=True)
-        except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError... for damaged files
+        except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError... when damaged
             failure: Exception | None = err
         else:
             failure = None

@@ -12,19 +12,24 @@ import shutil
 import sys
 import time
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
-from hypersolid_scale.checkpoint.files import (BadCheckpoint, checkpoint_dir, delete_stale_tmp,
-                                               find_resume_checkpoint, list_checkpoints, load_checkpoint)
+from hypersolid_scale.checkpoint.files import (
+    BadCheckpoint,
+    checkpoint_dir,
+    delete_stale_tmp,
+    find_resume_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
 from hypersolid_scale.config import Config, config_diff, fingerprint, from_dict, to_dict
 from hypersolid_scale.distributed import Engine, barrier, broadcast_object, gather_objects, get_rank
 from hypersolid_scale.errors import CheckpointError, ConfigError
 from hypersolid_scale.models import build_model
-
 
 # ----------------------------------------------------------------------------------------------------------
 # RNG states as tensors / plain types (weights_only-safe)
@@ -159,10 +164,12 @@ def _load_problems(err: Exception, shown: int = 3) -> str:
         found = re.search(kind + r' key\(s\) in state_dict: ((?:"[^"]+"(?:, )?)+)', text)
         if found:
             keys = re.findall(r'"([^"]+)"', found.group(1))
-            parts.append(f"{len(keys)} tensors {label} ({', '.join(keys[:shown])}{', ...' if len(keys) > shown else ''})")
+            more = ", ..." if len(keys) > shown else ""
+            parts.append(f"{len(keys)} tensors {label} ({', '.join(keys[:shown])}{more})")
     sizes = re.findall(r"size mismatch for ([^:]+):", text)
     if sizes:
-        parts.append(f"{len(sizes)} of another shape ({', '.join(sizes[:shown])}{', ...' if len(sizes) > shown else ''})")
+        more = ", ..." if len(sizes) > shown else ""
+        parts.append(f"{len(sizes)} of another shape ({', '.join(sizes[:shown])}{more})")
     return "; ".join(parts) or text[:300]
 
 
@@ -264,7 +271,7 @@ def resolve_resume(cfg: Config) -> dict[str, Any] | None:
             path = str(found[0])
         elif cfg.checkpoint.path:
             path = cfg.checkpoint.path
-    path = broadcast_object(path)
+    path = cast("str | None", broadcast_object(path))
     if path is None:
         return None
     try:

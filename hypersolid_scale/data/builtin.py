@@ -7,7 +7,6 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -54,7 +53,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     return payload.reshape(dims).copy()  # writable, so torch.from_numpy shares it without a warning
 
 
-def _find(directory: Path, stem: str) -> Optional[Path]:
+def _find(directory: Path, stem: str) -> Path | None:
     # Debian ships *.gz; torchvision keeps both in <root>/FashionMNIST/raw/.
     for sub in (directory, directory / "FashionMNIST" / "raw", directory / "raw"):
         for name in (stem, stem + ".gz"):
@@ -63,7 +62,7 @@ def _find(directory: Path, stem: str) -> Optional[Path]:
     return None
 
 
-def fashion_mnist_dir(path: Optional[str] = None) -> Path:
+def fashion_mnist_dir(path: str | None = None) -> Path:
     """The directory holding the idx files: `path` if given, else Debian's install location."""
     candidates = [Path(path)] if path else [Path(d) for d in FASHION_MNIST_DIRS]
     for d in candidates:
@@ -73,7 +72,7 @@ def fashion_mnist_dir(path: Optional[str] = None) -> Path:
     raise FileNotFoundError(f"Fashion-MNIST idx files not found in {where}. {_HOW_TO_GET}")
 
 
-def load_fashion_mnist(split: str, path: Optional[str] = None) -> ArraySplit:
+def load_fashion_mnist(split: str, path: str | None = None) -> ArraySplit:
     if split not in _FILES:
         raise ValueError(f"split={split!r} is not one of {tuple(_FILES)}")
     d = fashion_mnist_dir(path)
@@ -101,7 +100,7 @@ def load_digits(split: str, test_fraction: float = 0.2) -> ArraySplit:
     return ArraySplit(images[idx], labels[idx], tuple(str(i) for i in range(10)))
 
 
-def load_builtin(name: str, split: str, path: Optional[str] = None) -> ArraySplit:
+def load_builtin(name: str, split: str, path: str | None = None) -> ArraySplit:
     if name == "fashion_mnist":
         return load_fashion_mnist(split, path)
     if name == "digits":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -142,7 +142,7 @@ class ResumableEpochs:
         self._done += 1
 
 
-def find_manifest(path: Optional[str]) -> Optional[dict]:
+def find_manifest(path: str | None) -> dict | None:
     """The conversion manifest next to (or above) a shard directory, a .beton or a dataset root."""
     if not path:
         return None

@@ -7,7 +7,6 @@ plain type and ``None`` means "take the preset's / dataset's default".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from hypersolid_scale.data.builtin import BUILTIN_DATASETS
 from hypersolid_scale.errors import ConfigError
@@ -25,38 +24,38 @@ class DataConfig:
     format: str = "builtin"
     # The dataset's name. builtin: "fashion_mnist" (the default) | "digits". File formats: an optional free
     # name (e.g. "cifar10", "stl10", "imagenet1k") that picks the multi-crop preset when preset=auto.
-    dataset: Optional[str] = None
+    dataset: str | None = None
     # Training data. webdataset: a shard directory, a conversion output root holding train/, or brace
     # patterns of paths or URLs ("d/shard-{000000..000009}.tar", "https://host/train/shard-{0..9}.tar",
     # "pipe:aws s3 cp s3://bucket/train/shard-{000000..000099}.tar -", s3:// and gs:// with fsspec);
     # ffcv: a .beton file or a root holding train.beton; imagefolder: a folder with one subfolder per
     # class (or a root holding train/);
     # fashion_mnist: a directory with the four idx files (default: Debian's dataset-fashion-mnist).
-    path: Optional[str] = None
+    path: str | None = None
     # Held-out data of the same kind as `path` (default: the `test` split next to `path`).
-    test_path: Optional[str] = None
+    test_path: str | None = None
     # Labelled data of the same kind as `path` that evaluation (kNN monitor, linear probe) trains on.
     # Default: the `train` split of `path`; when `path` is a split the conversion manifest marks as
     # unlabelled (e.g. STL-10's "unlabeled"), the labelled `train` split next to it.
-    eval_train_path: Optional[str] = None
+    eval_train_path: str | None = None
     # "test": evaluate on the test split; "holdout": carve `holdout_fraction` out of the training split
     # (deterministic, by index) when a dataset has no test split.
     eval_split: str = "test"
     holdout_fraction: float = 0.1
     # None: read from the manifest written by `python -m hypersolid_scale.data.convert` (or count classes).
-    num_classes: Optional[int] = None
+    num_classes: int | None = None
     # Cap on training samples (quick runs and tests); None = all.
-    max_train_samples: Optional[int] = None
+    max_train_samples: int | None = None
 
     # --- multi-crop ---------------------------------------------------------------------------------
     # "auto" picks the preset named like data.dataset (fashion_mnist, digits, cifar10, cifar100, stl10,
     # food101, imagenet; imagenet1k and imagenet100 -> imagenet), else "default".
     preset: str = "auto"
-    num_local_views: Optional[int] = None
-    global_crop_size: Optional[int] = None
-    local_crop_size: Optional[int] = None
-    global_crop_scale: Optional[list[float]] = None
-    local_crop_scale: Optional[list[float]] = None
+    num_local_views: int | None = None
+    global_crop_size: int | None = None
+    local_crop_size: int | None = None
+    global_crop_scale: list[float] | None = None
+    local_crop_scale: list[float] | None = None
     # "pil": lightly's DINOTransform per sample (the reference semantics); "tensor": the batched torch
     # implementation of the same augmentations (fast path for in-memory builtin datasets);
     # "auto": tensor for the builtin format, pil for webdataset/imagefolder. FFCV always decodes + crops in
@@ -71,7 +70,7 @@ class DataConfig:
     shuffle_buffer: int = 2000  # webdataset: samples held for shuffling inside each worker
     # webdataset: the conversion manifest (path or URL: pipe:, http(s), s3://...) when it is not next to
     # local shards; shards are checked against it (sample counts; sha256 with verify_shards).
-    manifest: Optional[str] = None
+    manifest: str | None = None
     verify_shards: bool = False  # webdataset: also hash each shard as it streams and compare with the manifest
     # webdataset: error out when truncated/short shards lose more than this fraction of the samples a rank
     # reads in an epoch (undecodable samples are skipped, warned and counted, not limited); 1.0 never stops.

@@ -26,8 +26,9 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -74,7 +75,7 @@ def sample_key(name: str) -> str:
 
 class Converter:
     def __init__(self, out: str, *, formats: list[str], shard_size: int, image_format: str, quality: int,
-                 mode: str, resize: Optional[int], resume: bool, ffcv_mode: str,
+                 mode: str, resize: int | None, resume: bool, ffcv_mode: str,
                  max_side: int = DEFAULT_MAX_SIDE) -> None:
         self.out = Path(out)
         self.formats, self.shard_size, self.image_format = formats, shard_size, image_format
@@ -83,7 +84,7 @@ class Converter:
         self.ext = "jpg" if image_format == "jpg" else "png"
         self.progress_path = self.out / ".progress.json"
         self.progress: dict[str, Any] = {}
-        self._writer: Optional[ShardWriter] = None  # the shard being written
+        self._writer: ShardWriter | None = None  # the shard being written
         self._made_out = False  # whether this run created --out (removed again if it stays empty)
         self._ffcv_bounds: dict[str, tuple[int, int]] = {}  # split -> (pixels, side) of its largest image
 
@@ -192,7 +193,7 @@ class Converter:
             self._finish_shard(done, len(items), pending)
         entry: dict[str, Any] = {"count": len(good), "labeled": labeled}
         if labeled:
-            per_class = {c: 0 for c in classes}
+            per_class = dict.fromkeys(classes, 0)
             for k in good:
                 per_class[classes[items[k].label]] += 1
             entry["per_class"] = per_class
@@ -323,7 +324,7 @@ def _source(p: argparse.ArgumentParser, args: argparse.Namespace) -> Source:
     return source
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hypersolid_scale.data.convert", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator, Optional
 
 from PIL import Image
 
@@ -30,13 +30,13 @@ def pixel_limit(max_side: int) -> Iterator[None]:
         Image.MAX_IMAGE_PIXELS = saved
 
 
-def prepare_image(img: Image.Image, mode: str, resize: Optional[int]) -> Image.Image:
+def prepare_image(img: Image.Image, mode: str, resize: int | None) -> Image.Image:
     if mode != "keep":
         img = img.convert(mode)
     elif img.mode not in ("L", "RGB"):
         img = img.convert("RGB")
     if resize:
-        img = img.resize((resize, resize), Image.BICUBIC)
+        img = img.resize((resize, resize), Image.Resampling.BICUBIC)
     return img
 
 

@@ -28,13 +28,21 @@ from __future__ import annotations
 import itertools
 import os
 import warnings
-from typing import Any, Callable, Iterator, Optional, Sequence
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from hypersolid_scale.data.common import (DOMAIN_FFCV_CROP, ResumableEpochs, epoch_permutation, hash32, mix_seed,
-                                          split_global_batches, stream_key)
+from hypersolid_scale.data.common import (
+    DOMAIN_FFCV_CROP,
+    ResumableEpochs,
+    epoch_permutation,
+    hash32,
+    mix_seed,
+    split_global_batches,
+    stream_key,
+)
 from hypersolid_scale.data.ffcv_writer import write_beton  # noqa: F401  (part of this module's API)
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.tensor_aug import BatchPhotometric
@@ -57,10 +65,10 @@ try:
     # nogil pipeline; numba warns that this block holds the GIL, which is intended and cheap.
     warnings.filterwarnings("ignore", message="Code running in object mode won't allow parallel execution",
                             category=NumbaWarning)
-    FFCV_IMPORT_ERROR: Optional[BaseException] = None
+    FFCV_IMPORT_ERROR: BaseException | None = None
 except ImportError as _e:  # the optional extra is not installed
     FFCV_IMPORT_ERROR = _e
-    RandomResizedCropRGBImageDecoder = TraversalOrder = object  # type: ignore[misc,assignment]
+    RandomResizedCropRGBImageDecoder = TraversalOrder = object
 
 _HOW_TO_INSTALL = ("FFCV is not installed: apt-get install pkg-config libopencv-dev libturbojpeg0-dev, then "
                    "pip install numpy cython pkgconfig && pip install --no-build-isolation ffcv")
@@ -82,7 +90,7 @@ def check_beton(path: str) -> int:
         reader = Reader(path)
         table = reader.alloc_table
         end = int((table["ptr"] + table["size"]).max()) if len(table) else 0
-    except Exception as e:  # noqa: BLE001 - whatever numpy/FFCV raise on a short read
+    except Exception as e:  # whatever numpy/FFCV raise on a short read
         raise ValueError(f"FFCV file {path!r} is truncated or corrupt ({type(e).__name__}: {e}); "
                          "re-create it with python -m hypersolid_scale.data.convert") from e
     if end > size or reader.num_samples == 0:
@@ -94,7 +102,7 @@ def check_beton(path: str) -> int:
 ORDERS = ("random", "quasi_random", "sequential")
 
 
-class _EpochOrder(TraversalOrder):  # type: ignore[misc,valid-type]
+class _EpochOrder(TraversalOrder):  # type: ignore[misc]
     """FFCV traversal order: this rank's rows of every global batch of the epoch, from batch `start` on.
 
     FFCV accepts a TraversalOrder instance and calls it with the loader; `sample_order(epoch)` is then
@@ -110,7 +118,7 @@ class _EpochOrder(TraversalOrder):  # type: ignore[misc,valid-type]
         self.start = 0  # first batch of the epoch to produce (a restored position)
         self._cache: tuple[int, np.ndarray] = (-1, np.empty(0, np.int64))
 
-    def __call__(self, loader: Any) -> "_EpochOrder":
+    def __call__(self, loader: Any) -> _EpochOrder:
         TraversalOrder.__init__(self, loader)
         if self.mode == "quasi_random":
             # FFCV's page table (raises for a file with no pages); the order itself is made below.
@@ -136,7 +144,7 @@ class _EpochOrder(TraversalOrder):  # type: ignore[misc,valid-type]
                                                        world_size=self.world_size, batch_size=self.batch_size))
         return self._cache[1]
 
-    def sample_order(self, epoch: int) -> Sequence[int]:
+    def sample_order(self, epoch: int) -> np.ndarray:
         return self.rank_order(epoch)[self.start * self.batch_size:]
 
 
@@ -165,7 +173,7 @@ class _SharedKernel:
     """The compiled decode + crop + flip kernel, shared by the views of one loader (one compilation)."""
 
     def __init__(self) -> None:
-        self.kernel: Optional[Callable] = None
+        self.kernel: Callable | None = None
         self.reader: Any = None
 
     def get(self, memory_read: Callable) -> Callable:
@@ -212,7 +220,7 @@ def _build_kernel(mem_read: Callable) -> Callable:
     return Compiler.compile(kernel)
 
 
-class KeyedRandomResizedCropFlip(RandomResizedCropRGBImageDecoder):  # type: ignore[misc,valid-type]
+class KeyedRandomResizedCropFlip(RandomResizedCropRGBImageDecoder):  # type: ignore[misc]
     """FFCV's RandomResizedCrop decoder + a horizontal flip, with draws keyed per sample.
 
     Before decoding sample i the thread's numba generator is seeded with a hash of
@@ -220,7 +228,7 @@ class KeyedRandomResizedCropFlip(RandomResizedCropRGBImageDecoder):  # type: ign
     """
 
     def __init__(self, output_size: tuple[int, int], *, scale: tuple[float, float], ratio: tuple[float, float],
-                 flip_prob: float, seed: int, view: int, shared: Optional[_SharedKernel] = None) -> None:
+                 flip_prob: float, seed: int, view: int, shared: _SharedKernel | None = None) -> None:
         super().__init__(output_size, scale=scale, ratio=ratio)
         self.flip_prob, self.seed, self.view = float(flip_prob), int(seed), int(view)
         self.shared = shared if shared is not None else _SharedKernel()

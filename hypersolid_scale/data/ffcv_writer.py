@@ -20,10 +20,11 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from multiprocessing import Process, Queue, Value
 from queue import Empty
 from time import sleep
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -36,10 +37,10 @@ try:
     from ffcv.memory_allocator import MemoryAllocator
     from ffcv.writer import DatasetWriter
 
-    FFCV_WRITER_IMPORT_ERROR: Optional[BaseException] = None
+    FFCV_WRITER_IMPORT_ERROR: BaseException | None = None
 except ImportError as _e:  # the optional extra is not installed
     FFCV_WRITER_IMPORT_ERROR = _e
-    DatasetWriter = object  # type: ignore[misc,assignment]
+    DatasetWriter = object
 
 # FFCV's limits: pages are powers of two in [2 MiB, 2^32) (ffcv.writer), widths and heights are uint16.
 MIN_PAGE = 1 << 21
@@ -84,7 +85,7 @@ def largest_image(opens: Iterable[Callable[[], Image.Image]], max_side: int) -> 
     return pixels, side
 
 
-def _run_worker(errors: "Queue[str]", work_fn: Callable[..., None], *args: Any) -> None:
+def _run_worker(errors: Queue[str], work_fn: Callable[..., None], *args: Any) -> None:
     """FFCV's worker, reporting its error to the parent (one line) and exiting with status 1."""
     try:
         work_fn(*args)
@@ -93,7 +94,7 @@ def _run_worker(errors: "Queue[str]", work_fn: Callable[..., None], *args: Any) 
         sys.exit(1)
 
 
-class _GuardedWriter(DatasetWriter):  # type: ignore[misc,valid-type]
+class _GuardedWriter(DatasetWriter):  # type: ignore[misc]
     """FFCV's DatasetWriter whose wait loop stops when a worker dies (FFCV's would wait forever)."""
 
     def _write_common(self, num_samples: int, queue_content: Any, work_fn: Callable[..., None],
@@ -141,7 +142,7 @@ class _GuardedWriter(DatasetWriter):  # type: ignore[misc,valid-type]
             self.metadata_sm.unlink()
 
     @staticmethod
-    def _check_workers(processes: list, errors: "Queue[str]", need_all: bool) -> None:
+    def _check_workers(processes: list, errors: Queue[str], need_all: bool) -> None:
         """Raise when a worker failed, or (`need_all`) when all have exited without the results."""
         failed = [p for p in processes if p.exitcode not in (None, 0)]
         if not failed and not (need_all and all(p.exitcode is not None for p in processes)):
@@ -172,7 +173,7 @@ class _ArrayList:
 
 def write_beton(path: str, images: Sequence[Callable[[], np.ndarray]], labels: Sequence[int], *,
                 write_mode: str = "raw", jpeg_quality: int = 90, num_workers: int = 2,
-                page_size: Optional[int] = None, max_pixels: Optional[int] = None, max_side: int = 0) -> None:
+                page_size: int | None = None, max_pixels: int | None = None, max_side: int = 0) -> None:
     """Write (image, label) pairs to `path` (via `path.tmp`, renamed when complete, removed on failure).
 
     `max_pixels` / `max_side`: the largest image's pixel count and longest side (the converter reads them

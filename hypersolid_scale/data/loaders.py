@@ -4,7 +4,8 @@ datasets of PIL images (lightly's DINOTransform per sample, in DataLoader worker
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ def array_to_tensor(images: np.ndarray) -> torch.Tensor:
 class ArrayPILDataset(Dataset):
     """An ArraySplit as (PIL image, label) pairs, optionally through a transform."""
 
-    def __init__(self, split: ArraySplit, mode: str, transform: Optional[Callable] = None) -> None:
+    def __init__(self, split: ArraySplit, mode: str, transform: Callable | None = None) -> None:
         self.split, self.mode, self.transform = split, mode, transform
 
     def __len__(self) -> int:
@@ -50,7 +51,7 @@ class InMemoryMultiCropLoader(ResumableEpochs):
     """
 
     def __init__(self, split: ArraySplit, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                 batch_size: int, max_samples: Optional[int] = None) -> None:
+                 batch_size: int, max_samples: int | None = None) -> None:
         super().__init__()
         n = len(split) if max_samples is None else min(len(split), max_samples)
         self.images = array_to_tensor(split.images[:n])
@@ -114,7 +115,7 @@ class MapStyleMultiCropLoader(ResumableEpochs):
     """
 
     def __init__(self, dataset: Dataset, *, rank: int, world_size: int, seed: int, batch_size: int,
-                 num_workers: int, max_samples: Optional[int] = None) -> None:
+                 num_workers: int, max_samples: int | None = None) -> None:
         super().__init__()
         self.dataset = dataset
         n = len(dataset)  # type: ignore[arg-type]

@@ -19,14 +19,25 @@ import io
 import os
 import tempfile
 import warnings
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hypersolid_scale.data.shards import (COUNTERS, IMAGE_EXTS, Event, Manifest, ShardReader, apply_events,
-                                          expand_shards, is_local, local_path, scan_local)
+from hypersolid_scale.data.shards import (
+    COUNTERS,
+    IMAGE_EXTS,
+    Event,
+    Manifest,
+    ShardReader,
+    apply_events,
+    expand_shards,
+    is_local,
+    local_path,
+    scan_local,
+)
 from hypersolid_scale.errors import DataError
 
 Item = tuple[str, int, int, int]  # (file, offset, size, label)
@@ -69,8 +80,8 @@ def _corrupt(url: str, key: str, why: str) -> Event:
 class ShardIndexDataset(Dataset):
     """(image, label) by index over WebDataset shards; `items` = [(file, offset, size, label)]."""
 
-    def __init__(self, urls: str, mode: str = "RGB", transform: Optional[Callable] = None, *,
-                 manifest: Optional[str] = None, verify: bool = False) -> None:
+    def __init__(self, urls: str, mode: str = "RGB", transform: Callable | None = None, *,
+                 manifest: str | None = None, verify: bool = False) -> None:
         self.mode, self.transform = mode, transform
         shards = expand_shards(urls)
         reader = ShardReader(Manifest.locate(shards, manifest), verify)
@@ -87,15 +98,15 @@ class ShardIndexDataset(Dataset):
                 _SPILLED[key] = self._spill(url, reader), list(reader.events)
                 for ev in reader.events:
                     if ev["message"]:
-                        warnings.warn(ev["message"])
+                        warnings.warn(ev["message"], stacklevel=1)
                 reader.events = []
             items, seen = _SPILLED[key]
             self.items += items
             events += [{**ev, "warned": True} for ev in seen]
         for ev in events:
             if ev["message"] and not ev.get("warned"):
-                warnings.warn(ev["message"])
-        self._stats = {k: 0.0 for k in COUNTERS}
+                warnings.warn(ev["message"], stacklevel=1)
+        self._stats = dict.fromkeys(COUNTERS, 0.0)
         apply_events(self._stats, events)
         # Undecodable images found while fetching: shared memory, so DataLoader workers add to it too.
         self._fetch_corrupt = torch.zeros(1, dtype=torch.float64)
@@ -172,7 +183,7 @@ class ShardIndexDataset(Dataset):
             except Exception as e:  # noqa: BLE001 - any decoder failure means "skip this sample"
                 self._fetch_corrupt += 1
                 warnings.warn(f"skipping sample {j} ({self.items[j][0]} at byte {self.items[j][1]}): "
-                              f"{type(e).__name__}: {e}; index {i} gets the next decodable sample")
+                              f"{type(e).__name__}: {e}; index {i} gets the next decodable sample", stacklevel=1)
                 continue
             return (self.transform(img) if self.transform else img), label
         raise DataError(f"samples {i}..{i + _MAX_FILL - 1} of the evaluation shards do not decode; re-create the "

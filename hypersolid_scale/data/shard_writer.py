@@ -9,7 +9,6 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import Optional
 
 
 def sha256(path: str | Path) -> str:
@@ -31,7 +30,7 @@ class ShardWriter:
         self.path = Path(path)
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self.count = 0
-        self._tar: Optional[tarfile.TarFile] = tarfile.open(self.tmp, "w")
+        self._tar: tarfile.TarFile | None = tarfile.open(self.tmp, "w")
 
     def add(self, key: str, members: dict[str, bytes]) -> None:
         """One sample: `members` maps an extension ("png", "cls", ...) to the member's bytes."""
@@ -59,7 +58,7 @@ class ShardWriter:
             self._tar = None
         self.tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, exc_type: object, *_: object) -> None:

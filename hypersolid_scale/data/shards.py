@@ -28,8 +28,9 @@ import os
 import re
 import shutil
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator, Optional
+from typing import IO, Any
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -67,7 +68,9 @@ def local_path(url: str) -> str:
 
 def split_urls(urls: str) -> list[str]:
     """Top-level ',' / '::' separated patterns (a comma inside {...} belongs to its pattern), brace-expanded."""
-    parts, cur, depth, i = [], [], 0, 0
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = i = 0
     while i < len(urls):
         c = urls[i]
         depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(c, 0)
@@ -123,7 +126,7 @@ def open_url(url: str) -> IO[bytes]:
     return fsspec.open(url, "rb").open()
 
 
-def shard_key(url: str) -> Optional[tuple[str, str]]:
+def shard_key(url: str) -> tuple[str, str] | None:
     """(split directory, file name) of the shard a URL or pipe command reads, e.g. ("train", "shard-000003.tar")."""
     found = list(_SHARD_NAME.finditer(url))
     return (found[-1].group(1) or "", found[-1].group(2)) if found else None
@@ -138,7 +141,7 @@ class Manifest:
                         for sh in e.get("shards", [])}
 
     @classmethod
-    def load(cls, url: str) -> "Manifest":
+    def load(cls, url: str) -> Manifest:
         try:
             with open_url(url) as f:
                 return cls(json.loads(f.read()), url)
@@ -147,7 +150,7 @@ class Manifest:
                             "data.manifest at the manifest.json the converter wrote") from e
 
     @classmethod
-    def locate(cls, shards: list[str], explicit: Optional[str]) -> Optional["Manifest"]:
+    def locate(cls, shards: list[str], explicit: str | None) -> Manifest | None:
         """data.manifest when set, else the manifest.json next to (or above) the first local shard."""
         if explicit:
             return cls.load(explicit)
@@ -155,21 +158,21 @@ class Manifest:
         data = find_manifest(str(Path(local_path(local)).parent)) if local else None
         return cls(data, f"manifest.json above {local}") if data else None
 
-    def entry(self, url: str) -> Optional[dict]:
+    def entry(self, url: str) -> dict | None:
         key = shard_key(url)
         return self.entries.get(key) if key else None
 
-    def total(self, shards: list[str]) -> Optional[int]:
+    def total(self, shards: list[str]) -> int | None:
         """Samples in `shards`, if the manifest lists every one of them."""
         entries = [self.entry(s) for s in shards]
-        return None if any(e is None for e in entries) else sum(int(e["count"]) for e in entries)  # type: ignore[index]
+        return None if any(e is None for e in entries) else sum(int(e["count"]) for e in entries if e is not None)
 
 
 def has_image(sample: Sample) -> bool:
     return any(e in sample for e in IMAGE_EXTS)
 
 
-def _share(lo: int, hi: int, share: Optional[tuple[int, int]]) -> int:
+def _share(lo: int, hi: int, share: tuple[int, int] | None) -> int:
     """How many positions in [lo, hi) a stream keeps: all, or those i with i % streams == stream."""
     if share is None:
         return max(0, hi - lo)
@@ -208,7 +211,7 @@ class _Tracked(io.RawIOBase):
             pass
 
     def close(self) -> None:
-        self.close_error: Optional[Exception] = None
+        self.close_error: Exception | None = None
         try:
             self.raw.close()
         except Exception as e:  # noqa: BLE001 - a command stopped early (SIGPIPE) reports a failure on close
@@ -219,13 +222,13 @@ class _Tracked(io.RawIOBase):
 class ShardReader:
     """Samples of one shard at a time through the library's tar reader; findings go to `events`."""
 
-    def __init__(self, manifest: Optional[Manifest] = None, verify: bool = False,
+    def __init__(self, manifest: Manifest | None = None, verify: bool = False,
                  verified: frozenset[str] = frozenset()) -> None:
         self.manifest, self.verify = manifest, verify
         self.events: list[Event] = []
         self._verified = set(verified)  # shards whose sha256 matched: not hashed again
 
-    def samples(self, url: str, share: Optional[tuple[int, int]] = None) -> Iterator[Sample]:
+    def samples(self, url: str, share: tuple[int, int] | None = None) -> Iterator[Sample]:
         """The shard's samples in file order; with `share=(s, S)` only those at positions i % S == s.
 
         Accounting happens only when the shard was read to its end (not when the consumer stops early).
@@ -240,7 +243,7 @@ class ShardReader:
 
         try:
             stream = _Tracked(open_url(url), want_sha)
-        except Exception as e:  # noqa: BLE001 - any failure to open is "cannot read", named
+        except Exception as e:  # any failure to open is "cannot read", named
             raise unreadable(url, e) from e
         got = position = 0
         try:
@@ -261,8 +264,8 @@ class ShardReader:
         self.account(url, got, entry, error=errors[0] if errors else None, readable=position > 0 or stream.is_tar(),
                       no_marker=no_marker, sha=sha, share=share)
 
-    def account(self, url: str, got: int, entry: Optional[dict], *, error: Optional[Exception], readable: bool,
-                no_marker: bool, sha: Optional[str], share: Optional[tuple[int, int]] = None) -> None:
+    def account(self, url: str, got: int, entry: dict | None, *, error: Exception | None, readable: bool,
+                no_marker: bool, sha: str | None, share: tuple[int, int] | None = None) -> None:
         """Compare what a shard delivered with what it should hold; a `DataError` if it is no tar at all."""
         if error is not None and not readable:
             raise unreadable(url, error)
@@ -338,14 +341,14 @@ def count_samples(shards: list[str]) -> int:
     return total
 
 
-def scan_local(url: str) -> tuple[list[tuple[str, dict[str, tarfile.TarInfo]]], Optional[Exception], bool]:
+def scan_local(url: str) -> tuple[list[tuple[str, dict[str, tarfile.TarInfo]]], Exception | None, bool]:
     """(key, {ext: member}) groups of a local shard in file order from its headers (no data read), the
     error that ended the scan early, and whether the end-of-archive marker is missing. Members whose data
     runs past the end of the file are left out."""
     path = local_path(url)
     size = os.path.getsize(path)
     groups: dict[str, dict[str, tarfile.TarInfo]] = {}
-    error: Optional[Exception] = None
+    error: Exception | None = None
     try:
         with tarfile.open(path, mode="r:") as tar:
             while True:

@@ -8,9 +8,10 @@ the header first and decodes only images it accepts.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Union, overload
+from typing import Any, overload
 
 import numpy as np
 from PIL import Image
@@ -44,9 +45,9 @@ class ItemList(Sequence[Item]):
     def __getitem__(self, i: int) -> Item: ...
 
     @overload
-    def __getitem__(self, i: slice) -> "ItemList": ...
+    def __getitem__(self, i: slice) -> ItemList: ...
 
-    def __getitem__(self, i: Union[int, slice]) -> Union[Item, "ItemList"]:
+    def __getitem__(self, i: int | slice) -> Item | ItemList:
         if isinstance(i, slice):
             r = range(self.n)[i]
             return ItemList(len(r), lambda k: self.make(r[k]))
@@ -96,12 +97,15 @@ def folder_source(path: str) -> Source:
                 if f.suffix.lower() in IMAGE_SUFFIXES:
                     names.append(str(f.relative_to(split_root)))
                     labels.append(label)
-        splits[split] = ItemList(len(names), lambda i, r=split_root, n=names, lab=labels:
-                                 Item(n[i], lab[i], _open_file(str(r / n[i]))))
+
+        def make(i: int, r: Path = split_root, n: list[str] = names, lab: list[int] = labels) -> Item:
+            return Item(n[i], lab[i], _open_file(str(r / n[i])))
+
+        splits[split] = ItemList(len(names), make)
     return Source(classes, splits, f"folder:{path}")
 
 
-def array_items(images: np.ndarray, labels: Optional[np.ndarray], prefix: str) -> ItemList:
+def array_items(images: np.ndarray, labels: np.ndarray | None, prefix: str) -> ItemList:
     """(N, H, W[, C]) uint8 images (a memory map is read one image at a time) as items."""
     def make(i: int) -> Item:
         label = UNLABELED if labels is None else int(labels[i])
@@ -109,7 +113,7 @@ def array_items(images: np.ndarray, labels: Optional[np.ndarray], prefix: str) -
     return ItemList(len(images), make)
 
 
-def builtin_source(name: str, path: Optional[str]) -> Source:
+def builtin_source(name: str, path: str | None) -> Source:
     splits = {s: load_builtin(name, s, path) for s in ("train", "test")}
     return Source(list(splits["train"].classes), {s: array_items(d.images, d.labels, s) for s, d in splits.items()},
                   f"builtin:{name}")
@@ -190,7 +194,9 @@ def torchvision_source(name: str, root: str, splits: Sequence[str]) -> Source:
         classes = list(getattr(ds, "classes", classes)) or [str(i) for i in range(10)]
         # The label list, where the class has one, spares decoding an image just for its label.
         targets = getattr(ds, "targets", None)
-        out[split] = ItemList(len(ds), lambda i, ds=ds, split=split, t=targets:
-                              Item(f"{split}_{i:07d}", int(t[i] if t is not None else ds[i][1]),
-                                   lambda: ds[i][0]))
+
+        def make(i: int, ds: Any = ds, split: str = split, t: Any = targets) -> Item:
+            return Item(f"{split}_{i:07d}", int(t[i] if t is not None else ds[i][1]), lambda: ds[i][0])
+
+        out[split] = ItemList(len(ds), make)
     return Source(classes, out, f"torchvision:{name}:{root}")

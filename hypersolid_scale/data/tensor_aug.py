@@ -18,7 +18,6 @@ Pass ``record={}`` to get the per-sample decisions back (used by the parity test
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import kornia
 import torch
@@ -195,7 +194,7 @@ class BatchPhotometric:
         k = min(2 * math.ceil(3 * hi) + 1, (min(h, w) - 1) | 1)
         return kornia.filters.gaussian_blur2d(x, (k, k), sigma[:, None].repeat(1, 2))
 
-    def view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: Optional[dict] = None) -> torch.Tensor:
+    def view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: dict | None = None) -> torch.Tensor:
         """Augment and normalise view number `index` ((B, C, H, W) float in [0, 1] or uint8).
 
         `u`: (B, NUM_COLUMNS) uniforms of this view (`keyed_uniforms`); the photometric columns are used.
@@ -205,7 +204,7 @@ class BatchPhotometric:
         with torch.autocast(self.device.type, enabled=False):
             return self._view(x, index, u, record)
 
-    def _view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: Optional[dict]) -> torch.Tensor:
+    def _view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: dict | None) -> torch.Tensor:
         if x.dtype == torch.uint8:
             x = x.to(self.device, non_blocking=True).float().div_(255.0)
         else:
@@ -234,7 +233,7 @@ class BatchPhotometric:
         return (x - self.mean) / self.std
 
     def __call__(self, views: list[torch.Tensor], indices: torch.Tensor, epoch: int,
-                 record: Optional[dict] = None) -> list[torch.Tensor]:
+                 record: dict | None = None) -> list[torch.Tensor]:
         """views[i]: (B, C, H, W) of view i; indices: (B,) the samples' dataset indices."""
         idx = _check_indices(indices, views[0].shape[0]).to(self.device)
         return [self.view(v, i, keyed_uniforms(self.seed, epoch, idx, i), record) for i, v in enumerate(views)]
@@ -260,13 +259,14 @@ class TensorMultiCrop:
         self.photometric = BatchPhotometric(preset, self.device, seed=seed)
 
     def __call__(self, images: torch.Tensor, indices: torch.Tensor, epoch: int,
-                 record: Optional[dict] = None) -> list[torch.Tensor]:
+                 record: dict | None = None) -> list[torch.Tensor]:
         """images: (B, C, H, W) uint8 of the samples `indices` (B,) -> list of normalised float views
         [global_0, global_1, local_0, ...]."""
         with torch.autocast(self.device.type, enabled=False):  # float32 views whatever the caller's autocast
             return self._crops(images, indices, epoch, record)
 
-    def _crops(self, images: torch.Tensor, indices: torch.Tensor, epoch: int, record: Optional[dict]) -> list[torch.Tensor]:
+    def _crops(self, images: torch.Tensor, indices: torch.Tensor, epoch: int,
+               record: dict | None) -> list[torch.Tensor]:
         idx = _check_indices(indices, images.shape[0]).to(self.device)
         x = images.to(self.device).float().div_(255.0)
         _, _, h, w = x.shape

@@ -8,8 +8,8 @@ only (docs/design.md §3b).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import numpy as np
 import torch

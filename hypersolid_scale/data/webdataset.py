@@ -53,7 +53,8 @@ import io
 import json
 import random
 import warnings
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import webdataset as wds
@@ -63,9 +64,20 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.shards import (COUNTERS, IMAGE_EXTS, RECREATE, Event, Manifest, Sample, ShardReader,
-                                          apply_events, count_samples, expand_shards, is_local)
 from hypersolid_scale.data.shard_index import ShardIndexDataset
+from hypersolid_scale.data.shards import (
+    COUNTERS,
+    IMAGE_EXTS,
+    RECREATE,
+    Event,
+    Manifest,
+    Sample,
+    ShardReader,
+    apply_events,
+    count_samples,
+    expand_shards,
+    is_local,
+)
 from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
 from hypersolid_scale.errors import DataError
 
@@ -106,7 +118,7 @@ class _ShardStream(IterableDataset):
 
     def __init__(self, shards: list[str], *, rank: int, world_size: int, seed: int, epoch: int,
                  num_batches: int, batch_size: int, skip_batches: int, shuffle_buffer: int,
-                 transform: Callable, mode: str, manifest: Optional[Manifest], verify: bool,
+                 transform: Callable, mode: str, manifest: Manifest | None, verify: bool,
                  verified: frozenset[str]) -> None:
         super().__init__()
         self.shards, self.rank, self.world_size, self.seed, self.epoch = shards, rank, world_size, seed, epoch
@@ -162,7 +174,7 @@ class _ShardStream(IterableDataset):
             decoded["tried"] += 1
             try:
                 img, label = decode_image(sample, self.mode), decode_label(sample)
-            except Exception as e:  # noqa: BLE001 - any decoder failure means "skip this sample"
+            except Exception as e:  # any decoder failure means "skip this sample"
                 raise _Corrupt(sample, e) from e
             decoded["good"] += 1
             return self.transform(img), label
@@ -208,8 +220,8 @@ class WebDatasetLoader(ResumableEpochs):
 
     def __init__(self, urls: str, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
                  batch_size: int, num_workers: int, shuffle_buffer: int = 2000,
-                 num_samples: Optional[int] = None, transform: Optional[Callable] = None,
-                 manifest: Optional[str] = None, verify_shards: bool = False,
+                 num_samples: int | None = None, transform: Callable | None = None,
+                 manifest: str | None = None, verify_shards: bool = False,
                  max_lost_fraction: float = 0.01) -> None:
         super().__init__()
         if not 0.0 <= max_lost_fraction <= 1.0:
@@ -220,7 +232,8 @@ class WebDatasetLoader(ResumableEpochs):
         if total is None:
             if not all(is_local(s) for s in self.shards):
                 warnings.warn(f"no manifest lists every shard of {urls!r}: counting samples streams every "
-                              "shard once; set data.manifest to the conversion's manifest.json to skip that")
+                              "shard once; set data.manifest to the conversion's manifest.json to skip that",
+                              stacklevel=1)
             total = count_samples(self.shards)
         if num_samples is not None:
             total = min(total, num_samples)
@@ -230,7 +243,7 @@ class WebDatasetLoader(ResumableEpochs):
         self.verify_shards, self.max_lost_fraction = verify_shards, max_lost_fraction
         self.transform = transform if transform is not None else build_pil_multicrop(preset)
         self._len = batches_per_epoch(total, world_size, batch_size)
-        self.stats = {k: 0.0 for k in COUNTERS}
+        self.stats = dict.fromkeys(COUNTERS, 0.0)
         self._verified: set[str] = set()  # shards whose sha256 matched the manifest: not hashed again
 
     def __len__(self) -> int:
@@ -263,8 +276,8 @@ class WebDatasetLoader(ResumableEpochs):
             if ev["kind"] == "verified":
                 self._verified.add(ev["url"])
                 continue
-            warnings.warn(ev["message"])
-            n = apply_events({k: 0.0 for k in COUNTERS} if ev.get("replayed") else self.stats, [ev])
+            warnings.warn(ev["message"], stacklevel=1)
+            n = apply_events(dict.fromkeys(COUNTERS, 0.0) if ev.get("replayed") else self.stats, [ev])
             if ev["kind"] != "corrupt":
                 entry = lost.setdefault(ev["url"], [0.0, set()])
                 entry[0] += n

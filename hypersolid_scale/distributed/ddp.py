@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -25,7 +25,7 @@ class DDPEngine(Engine):
         wrapped: nn.Module = self.model
         if get_world_size() > 1:
             wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
-        self.wrapped = torch.compile(wrapped) if compile else wrapped
+        self.wrapped = cast(nn.Module, torch.compile(wrapped)) if compile else wrapped  # an OptimizedModule
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

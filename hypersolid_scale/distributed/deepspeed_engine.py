@@ -24,7 +24,8 @@ from hypersolid_scale.distributed.process_group import ensure_process_group
 from hypersolid_scale.errors import ConfigError
 
 
-def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float, bf16: bool = False) -> dict[str, Any]:
+def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float,
+                     bf16: bool = False) -> dict[str, Any]:
     """DeepSpeed's JSON config, derived from ours (one source of truth for batch and clipping).
 
     No "bf16" section: DeepSpeed's bf16 mode casts the module's parameters to bf16 but leaves BatchNorm's

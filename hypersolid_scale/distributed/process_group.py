@@ -46,7 +46,8 @@ def world_info_from_env(env: dict[str, str] | None = None) -> WorldInfo:
     # SLURM_NTASKS is set inside any allocation; only trust it under srun, where SLURM_STEP_ID exists too,
     # so that `python train.py` inside an salloc shell stays a single process.
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
-        return WorldInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0")), "slurm")
+        return WorldInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0")),
+                         "slurm")
     return WorldInfo(0, 1, 0, "single")
 
 

@@ -94,8 +94,8 @@ def dbscan_sweep_labels(graph: NeighbourGraph, min_samples: int, eps: list[float
     fa, fb, fw = spanning_forest(n, graph.rows, graph.cols, w)
     nbr_i, nbr_d = graph.knn_idx[:, 1:m + 1], graph.knn_dist[:, 1:m + 1]
     out = []
-    for e in eps:
-        e = np.float32(max(e, EPS_FLOOR))
+    for eps_i in eps:
+        e = np.float32(max(eps_i, EPS_FLOOR))
         core = core_d <= e
         labels = np.full(n, -1, np.int64)
         core_idx = np.flatnonzero(core)

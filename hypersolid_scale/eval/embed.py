@@ -28,7 +28,7 @@ WHICH = ("backbone", "projector")
 
 
 def _encoder(model: nn.Module, which: str) -> Any:
-    net = getattr(model, "module", model)  # unwrap DDP / DeepSpeed engines: no collectives needed here
+    net: Any = getattr(model, "module", model)  # unwrap DDP / DeepSpeed engines: no collectives needed here
     if which == "backbone":
         return net.backbone
     if which == "projector":

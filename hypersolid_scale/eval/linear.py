@@ -58,16 +58,16 @@ def _fit(x: torch.Tensor, y: torch.Tensor, n_cls: int, wd: float, optimizer: str
 
         opt.step(closure)
     elif optimizer == "adam":
-        opt = torch.optim.Adam([w, b], lr=1e-2)  # standardised inputs: a convex problem Adam solves fast at 1e-2
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max_iter)
+        adam = torch.optim.Adam([w, b], lr=1e-2)  # standardised inputs: a convex problem Adam solves fast at 1e-2
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(adam, T_max=max_iter)
         batch = 1024
         for _ in range(max_iter):
             perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
             for start in range(0, x.shape[0], batch):
                 sel = perm[start:start + batch]
-                opt.zero_grad()
+                adam.zero_grad()
                 objective(x[sel], y[sel]).backward()
-                opt.step()
+                adam.step()
             sched.step()
     else:
         raise ValueError(f"optimizer={optimizer!r}; allowed: 'lbfgs', 'adam'")

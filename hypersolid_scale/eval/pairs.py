@@ -124,8 +124,8 @@ def neighbour_graph(feats: torch.Tensor | np.ndarray, *, k: int, radius: float, 
     for rs, cs in _blocks(n, n, symmetric=True):
         s = torch.mm(x[rs], x[cs].T)  # similarities: distances are computed for the selected pairs only
         if cs.start < rs.stop:  # block on the diagonal: keep pairs a < b only
-            a = torch.arange(rs.start, rs.stop, device=s.device)[:, None]
-            s.masked_fill_(torch.arange(cs.start, cs.stop, device=s.device)[None, :] <= a, -float("inf"))
+            ar = torch.arange(rs.start, rs.stop, device=s.device)[:, None]
+            s.masked_fill_(torch.arange(cs.start, cs.stop, device=s.device)[None, :] <= ar, -float("inf"))
         kth_r, kth_c = top_d[rs, -1], top_d[cs, -1]
         update_lists = k > 0
         if not update_lists:
@@ -133,10 +133,10 @@ def neighbour_graph(feats: torch.Tensor | np.ndarray, *, k: int, radius: float, 
         elif np.isinf(kth_r).any() or np.isinf(kth_c).any():
             # Lists not yet full (first row strip only): the block's own k nearest per row and column.
             for dim, offset, other in ((1, rs.start, cs.start), (0, cs.start, rs.start)):
-                v, j = s.topk(min(k, s.shape[dim]), dim=dim, largest=True)
-                v, j = (v, j) if dim == 1 else (v.T, j.T)
-                a = np.repeat(np.arange(v.shape[0]) + offset, v.shape[1])
-                v, b = _distance_of(v).cpu().numpy().ravel(), j.cpu().numpy().ravel() + other
+                sv, sj = s.topk(min(k, s.shape[dim]), dim=dim, largest=True)
+                sv, sj = (sv, sj) if dim == 1 else (sv.T, sj.T)
+                a = np.repeat(np.arange(sv.shape[0]) + offset, sv.shape[1])
+                v, b = _distance_of(sv).cpu().numpy().ravel(), sj.cpu().numpy().ravel() + other
                 fin = np.isfinite(v)
                 _merge(top_d, top_i, a[fin], b[fin], v[fin])
             kth_r = kth_c = np.full(1, -np.inf, np.float32)  # the lists have all of this block already
@@ -145,10 +145,10 @@ def neighbour_graph(feats: torch.Tensor | np.ndarray, *, k: int, radius: float, 
         # similarity test is looser than float32 rounding of 1 - s, the exact tests below decide.
         lim_r = 1.0 - np.broadcast_to(np.maximum(kth_r, radius), (s.shape[0],)).astype(np.float64) - 1e-6
         lim_c = 1.0 - np.broadcast_to(np.maximum(kth_c, radius), (s.shape[1],)).astype(np.float64) - 1e-6
-        lim_r, lim_c = (torch.from_numpy(v.astype(np.float32)).to(s.device) for v in (lim_r, lim_c))
-        r, c = torch.nonzero((s >= lim_r[:, None]) | (s >= lim_c[None, :]), as_tuple=True)
-        v = _distance_of(s[r, c]).cpu().numpy()
-        r, c = r.cpu().numpy() + rs.start, c.cpu().numpy() + cs.start
+        t_r, t_c = (torch.from_numpy(lim.astype(np.float32)).to(s.device) for lim in (lim_r, lim_c))
+        sr, sc = torch.nonzero((s >= t_r[:, None]) | (s >= t_c[None, :]), as_tuple=True)
+        v = _distance_of(s[sr, sc]).cpu().numpy()
+        r, c = sr.cpu().numpy() + rs.start, sc.cpu().numpy() + cs.start
         if update_lists:
             into_r, into_c = v < top_d[r, -1], v < top_d[c, -1]
             _merge(top_d, top_i, r[into_r], c[into_r], v[into_r])
@@ -207,10 +207,10 @@ def component_minima(feats: torch.Tensor | np.ndarray, core: np.ndarray, comp: n
         if cs_[rs.start] == cs_[rs.stop - 1] == cs_[cs.start] == cs_[cs.stop - 1]:
             continue  # one component: no pair between components
         s = torch.mm(x[rs], x[cs].T)
-        s = torch.minimum(torch.minimum(s, top[rs][:, None], out=s), top[cs][None, :], out=s).cpu().numpy()
+        sim = torch.minimum(torch.minimum(s, top[rs][:, None], out=s), top[cs][None, :], out=s).cpu().numpy()
         r0 = np.flatnonzero(np.r_[True, cs_[rs][1:] != cs_[rs][:-1]])
         c0 = np.flatnonzero(np.r_[True, cs_[cs][1:] != cs_[cs][:-1]])
-        m = np.maximum.reduceat(np.maximum.reduceat(s, c0, axis=1), r0, axis=0)
+        m = np.maximum.reduceat(np.maximum.reduceat(sim, c0, axis=1), r0, axis=0)
         ri, ci = cs_[rs][r0], cs_[cs][c0]
         out[np.ix_(ri, ci)] = np.maximum(out[np.ix_(ri, ci)], m)
     out = np.maximum(out, out.T)

@@ -34,7 +34,7 @@ def gpu_available() -> bool:
 
 def flat_ip_index(base: np.ndarray, use_gpu: bool | None = None) -> faiss.Index:
     """Exact inner-product index over ``base`` (n, d), on the GPU when available (or requested)."""
-    index = faiss.IndexFlatIP(base.shape[1])
+    index: faiss.Index = faiss.IndexFlatIP(base.shape[1])
     if use_gpu is None:
         use_gpu = gpu_available()
     if use_gpu:

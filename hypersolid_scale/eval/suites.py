@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -60,7 +60,8 @@ def run_suites(train: Split | None, test: Split | None, ev: EvalConfig, out_dir:
         raise ValueError("the qualitative suite needs the model and the images to render: pass model= and images=")
     if any(s in FEATURE_SUITES for s in suites) and (train is None or test is None):
         raise ValueError(f"the suites {[s for s in suites if s in FEATURE_SUITES]} need the train and test features")
-    (x_tr, y_tr), (x_te, y_te) = train or (None, None), test or (None, None)
+    # None only when no feature suite runs (checked above), so every use below has its tensors.
+    (x_tr, y_tr), (x_te, y_te) = cast(Split, train or (None, None)), cast(Split, test or (None, None))
     metrics: dict[str, Any] = {}
     timings: dict[str, float] = {}
     skips = SkipLog()
@@ -116,7 +117,8 @@ def _qualitative(model: torch.nn.Module, images: Images, ev: EvalConfig, out_dir
     # Imported here: only this opt-in suite needs the renderer and what it pulls in.
     from hypersolid_scale.eval.qualitative import render_qualitative
 
-    steps = {} if ev.qualitative_inversion_steps is None else {"inversion_steps": ev.qualitative_inversion_steps}
+    steps: dict[str, Any] = ({} if ev.qualitative_inversion_steps is None else
+                             {"inversion_steps": ev.qualitative_inversion_steps})
     own = SkipLog()  # the renderer has warned once for each: record them under the suite's name, silently
     try:
         return render_qualitative(model, images.x, images.labels.tolist(), out_dir, mean=images.mean,
@@ -164,7 +166,7 @@ def _cluster(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str,
         report["dbscan"] = sweep
         # dbscan_sweep has already warned once about the radii it left out: record them without a second warning.
         skips.reasons.update({f"dbscan_eps{r['eps']:g}": str(r["skipped"]) for r in sweep if "skipped" in r})
-        best = max((r for r in sweep if r["nmi"] is not None), key=lambda r: r["nmi"], default=None)
+        best = max((r for r in sweep if r["nmi"] is not None), key=lambda r: cast(float, r["nmi"]), default=None)
         if best is not None:
             metrics.update({f"dbscan_best_{k}": v for k, v in best.items() if k != "edges"})
     with timed("hdbscan"), skips.guard("hdbscan"):

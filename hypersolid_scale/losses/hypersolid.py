@@ -26,6 +26,7 @@ transfer.
 from __future__ import annotations
 
 from dataclasses import asdict, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +87,7 @@ class HypersolidLoss(nn.Module):
         *,
         check_finite: bool = True,
         same_rows_per_rank: bool = False,
-        **backend_options,
+        **backend_options: Any,
     ) -> None:
         super().__init__()
         unknown = set(backend_options) - _BACKEND_OPTIONS
@@ -103,7 +104,7 @@ class HypersolidLoss(nn.Module):
         self.stat_names: tuple[str, ...] = BASE_STATS + tuple(self.backend.stat_names)
         self._packed: PackedStats | None = None
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         # nn.Module's lookup (parameters, buffers, submodules) first, then the backend's public attributes.
         try:
             return super().__getattr__(name)
@@ -114,10 +115,10 @@ class HypersolidLoss(nn.Module):
             return getattr(backend, name)
 
     @classmethod
-    def from_config(cls, cfg: LossConfig, **runtime: bool) -> "HypersolidLoss":
+    def from_config(cls, cfg: LossConfig, **runtime: bool) -> HypersolidLoss:
         """``runtime``: check_finite / same_rows_per_rank (how the caller runs it, not hyperparameters)."""
-        values = {f.name: getattr(cfg, f.name) for f in fields(LossConfig)}
-        return cls(**values, **runtime)
+        kwargs: dict[str, Any] = {**{f.name: getattr(cfg, f.name) for f in fields(LossConfig)}, **runtime}
+        return cls(**kwargs)
 
     @property
     def alpha(self) -> float:

@@ -105,7 +105,8 @@ class NeighborRepulsion:
             value, y, st = self._value_and_rows(x_rows.detach(), x_all, layout, alpha)
         return LinearizedRowSum.apply(x_rows, value, y), st
 
-    def _value_and_rows(self, xr: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float):
+    def _value_and_rows(self, xr: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+                        ) -> tuple[torch.Tensor, torch.Tensor, RepulsionStats]:
         dev = xr.device
         st = RepulsionStats.zeros(dev)
         m, n, v = xr.shape[0], x_all.shape[0], layout.views
@@ -213,7 +214,8 @@ class NeighborRepulsion:
         hit.index_fill_(0, rows.nonzero().squeeze(1) // chunk, True)
         return (hit.nonzero().squeeze(1) * chunk).numpy().tolist()
 
-    def _recall(self, xr, x_all, row_ids, layout, alpha, ids, saturated, st: RepulsionStats) -> None:
+    def _recall(self, xr: torch.Tensor, x_all: torch.Tensor, row_ids: torch.Tensor, layout: PairLayout, alpha: float,
+                ids: torch.Tensor, saturated: torch.Tensor, st: RepulsionStats) -> None:
         """Found vs truly active (allowed) pairs on a strided sample of rows, into ``st`` (device tensors).
 
         Positives count as found (they come from the layout), and so do saturated rows (computed exactly).

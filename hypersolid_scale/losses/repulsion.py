@@ -26,6 +26,7 @@ Thresholds are always decided in float32 or better (docs/design.md §2): callers
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -65,7 +66,7 @@ class RepulsionStats:
     recall_measured: torch.Tensor  # 1 on a call that measured recall, else 0
 
     @classmethod
-    def zeros(cls, device: torch.device) -> "RepulsionStats":
+    def zeros(cls, device: torch.device) -> RepulsionStats:
         z = torch.zeros(8, dtype=torch.float64, device=device)
         z.narrow(0, 2, 1).fill_(-1.0)  # max_cos. (``z[2] = -1.0`` would copy a host scalar: a CUDA sync)
         return cls(*z.unbind(0))
@@ -205,12 +206,12 @@ class LinearizedRowSum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, value: torch.Tensor, grad_rows: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, value: torch.Tensor, grad_rows: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(grad_rows)
         return value.to(x.dtype).clone()
 
     @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (grad_rows,) = ctx.saved_tensors
         return grad_out * grad_rows, None, None
 
@@ -236,6 +237,6 @@ def tiled_repulsion(
         x_rows.detach(), row_ids, x_all, layout, alpha, tile, st, first_row=layout.offset, row_counts=counts
     )
     # A search of k + 1 candidates (the row itself included) over n >= k + 2 columns can miss neighbours.
-    if counts is not None and saturation_k + 1 < n:
+    if counts is not None and saturation_k is not None and saturation_k + 1 < n:
         st.saturated_rows = _f64((counts >= saturation_k).sum())
     return LinearizedRowSum.apply(x_rows, value, y), st

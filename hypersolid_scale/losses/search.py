@@ -48,12 +48,13 @@ def topk_inner_product(
             sim = q @ base[c0 : c0 + tile].T  # (rows, D) @ (D, cols) -> (rows, cols)
             s, i = sim.topk(min(k, sim.shape[1]), dim=1)
             i = i + c0
-            if best_s is None:
+            if best_s is None or best_i is None:
                 best_s, best_i = s, i
                 continue
             cat_s, cat_i = torch.cat([best_s, s], dim=1), torch.cat([best_i, i], dim=1)
             best_s, pos = cat_s.topk(min(k, cat_s.shape[1]), dim=1)
             best_i = cat_i.gather(1, pos)
+        assert best_s is not None and best_i is not None  # n >= 1 column
         scores[r0 : r0 + tile], ids[r0 : r0 + tile] = best_s, best_i
     return scores, ids
 
@@ -74,11 +75,14 @@ def faiss_gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
+_GPU_RESOURCES: list[Any] = []  # FAISS GPU resources, made once per process
+
+
 def _gpu_resources() -> Any:
     """FAISS GPU resources, one per process (cached)."""
-    if not hasattr(_gpu_resources, "res"):
-        _gpu_resources.res = _faiss().StandardGpuResources()
-    return _gpu_resources.res
+    if not _GPU_RESOURCES:
+        _GPU_RESOURCES.append(_faiss().StandardGpuResources())
+    return _GPU_RESOURCES[0]
 
 
 def ivf_lists(n: int) -> int:
@@ -118,7 +122,7 @@ def faiss_gpu_ivf_search(
     Shape: xq (m, D), xb (n, D) float32 CUDA tensors. Returns (scores, ids), (m, k); ids == -1: not found.
     """
     faiss = _faiss()
-    import faiss.contrib.torch_utils  # noqa: F401, F811  (lets FAISS indexes take torch tensors, on torch's stream)
+    import faiss.contrib.torch_utils  # noqa: F811  (lets FAISS indexes take torch tensors, on torch's stream)
 
     n, d = xb.shape
     nlist = ivf_lists(n)

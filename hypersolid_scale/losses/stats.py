@@ -13,8 +13,8 @@ and read one step later, once the GPU has long finished producing it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ class PackedStats:
         """Python floats: ONE device-to-host transfer (a synchronisation on CUDA)."""
         return dict(zip(self.names, self.values.tolist()))
 
-    def extend(self, extra: Mapping[str, torch.Tensor | float]) -> "PackedStats":
+    def extend(self, extra: Mapping[str, torch.Tensor | float]) -> PackedStats:
         """A new PackedStats with ``extra`` appended; Python floats become device scalars without a copy."""
         dev = self.values.device
         tail = [
@@ -94,6 +94,7 @@ class HostValue:
                 self._buf = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
                 self._event = torch.cuda.Event()
             self._buf.copy_(value, non_blocking=True)
+            assert self._event is not None  # made with the buffer
             self._event.record()
         else:
             self._buf, self._event = value.clone(), None

@@ -115,15 +115,19 @@ class SwaV(Method):
             for p in self.prototypes.parameters():
                 p.grad = None
 
+    def _banks(self) -> list[Any]:
+        """The queues (lightly's memory banks; its modules carry no types)."""
+        return list(self.queues)
+
     def get_extra_state(self) -> dict[str, Any]:
         return {**super().get_extra_state(),
-                "queues": [(q.bank.clone(), q.bank_ptr.clone()) for q in self.queues]}
+                "queues": [(q.bank.clone(), q.bank_ptr.clone()) for q in self._banks()]}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         super().set_extra_state(state)
         if len(state["queues"]) != len(self.queues):
             raise ValueError(f"the state holds {len(state['queues'])} SwaV queues, this model {len(self.queues)}")
-        for q, (bank, ptr) in zip(self.queues, state["queues"]):
+        for q, (bank, ptr) in zip(self._banks(), state["queues"]):
             if bank.shape != q.bank.shape:
                 raise ValueError(f"SwaV queue of shape {tuple(bank.shape)} in the state, {tuple(q.bank.shape)} "
                                  "here: resume with the same method.swav.queue_length and world size")

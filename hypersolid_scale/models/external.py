@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -97,7 +97,7 @@ def _timm(name: str) -> tuple[nn.Module, int]:
         net = timm.create_model(name, dynamic_img_size=True, dynamic_img_pad=True, **kw)
     except TypeError:  # models without a fixed input size take no such arguments
         net = timm.create_model(name, **kw)
-    return net, int(net.num_features)
+    return net, int(cast(int, net.num_features))
 
 
 def build_external(source: str, name: str, model_cfg: ModelConfig | None = None) -> tuple[nn.Module, int, int]:
@@ -146,7 +146,7 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
                               ".pt/.pth file")
     try:
         obj: Any = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError... for foreign files
+    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError... for foreign files
         raise CheckpointError(f"weights file {str(path)!r} cannot be read: {_why_unreadable(path, err)}") from None
     for _ in range(3):  # e.g. {"model": {"state_dict": ...}}
         if not isinstance(obj, Mapping):
@@ -264,7 +264,8 @@ def _guess_arch(tensors: Mapping[str, torch.Tensor]) -> str | None:
     if all(depth):
         bottleneck = any(re.search(r"\.conv3\.weight$", n) for n in names)
         arch = {(2, 2, 2, 2, False): "resnet18", (3, 4, 6, 3, False): "resnet34", (3, 4, 6, 3, True): "resnet50",
-                (3, 4, 23, 3, True): "resnet101", (3, 8, 36, 3, True): "resnet152"}.get((*depth, bottleneck))
+                (3, 4, 23, 3, True): "resnet101", (3, 8, 36, 3, True): "resnet152"}.get(
+            (depth[0], depth[1], depth[2], depth[3], bottleneck))
         stem = next((v for k, v in zip(names, tensors.values()) if k == "conv1.weight"), None)
         if (arch and stem is not None and stem.shape[-1] == 3 and arch in backbone_names()
                 and get_backbone(arch).small_stem):

@@ -67,7 +67,7 @@ class HypersolidModel(nn.Module):
     def __init__(self, backbone: nn.Module, feature_dim: int, projector: Projector) -> None:
         super().__init__()
         self.backbone = backbone
-        self.projector = projector
+        self.projector: nn.Module = projector  # NoProjector in a baseline's evaluation model
         self.feature_dim = feature_dim
         self.proj_dim = projector.out_dim
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hypersolid_scale.errors import run_cli
 from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock

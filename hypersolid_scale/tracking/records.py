@@ -10,7 +10,8 @@ import operator
 import posixpath
 import re
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # MLflow's own limits (mlflow.utils.validation); values beyond them are refused by the store.
 MAX_PARAM_VALUE_LENGTH = 6000

@@ -220,7 +220,7 @@ class LoggedSteps:
         self._max = {key: s[-1] for key, s in steps.items() if len(s)}
 
     @classmethod
-    def scan(cls, path: Path) -> "LoggedSteps":
+    def scan(cls, path: Path) -> LoggedSteps:
         steps: dict[str, array] = {}
         try:
             f = open(path, "rb")

@@ -7,8 +7,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.nested import flatten
@@ -17,8 +18,16 @@ from hypersolid_scale.tracking.config import TrackingConfig, validate_config
 from hypersolid_scale.tracking.metadata import default_run_name, git_commit
 from hypersolid_scale.tracking.outbox import Outbox
 from hypersolid_scale.tracking.records import (
-    BATCH_LIMITS, MAX_PARAM_VALUE_LENGTH, MAX_TAG_VALUE_LENGTH, TERMINAL_STATUSES, check_key, check_metrics,
-    check_step, chunks, now_ms, truncate,
+    BATCH_LIMITS,
+    MAX_PARAM_VALUE_LENGTH,
+    MAX_TAG_VALUE_LENGTH,
+    TERMINAL_STATUSES,
+    check_key,
+    check_metrics,
+    check_step,
+    chunks,
+    now_ms,
+    truncate,
 )
 from hypersolid_scale.tracking.recovery import close_abandoned_runs
 from hypersolid_scale.tracking.spool import LoggedSteps, Spool, read_header, spool_path
@@ -48,6 +57,8 @@ class MlflowTracker(Tracker):
     anything is written to the run directory. Resuming a run does not: its id is known, so records wait
     in the spool until the server is back.
     """
+
+    tracking_uri: str  # always set here
 
     def __init__(self, cfg: TrackingConfig, run_dir: Path, resume_run_id: str | None,
                  tags: Mapping[str, Any] | None, *, attach: bool = False):
@@ -100,7 +111,7 @@ class MlflowTracker(Tracker):
             if experiment is None:
                 try:
                     experiment_id = self._client.create_experiment(cfg.experiment, artifact_location=artifact_root)
-                except Exception as err:  # noqa: BLE001 - another process created it first
+                except Exception as err:  # another process created it first
                     if getattr(err, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
                         raise
                     experiment_id = self._client.get_experiment_by_name(cfg.experiment).experiment_id

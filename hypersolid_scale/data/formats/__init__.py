@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.common import find_manifest
 from hypersolid_scale.errors import ConfigError
@@ -46,7 +46,7 @@ class Format:
         """(image (C, H, W) float normalised, int label) items of `split` ("train" or "test")."""
         raise NotImplementedError
 
-    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+    def num_classes(self, cfg: DataConfig) -> int | None:
         """The number of classes, or None when the data does not tell."""
         raise NotImplementedError
 
@@ -65,7 +65,7 @@ class FileFormat(Format):
     def _exists(self, p: Path) -> bool:
         return p.is_file() if self.layout_is_file else p.is_dir()
 
-    def in_root(self, path: str, split: str) -> Optional[str]:
+    def in_root(self, path: str, split: str) -> str | None:
         """`split` inside a conversion output root at `path`, or None when `path` holds no such split."""
         for layout in self.layouts:
             cand = Path(path) / layout.format(split=split)
@@ -77,7 +77,7 @@ class FileFormat(Format):
         """`split` of a conversion output root, else `path` itself (data.path is the split)."""
         return self.in_root(path, split) or path
 
-    def sibling(self, path: str, split: str) -> Optional[str]:
+    def sibling(self, path: str, split: str) -> str | None:
         """`split` next to the split at `path` (`<root>/train` -> `<root>/test`), if it exists."""
         p = Path(path)
         cand = p.parent / self.layouts[-1].format(split=split)
@@ -112,10 +112,10 @@ class FileFormat(Format):
     def eval_dataset(self, cfg: DataConfig, preset: MultiCropPreset, split: str) -> Dataset:
         return self.open_eval(cfg, preset, self.eval_train_path(cfg) if split == "train" else self.test_path(cfg))
 
-    def manifest(self, cfg: DataConfig) -> Optional[dict]:
+    def manifest(self, cfg: DataConfig) -> dict | None:
         return find_manifest(cfg.path)
 
-    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+    def num_classes(self, cfg: DataConfig) -> int | None:
         manifest = self.manifest(cfg)
         return int(manifest["num_classes"]) if manifest is not None and "num_classes" in manifest else None
 

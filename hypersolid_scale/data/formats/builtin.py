@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.builtin import load_builtin
 from hypersolid_scale.data.formats import Format, register
@@ -40,7 +40,7 @@ class BuiltinFormat(Format):
 
         return ArrayEvalDataset(load_builtin(cfg.builtin_name(), split, cfg.path), preset)
 
-    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+    def num_classes(self, cfg: DataConfig) -> int | None:
         return 10  # both builtin datasets have ten classes
 
 

@@ -3,8 +3,9 @@ multi-crop in DataLoader workers. data.path: the folder, or a conversion output 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.formats import FileFormat, register
 from hypersolid_scale.errors import DataError
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from hypersolid_scale.data.presets import MultiCropPreset
 
 
-def image_folder(root: str, mode: str, transform: Optional[Callable]) -> Dataset:
+def image_folder(root: str, mode: str, transform: Callable | None) -> Dataset:
     """(transform(image), class index) of root/<class>/<image>, images converted to `mode`."""
     from PIL import Image
     from torchvision.datasets import ImageFolder
@@ -47,7 +48,7 @@ class ImageFolderFormat(FileFormat):
 
         return image_folder(path, pil_mode(preset), build_eval_transform(preset))
 
-    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+    def num_classes(self, cfg: DataConfig) -> int | None:
         found = super().num_classes(cfg)
         if found is not None or not cfg.path:
             return found

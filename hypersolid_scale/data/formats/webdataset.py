@@ -3,7 +3,7 @@ multi-crop in DataLoader workers; evaluation reads the shards at random (data/sh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.formats import FileFormat, register
 
@@ -37,7 +37,7 @@ class WebDatasetFormat(FileFormat):
         return ShardIndexDataset(path, mode=pil_mode(preset), transform=build_eval_transform(preset),
                                  manifest=cfg.manifest, verify=cfg.verify_shards)
 
-    def manifest(self, cfg: DataConfig) -> Optional[dict]:
+    def manifest(self, cfg: DataConfig) -> dict | None:
         if cfg.manifest:  # remote shards: the manifest named by data.manifest
             from hypersolid_scale.data.shards import Manifest
 

@@ -82,7 +82,7 @@ def _minmax(x: np.ndarray) -> np.ndarray:
 def _render(name: str, model: nn.Module, images: torch.Tensor, shown: np.ndarray, out: Path,
             row_labels: list[str] | None, seed: int, inversion_steps: int, inversion_size: int | None) -> Path:
     inputs = [Panel(img) for img in shown]
-    size = tuple(images.shape[-2:])
+    size = (images.shape[-2], images.shape[-1])
     if name == "hypercolumns":
         rgb = hypercolumn_pca(model, images).cpu().numpy()
         joint = hypercolumn_pca(model, images, joint=True).cpu().numpy()

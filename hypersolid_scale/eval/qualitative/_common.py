@@ -6,7 +6,7 @@ evaluation measures (kNN, linear probe, clustering); the projector only serves t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -63,7 +63,7 @@ def capture_outputs(modules: list[tuple[str, nn.Module]]) -> Iterator[dict[str, 
     """``{name: output}`` of each module's latest forward call inside the block (forward hooks)."""
     seen: dict[str, torch.Tensor] = {}
 
-    def hook_for(name: str):  # noqa: ANN202 - torch's hook signature
+    def hook_for(name: str) -> Callable[[nn.Module, object, torch.Tensor], None]:  # torch's hook signature
         def hook(_module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
             seen[name] = output
         return hook
@@ -127,7 +127,7 @@ def pca_rgb(features: torch.Tensor, groups: int = 1) -> torch.Tensor:
     return scaled.reshape(-1, 3).to(torch.float32)
 
 
-def to_display(images: torch.Tensor, mean: tuple[float, ...] | None, std: tuple[float, ...] | None) -> np.ndarray:
+def to_display(images: torch.Tensor, mean: Sequence[float] | None, std: Sequence[float] | None) -> np.ndarray:
     """Normalised (N, C, H, W) images -> (N, H, W, C) floats in [0, 1] for plotting.
 
     With the dataset's ``mean``/``std`` the normalisation is undone and the result clipped to [0, 1]; without

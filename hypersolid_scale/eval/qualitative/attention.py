@@ -13,6 +13,7 @@ Other backbones have no attention: ``NotApplicable``, which the evaluation recor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,7 @@ def vit_attention(model: nn.Module, images: torch.Tensor) -> AttentionMaps:
     if h % p or w % p:
         raise ValueError(f"image size {h}x{w} is not a multiple of the ViT patch size {p}; resize the images")
     grid = (h // p, w // p)
-    vit = net.vit
+    vit: Any = net.vit  # timm's VisionTransformer
     attn = vit.blocks[-1].attn
     seen: dict[str, torch.Tensor] = {}
     handle = attn.register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0]))

@@ -4,7 +4,7 @@ like the report's other figures (``eval.plots``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +40,7 @@ def _show(ax: plt.Axes, panel: Panel) -> None:
     ax.imshow(panel.heat, cmap="jet", vmin=0.0, vmax=1.0, interpolation="nearest", alpha=0.5)
 
 
-def save_grid(columns: dict[str, Sequence[Panel]], path: str | Path, row_labels: Sequence[str] | None = None,
+def save_grid(columns: Mapping[str, Sequence[Panel]], path: str | Path, row_labels: Sequence[str] | None = None,
               title: str = "") -> Path:
     """Write a grid with one column per ``columns`` entry (its key is the column title) to ``path``."""
     titles = list(columns)
