@@ -31,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -145,12 +146,8 @@ def _exact_row(x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfi
     out["graph"] = {"requested_radius": radius, "radius": graph.radius, "pairs": int(graph.dist.size), "k": k}
     labels: dict[str, np.ndarray] = {}
     for name, eps in grids.items():
-
-        def sweep_of(eps: Sequence[float] = eps) -> list[dict[str, Any]]:
-            return clustering.dbscan_sweep(x, y, eps=eps, min_samples=ev.dbscan_min_samples,
-                                           max_edges=ev.dbscan_max_edges, graph=graph)
-
-        sweep, stages[name] = measure(sweep_of)
+        sweep, stages[name] = measure(partial(clustering.dbscan_sweep, x, y, eps=eps, min_samples=ev.dbscan_min_samples,
+                                              max_edges=ev.dbscan_max_edges, graph=graph))
         done = [r for r in sweep if r["nmi"] is not None]
         best = max(done, key=lambda r: r["nmi"])
         out[name] = {"n_eps": len(sweep), "n_run": len(done), **{f"best_{key}": best[key] for key in

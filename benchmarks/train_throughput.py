@@ -8,7 +8,7 @@ Setups (from configs/): ``cifar`` = ResNet-18 with the small stem, cifar10 prese
 in device memory with the project's TensorMultiCrop (crop + flip + BatchPhotometric on the device), then:
 
 * ``trainer``: the trainer's own ``build(cfg, info, device)`` and ``train_step(run, views, step)``
-  (hypersolid_scale/train.py; only its data loader is replaced by the in-memory source);
+  (hypersolid_scale/training/trainer.py; only its data loader is replaced by the in-memory source);
 * ``reference``: the same model from ``build_model``, the paper's loss written out plainly below, AdamW,
   bf16 autocast, nothing else;
 * ``deepspeed``: the trainer with dist.engine=deepspeed, ZeRO-2, world size 1 (where deepspeed imports).
@@ -35,13 +35,12 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hypersolid_scale import run_builder  # noqa: E402
-from hypersolid_scale import train as trainer  # noqa: E402
-from hypersolid_scale.config import load_config  # noqa: E402
+from hypersolid_scale.config.schema import load_config  # noqa: E402
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop  # noqa: E402
 from hypersolid_scale.distributed import WorldInfo, cleanup  # noqa: E402
 from hypersolid_scale.models import build_model  # noqa: E402
+from hypersolid_scale.training import run_builder, trainer  # noqa: E402
 
 SETUPS = {"cifar": ("configs/cifar10.yaml", 32), "imagenet": ("configs/imagenet1k.yaml", 256)}
 VARIANTS = ("reference", "trainer", "reference+compile", "trainer+compile", "deepspeed")

@@ -68,7 +68,7 @@ import torch
 import torchvision
 
 import hypersolid_scale
-from hypersolid_scale.config import load_config
+from hypersolid_scale.config.schema import load_config
 
 want = sys.argv[1]
 assert torch.__version__.split("+")[0] == want, f"torch {torch.__version__} installed, {want} expected"

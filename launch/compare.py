@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from hypersolid_scale.compare.app import main  # noqa: E402
-from hypersolid_scale.errors import run_cli  # noqa: E402
+from hypersolid_scale.safety.errors import run_cli  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_cli(lambda argv: main(argv, REPO), sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""Hypersolid pre-training entry point (thin: everything lives in hypersolid_scale.train).
+"""Hypersolid pre-training entry point (thin: everything lives in hypersolid_scale.training.trainer).
 
     torchrun --nproc_per_node=2 launch/train.py --config configs/quickstart.yaml optim.lr=3e-4
     srun python launch/train.py --config configs/cifar100.yaml      # one task per GPU
@@ -29,19 +29,19 @@ for _sig in (signal.SIGUSR1, signal.SIGTERM):
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hypersolid_scale.lifeline import EXIT_ORPHANED, die_with_parent  # noqa: E402  (stdlib only: fast)
+from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent  # noqa: E402  (stdlib only: fast)
 
 # Under torchrun / srun, the launcher's death kills the worker outright while it starts: there is nothing
 # to checkpoint yet, and the rendezvous would wait for a launcher that is gone (torchrun hosts its store) for
 # dist.timeout_minutes, inside C++ where no Python signal handler runs. Once the process group is up, the
-# trainer asks for SIGTERM instead (one step, checkpoint, exit 75: hypersolid_scale.train). A launcher that
+# trainer asks for SIGTERM instead (one step, checkpoint, exit 75: hypersolid_scale.training.trainer). A launcher that
 # died before this line leaves nothing to checkpoint for, so the worker just leaves.
 if not die_with_parent(signal.SIGKILL, parent=_PARENT):
     print("error: the launcher (torchrun / srun) exited before this worker started; exiting", file=sys.stderr)
     sys.exit(EXIT_ORPHANED)
 
-from hypersolid_scale import train  # noqa: E402
-from hypersolid_scale.errors import run_cli  # noqa: E402
+from hypersolid_scale.safety.errors import run_cli  # noqa: E402
+from hypersolid_scale.training import trainer as train  # noqa: E402
 
 _run_dir: list[Path] = []  # known once the config is valid
 

@@ -52,8 +52,8 @@ def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world:
                  resume_at: int | None = None) -> dict[str, torch.Tensor]:
     """Final parameters after STEPS steps; ``resume_at=k`` rebuilds the engine after k steps from its state."""
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.optim import build_optimizer
     from hypersolid_scale.losses import HypersolidLoss
+    from hypersolid_scale.training.optim import build_optimizer
 
     def make(state: dict | None = None):
         torch.manual_seed(0)
@@ -118,7 +118,7 @@ def worker(out_dir: str, specs: list[str]) -> None:
 
 
 def _sgd(lr: float):
-    from hypersolid_scale.optim import build_optimizer
+    from hypersolid_scale.training.optim import build_optimizer
 
     return lambda p: build_optimizer("sgd", p, lr=lr, weight_decay=0.0, momentum=0.0, betas=(0.9, 0.999))
 

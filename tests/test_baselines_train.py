@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
-from hypersolid_scale.config import fingerprint, load_config, to_dict
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.config.schema import fingerprint, load_config, to_dict
 from hypersolid_scale.methods import method_names
-from hypersolid_scale.train import main
+from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.training.trainer import main
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()

@@ -134,7 +134,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
     # The engine converts under auto and true with 2 CPU ranks, and leaves nn.BatchNorm under false.
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.optim import build_optimizer
+    from hypersolid_scale.training.optim import build_optimizer
 
     engines = {}
     for setting in ("auto", "true", "false"):
@@ -358,7 +358,7 @@ def test_cuda_global_and_sync_batchnorm_equal_one_process(tmp_path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_engine_uses_sync_batchnorm_and_returns_a_device_grad_norm() -> None:
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.optim import build_optimizer
+    from hypersolid_scale.training.optim import build_optimizer
 
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     engine = build_engine(model, lambda p: build_optimizer("sgd", p, lr=0.1, weight_decay=0.0, momentum=0.0,

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
-from hypersolid_scale.config import fingerprint, load_config, to_dict
-from hypersolid_scale.errors import CheckpointError
+from hypersolid_scale.config.schema import fingerprint, load_config, to_dict
 from hypersolid_scale.models import build_model
+from hypersolid_scale.safety.errors import CheckpointError
 
 OVERRIDES = ["model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=1", "model.proj_dim=8"]
 

@@ -16,9 +16,9 @@ import pytest
 
 from hypersolid_scale.compare import figures, table
 from hypersolid_scale.compare.plan import Training, check_budget, config_path, parse_methods, plan
-from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.methods import method_names
-from hypersolid_scale.run_lock import acquire_run_lock
+from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.safety.run_lock import acquire_run_lock
 from _eval_helpers import one_error_line
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,15 +17,15 @@ import pytest
 import torch
 import yaml
 
-from hypersolid_scale.config import Config, load_config, to_dict
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.config.nested import flatten
+from hypersolid_scale.config.schema import Config, load_config, to_dict
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.methods import Method, count_global_views, method_names
 from hypersolid_scale.methods.dino import DINO
 from hypersolid_scale.methods.swav import SwaV
-from hypersolid_scale.nested import flatten
-from hypersolid_scale.optim import optimizer_factory
-from hypersolid_scale.run_builder import _method_model, _trainable_only
+from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.training.optim import optimizer_factory
+from hypersolid_scale.training.run_builder import _method_model, _trainable_only
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 METHODS = method_names()

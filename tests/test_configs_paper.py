@@ -10,9 +10,10 @@ import pytest
 import torch
 import yaml
 
-from hypersolid_scale.config import Config, load_config, load_sweep
-from hypersolid_scale.nested import flatten
-from hypersolid_scale.optim import optimizer_factory
+from hypersolid_scale.config.nested import flatten
+from hypersolid_scale.config.schema import Config, load_config
+from hypersolid_scale.config.sweep import load_sweep
+from hypersolid_scale.training.optim import optimizer_factory
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SWEEPS = sorted((CONFIGS / "sweeps").glob("*.yaml"))

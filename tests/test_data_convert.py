@@ -262,7 +262,7 @@ def noise_folder(root: Path, sides: dict[str, int]) -> Path:
 
 
 def test_a_split_without_any_good_image_is_an_error_that_leaves_no_output(tmp_path) -> None:
-    from hypersolid_scale.errors import DataError
+    from hypersolid_scale.safety.errors import DataError
 
     src = noise_folder(tmp_path / "big", {"a": 40, "b": 48, "c": 40})
     out = tmp_path / "out"
@@ -287,7 +287,7 @@ def test_a_split_without_any_good_image_is_an_error_that_leaves_no_output(tmp_pa
 
 
 def test_a_later_split_without_good_images_keeps_the_earlier_shards_for_resume(tmp_path) -> None:
-    from hypersolid_scale.errors import DataError
+    from hypersolid_scale.safety.errors import DataError
 
     noise_folder(tmp_path / "src" / "train", {"a": 16, "b": 16, "c": 16})
     noise_folder(tmp_path / "src" / "test", {"a": 40, "b": 40})
@@ -304,7 +304,7 @@ def test_a_later_split_without_good_images_keeps_the_earlier_shards_for_resume(t
 # ----------------------------------------------------------------------------- FFCV page size --
 def test_ffcv_page_size_holds_the_largest_raw_image() -> None:
     from hypersolid_scale.data.ffcv_writer import MAX_PAGE, page_size_for
-    from hypersolid_scale.errors import DataError
+    from hypersolid_scale.safety.errors import DataError
 
     for h, w in [(32, 32), (512, 512), (513, 513), (1673, 1673), (2400, 2400), (8192, 8192), (6000, 8000)]:
         floor = 1 << 21 if h * w <= 512 * 512 else 1 << 23

@@ -178,7 +178,7 @@ def test_raw_images_larger_than_a_default_page_are_written_whole(tmp_path) -> No
 @pytest.mark.timeout(300)  # the old writer waited forever here
 def test_a_failing_writer_worker_stops_the_write_with_its_error(tmp_path) -> None:
     from hypersolid_scale.data.ffcv_writer import write_beton
-    from hypersolid_scale.errors import DataError
+    from hypersolid_scale.safety.errors import DataError
 
     def load(i: int) -> np.ndarray:
         if i == 150:  # a file that changed or vanished after the conversion pass checked it

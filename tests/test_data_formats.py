@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from hypersolid_scale.config import load_config
+from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import (DataConfig, build_eval_datasets, build_train_loader, formats, in_channels,
                                    num_classes, resolve_preset)
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 CPU = torch.device("cpu")
 

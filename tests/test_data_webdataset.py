@@ -22,7 +22,7 @@ from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_l
 from hypersolid_scale.data.presets import PRESETS
 from hypersolid_scale.data.shards import shard_key, split_urls
 from hypersolid_scale.data.webdataset import ShardIndexDataset, WebDatasetLoader
-from hypersolid_scale.errors import DataError
+from hypersolid_scale.safety.errors import DataError
 
 CPU = torch.device("cpu")
 PRESET = PRESETS["fashion_mnist"].__class__(**{**PRESETS["fashion_mnist"].__dict__, "num_local_views": 1})

@@ -12,7 +12,7 @@ import torch
 
 from hypersolid_scale.distributed import (deepspeed_config, ensure_process_group, first_host, has_process_group,
                                           resolve_transport, world_info_from_env)
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "_trainer_helpers.py"
@@ -94,7 +94,7 @@ def test_ddp_engine_load_model_state() -> None:
     from _trainer_helpers import TinyNet
 
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.optim import build_optimizer
+    from hypersolid_scale.training.optim import build_optimizer
 
     engine = build_engine(TinyNet(), lambda p: build_optimizer("sgd", p, lr=1e-6, weight_decay=0.0, momentum=0.0,
                                                                betas=(0.9, 0.999)),
@@ -106,7 +106,7 @@ def test_ddp_engine_load_model_state() -> None:
 
 def _sgd_engine(model: torch.nn.Module, **kwargs):
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.optim import build_optimizer
+    from hypersolid_scale.training.optim import build_optimizer
 
     return build_engine(model, lambda p: build_optimizer("sgd", p, lr=0.1, weight_decay=0.0, momentum=0.0,
                                                          betas=(0.9, 0.999)),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hypersolid_scale.errors import DataError, run_cli
+from hypersolid_scale.safety.errors import DataError, run_cli
 
 
 def _fail(err: BaseException):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from hypersolid_scale.config import load_config
+from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.models import build_model
 from _eval_helpers import TINY_MODEL, make_checkpoint, one_error_line, run_launch_eval
 

@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from hypersolid_scale.config import load_config
+from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets
-from hypersolid_scale.errors import CheckpointError, ConfigError
+from hypersolid_scale.eval.app import main
 from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
-from hypersolid_scale.evaluate import main
 from hypersolid_scale.models import build_model
+from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
 from _net import free_port
 

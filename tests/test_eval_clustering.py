@@ -15,9 +15,9 @@ from sklearn.metrics import adjusted_rand_score
 from hypersolid_scale.eval import clustering as C
 from hypersolid_scale.eval import pairs
 from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.eval.cosine_search import as_unit_float32
 from hypersolid_scale.eval.density import dbscan_sweep_labels, hdbscan_labels, reachability_tree
 from hypersolid_scale.eval.pairs import knn_distance_sample, neighbour_graph
-from hypersolid_scale.eval.search import as_unit_float32
 from hypersolid_scale.eval.suites import run_suites
 
 

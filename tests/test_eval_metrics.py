@@ -19,10 +19,10 @@ from hypersolid_scale.eval import geometry as G
 from hypersolid_scale.eval.clustering import (cluster_scores, cosine_radius_graph, dbscan_from_graph, dbscan_sweep,
                                               hdbscan_cluster, kmeans)
 from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.eval.cosine_search import as_unit_float32
 from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
 from hypersolid_scale.eval.linear import linear_probe
 from hypersolid_scale.eval.neighborhood import interpolation_profile
-from hypersolid_scale.eval.search import as_unit_float32
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog, SkippedWarning
 from hypersolid_scale.eval.suites import nothing_evaluated, run_suites
 

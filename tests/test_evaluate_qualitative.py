@@ -14,13 +14,13 @@ import pytest
 import torch
 from PIL import Image
 
-from hypersolid_scale.config import load_config
+from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets, resolve_preset
+from hypersolid_scale.eval.app import main
 from hypersolid_scale.eval.clustering import subsample
 from hypersolid_scale.eval.config import FEATURE_SUITES, SUITES, EvalConfig
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog
 from hypersolid_scale.eval.suites import run_suites
-from hypersolid_scale.evaluate import main
 from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
 
 RENDERER = "hypersolid_scale.eval.qualitative"

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-import hypersolid_scale.train as train_mod
-from hypersolid_scale.config import load_config
+import hypersolid_scale.training.trainer as train_mod
+from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.distributed import WorldInfo, all_reduce_packed
 from hypersolid_scale.losses import HypersolidLoss, PackedStats
 from hypersolid_scale.losses.stats import HostValue, pack
-from hypersolid_scale.step_monitor import EpochMeter, NonFiniteGuard, NonFiniteLossError, StopVote
+from hypersolid_scale.training.step_bookkeeping import EpochMeter, NonFiniteGuard, NonFiniteLossError, StopVote
 from loss_reference import make_feats
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,14 +17,14 @@ import torch
 from torch import nn
 
 from hypersolid_scale import methods
-from hypersolid_scale.config import from_dict, load_config, to_dict
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.config.schema import from_dict, load_config, to_dict
 from hypersolid_scale.methods import Method, build_method, get_method, method_names, register
 from hypersolid_scale.methods.base import encode
 from hypersolid_scale.methods.config import move_loss_section
 from hypersolid_scale.methods.registry import unregister
 from hypersolid_scale.models import ModelConfig, build_backbone
-from hypersolid_scale.run_builder import MethodModel
+from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.training.run_builder import MethodModel
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from lightly.utils.scheduler import cosine_schedule
 
-from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.losses import HypersolidLoss, LossConfig
 from hypersolid_scale.methods import MethodConfig, build_method, count_global_views, method_names
 from hypersolid_scale.methods.barlowtwins import BarlowTwinsConfig
@@ -18,6 +17,7 @@ from hypersolid_scale.methods.simclr import SimCLRConfig
 from hypersolid_scale.methods.swav import SwaVConfig
 from hypersolid_scale.methods.vicreg import VICRegConfig
 from hypersolid_scale.models import HypersolidModel, ModelConfig, build_backbone
+from hypersolid_scale.safety.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # lightly's DINO head
 

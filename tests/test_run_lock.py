@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hypersolid_scale import checkpoint as ck
-from hypersolid_scale.errors import UserError
-from hypersolid_scale.run_lock import RunDirLocked, RunDirNotADirectory, acquire_run_lock, holds_lock, lock_path
+from hypersolid_scale.safety.errors import UserError
+from hypersolid_scale.safety.run_lock import RunDirLocked, RunDirNotADirectory, acquire_run_lock, holds_lock, lock_path
 from test_train import _finish, _wait_for  # the trainer tests' subprocess helpers
 from _net import free_port
 
@@ -29,7 +29,7 @@ TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4",
 
 _HOLDER = """
 import sys, time
-from hypersolid_scale.run_lock import acquire_run_lock
+from hypersolid_scale.safety.run_lock import acquire_run_lock
 acquire_run_lock(sys.argv[1])
 print("locked", flush=True)
 time.sleep(600)
@@ -101,7 +101,7 @@ def test_stale_tmp_is_deleted_only_without_a_live_holder(tmp_path: Path) -> None
 
 _FORKING_HOLDER = """
 import os, sys, time
-from hypersolid_scale.run_lock import acquire_run_lock
+from hypersolid_scale.safety.run_lock import acquire_run_lock
 acquire_run_lock(sys.argv[1])
 child = os.fork()
 if child == 0:  # like a DataLoader worker: outlives a SIGKILLed trainer for a while
@@ -211,7 +211,7 @@ def test_every_rank_exits_2_on_a_locked_run_dir(tmp_path: Path) -> None:
 
 _LIFELINE = """
 import os, sys
-from hypersolid_scale.lifeline import die_with_parent
+from hypersolid_scale.safety.lifeline import die_with_parent
 print(die_with_parent(parent=os.getppid()), die_with_parent(parent=int(sys.argv[1])))
 """
 

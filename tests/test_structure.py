@@ -18,16 +18,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "hypersolid_scale"
 
-# Low -> high. Names are the package's top-level modules and subpackages.
+# Low -> high. Names are the package's top-level modules and subpackages, or a dotted module inside a
+# package where that module sits in another layer than its package (the longest name that matches counts).
 LAYERS: list[set[str]] = [
-    {"errors", "nested", "lifeline", "run_lock"},
-    {"distributed", "optim"},
+    {"safety", "config.nested"},
+    {"distributed", "training.optim"},
     {"models", "losses", "data", "methods"},
     {"eval", "tracking"},
     {"config"},
     {"checkpoint"},
-    {"step_monitor", "train", "preemption", "monitor", "run_builder"},
-    {"evaluate"},
+    {"training"},
+    {"eval.app"},
     {"compare"},
 ]
 MAX_LINES = 400
@@ -38,11 +39,20 @@ def _component(path: Path) -> str:
     return rel.parts[0].removesuffix(".py")
 
 
-def _layer(component: str) -> int:
-    for i, names in enumerate(LAYERS):
-        if component in names:
-            return i
-    raise AssertionError(f"hypersolid_scale.{component} is in no layer: add it to LAYERS in {__file__} "
+def _module(path: Path) -> str:
+    """training/optim.py -> "training.optim"; a package's __init__.py is the package."""
+    parts = list(path.relative_to(PKG).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _layer(module: str) -> int:
+    """The layer of the longest LAYERS name that is ``module`` or a package holding it."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        for i, names in enumerate(LAYERS):
+            if ".".join(parts[:n]) in names:
+                return i
+    raise AssertionError(f"hypersolid_scale.{module} is in no layer: add it to LAYERS in {__file__} "
                          "and to docs/design.md's layer map")
 
 
@@ -54,9 +64,13 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append((node.lineno, node.module))
-            if node.module == "hypersolid_scale":  # from hypersolid_scale import checkpoint
-                out += [(node.lineno, f"hypersolid_scale.{a.name}") for a in node.names]
+            # from hypersolid_scale.training import optim: the submodule, not its package's layer
+            folder = ROOT.joinpath(*node.module.split("."))
+            subs = [a.name for a in node.names if node.module.split(".")[0] == "hypersolid_scale"
+                    and ((folder / f"{a.name}.py").exists() or (folder / a.name / "__init__.py").exists())]
+            if len(subs) < len(node.names):
+                out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{name}") for name in subs]
     return out
 
 
@@ -68,11 +82,11 @@ def _package_files() -> list[Path]:
 def test_no_module_imports_a_layer_above_it():
     bad = []
     for path in _package_files():
-        mine = _layer(_component(path))
+        mine = _layer(_module(path))
         for line, mod in _imports(path):
             if not mod.startswith("hypersolid_scale.") or mod == "hypersolid_scale":
                 continue
-            other = mod.split(".")[1]
+            other = mod.removeprefix("hypersolid_scale.")
             if _layer(other) > mine:
                 bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod} (layer {_layer(other)} > {mine})")
     assert not bad, "upward imports:\n" + "\n".join(bad)
@@ -81,7 +95,7 @@ def test_no_module_imports_a_layer_above_it():
 def test_the_layer_check_catches_an_upward_import(tmp_path):
     # The check above must be able to fail: an eval module importing the trainer is an upward import.
     fake = PKG / "eval" / "_probe_upward.py"
-    fake.write_text("from hypersolid_scale.train import main\n")
+    fake.write_text("from hypersolid_scale.training.trainer import main\n")
     try:
         with pytest.raises(AssertionError, match="_probe_upward"):
             test_no_module_imports_a_layer_above_it()
@@ -170,3 +184,9 @@ def test_the_test_import_check_catches_a_missing_name(tmp_path):
     (tmp_path / "helpers.py").write_text("def present():\n    pass\n")
     (tmp_path / "test_x.py").write_text("def test_y():\n    from helpers import present, gone\n")
     assert _broken_test_imports(tmp_path) == ["test_x.py:2 imports gone from helpers, which has none"]
+
+
+def test_the_package_root_holds_only_packages():
+    """Folder names tell the architecture: every module lives in a package named for its part."""
+    loose = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules loose in {PKG.relative_to(ROOT)}/ (move them into a package): " + ", ".join(loose)

@@ -235,7 +235,7 @@ def test_trainer_imports_and_tracking_off_works_without_mlflow(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.modules["mlflow"] = None  # makes every `import mlflow...` raise ImportError
-        import hypersolid_scale.train
+        import hypersolid_scale.training.trainer
         from hypersolid_scale.tracking import Tracker, TrackingConfig, make_tracker
         assert type(make_tracker(TrackingConfig(enabled=False), {str(tmp_path / "off")!r}, rank=0)) is Tracker
         try:

@@ -22,7 +22,7 @@ from _net import free_port
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
-from hypersolid_scale.errors import UserError  # noqa: E402
+from hypersolid_scale.safety.errors import UserError  # noqa: E402
 from hypersolid_scale.tracking import TrackingConfig, make_tracker  # noqa: E402
 from hypersolid_scale.tracking.spool import LoggedSteps  # noqa: E402
 
@@ -107,7 +107,7 @@ def _killed_before_first_checkpoint(uri: str, run_dir: Path) -> str:
 def test_the_hand_sync_ends_a_killed_run_unless_a_training_holds_the_run_dir(uri, tmp_path):
     """Nobody trains in that directory again: ``sync`` sends the spool and ends the run, as a next start
     would; while a training holds the directory (it may resume the run) the run is left as it is."""
-    from hypersolid_scale.run_lock import acquire_run_lock
+    from hypersolid_scale.safety.run_lock import acquire_run_lock
 
     run_dir = tmp_path / "run"
     dead = _killed_before_first_checkpoint(uri, run_dir)

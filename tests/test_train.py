@@ -15,7 +15,7 @@ import torch
 
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.losses import HypersolidLoss
-from hypersolid_scale.train import EXIT_PREEMPTED, NonFiniteLossError, main
+from hypersolid_scale.training.trainer import EXIT_PREEMPTED, NonFiniteLossError, main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -199,7 +199,7 @@ def test_launcher_reports_a_bad_config_without_a_traceback(tmp_path: Path) -> No
 
 
 def test_resume_refuses_another_world_size_and_prefers_the_runs_own_newest_checkpoint(tmp_path: Path) -> None:
-    from hypersolid_scale.config import load_config
+    from hypersolid_scale.config.schema import load_config
 
     run_dir = tmp_path / "run"
     args = [*TINY, f"run_dir={run_dir}", "data.max_train_samples=128", "max_steps=4", "checkpoint.every_n_steps=2",
@@ -230,7 +230,7 @@ def _loader_stats_worker(rank: int, port: int, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from hypersolid_scale.monitor import summed_loader_stats
+    from hypersolid_scale.training.epoch_report import summed_loader_stats
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -286,7 +286,7 @@ def test_one_save_decision_covers_steps_epoch_ends_and_stops(every_n_steps, ever
                                                              monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from hypersolid_scale import train as train_mod
+    from hypersolid_scale.training import trainer as train_mod
 
     saved: list[int] = []
     monkeypatch.setattr(train_mod, "save", lambda run, step, tracker: saved.append(step))

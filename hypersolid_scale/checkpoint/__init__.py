@@ -15,10 +15,10 @@ Writes go to a temporary file in the same directory, are fsync'ed, then ``os.rep
 name: a crash (or SIGKILL, or a full disk) mid-write leaves the previous checkpoints untouched and at worst a
 stray ``*.tmp`` file, which is ignored. Resuming scans the checkpoints newest first and skips unreadable ones
 with a warning. Stray ``*.tmp`` files are deleted only by the holder of the run directory's lock
-(``hypersolid_scale.run_lock``), which the trainer takes before resuming.
+(``hypersolid_scale.safety.run_lock``), which the trainer takes before resuming.
 
 Every problem a user can fix (a missing, damaged or foreign file, another architecture, another config or
-world size, a full disk) raises :class:`~hypersolid_scale.errors.CheckpointError` naming the file and the fix.
+world size, a full disk) raises :class:`~hypersolid_scale.safety.errors.CheckpointError` naming the file and the fix.
 """
 
 from hypersolid_scale.checkpoint.files import (

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from hypersolid_scale.errors import CheckpointError
-from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock, holds_lock
+from hypersolid_scale.safety.errors import CheckpointError
+from hypersolid_scale.safety.run_lock import RunDirLocked, acquire_run_lock, holds_lock
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^step_(\d{8,})\.pt$")

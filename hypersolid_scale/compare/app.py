@@ -28,8 +28,8 @@ from tqdm import tqdm
 from hypersolid_scale.compare import figures, table
 from hypersolid_scale.compare.plan import Budget, Training, check_budget, parse_methods, plan
 from hypersolid_scale.compare.runner import Paths, Runner, State
-from hypersolid_scale.errors import UserError
-from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock
+from hypersolid_scale.safety.errors import UserError
+from hypersolid_scale.safety.run_lock import RunDirLocked, acquire_run_lock
 from hypersolid_scale.tracking import TrackingConfig, make_tracker
 
 EXPERIMENT = "compare"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hypersolid_scale.config import Config, load_config
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.config.schema import Config, load_config
 from hypersolid_scale.methods import method_names
+from hypersolid_scale.safety.errors import ConfigError
 
 # The methods that get the full number of seeds by default; the others get ``baseline_seeds``.
 MULTI_SEED_METHODS: tuple[str, ...] = ("hypersolid", "simclr")

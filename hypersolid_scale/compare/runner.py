@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hypersolid_scale.compare.plan import Training, training_overrides
-from hypersolid_scale.lifeline import EXIT_ORPHANED, die_with_parent
+from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 
 STATE = "state.json"
 # The evaluation every checkpoint gets: kNN (K=20, the paper's protocol on small images), the linear probe,

@@ -19,7 +19,7 @@ import numpy as np
 from hypersolid_scale.data import formats
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.data.presets import PRESETS, MultiCropPreset, resolve_preset
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hypersolid_scale.errors import DataError
+from hypersolid_scale.safety.errors import DataError
 
 MANIFEST = "manifest.json"
 

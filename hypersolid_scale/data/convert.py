@@ -39,7 +39,7 @@ from hypersolid_scale.data.common import MANIFEST
 from hypersolid_scale.data.convert_images import ImageTooLarge, encode_image, pixel_limit, prepare_image
 from hypersolid_scale.data.shard_writer import ShardWriter, sha256
 from hypersolid_scale.data.sources import Item, Source, builtin_source, folder_source, torchvision_source
-from hypersolid_scale.errors import ConfigError, DataError, run_cli
+from hypersolid_scale.safety.errors import ConfigError, DataError, run_cli
 
 __all__ = ["Converter", "Item", "ImageTooLarge", "main", "sha256", "folder_class_name", "hash_name"]
 

@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from hypersolid_scale.errors import DataError
+from hypersolid_scale.safety.errors import DataError
 
 try:
     from ffcv.fields import IntField, RGBImageField

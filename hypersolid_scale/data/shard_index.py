@@ -38,7 +38,7 @@ from hypersolid_scale.data.shards import (
     local_path,
     scan_local,
 )
-from hypersolid_scale.errors import DataError
+from hypersolid_scale.safety.errors import DataError
 
 Item = tuple[str, int, int, int]  # (file, offset, size, label)
 # (url, manifest source, verify) -> (items in the spill file, events of the streamed read): a remote shard

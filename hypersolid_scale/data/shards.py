@@ -39,7 +39,7 @@ from braceexpand import braceexpand
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from hypersolid_scale.data.common import find_manifest
-from hypersolid_scale.errors import DataError
+from hypersolid_scale.safety.errors import DataError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 Sample = dict[str, Any]

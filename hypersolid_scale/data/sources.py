@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image
 
 from hypersolid_scale.data.builtin import load_builtin
-from hypersolid_scale.errors import ConfigError, DataError
+from hypersolid_scale.safety.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 UNLABELED = -1  # the label of an image of a split without labels

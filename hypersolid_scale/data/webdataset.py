@@ -79,7 +79,7 @@ from hypersolid_scale.data.shards import (
     is_local,
 )
 from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
-from hypersolid_scale.errors import DataError
+from hypersolid_scale.safety.errors import DataError
 
 __all__ = ["WebDatasetLoader", "ShardIndexDataset", "decode_image", "decode_label", "expand_shards"]
 

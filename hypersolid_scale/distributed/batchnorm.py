@@ -41,7 +41,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parameter import is_lazy
 
 from hypersolid_scale.distributed.collectives import all_reduce_sum_differentiable, get_world_size
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 # Input ranks each converted class accepted, so that the converted layer still refuses the wrong input.
 _INPUT_DIMS: tuple[tuple[type, tuple[int, ...]], ...] = (

@@ -21,7 +21,7 @@ from torch import nn
 from hypersolid_scale.distributed.collectives import gather_objects, get_world_size
 from hypersolid_scale.distributed.engine import Engine, OptimizerFn, grad_norm_tensor
 from hypersolid_scale.distributed.process_group import ensure_process_group
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 
 def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float,

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from hypersolid_scale.distributed.batchnorm import convert_batchnorm
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 ENGINES = ("ddp", "deepspeed")
 OptimizerFn = Callable[[Any], torch.optim.Optimizer]

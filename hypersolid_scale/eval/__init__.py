@@ -1,7 +1,7 @@
 """Evaluation of learned representations: kNN, linear probe, clustering, latent geometry, plots.
 
 Each part is a plain function over an (n, d) feature matrix and its labels; the evaluation application
-(``hypersolid_scale.evaluate.main``, behind ``launch/eval.py``) loads a checkpoint, embeds the train and test
+(``hypersolid_scale.eval.app.main``, behind ``launch/eval.py``) loads a checkpoint, embeds the train and test
 splits and runs the chosen suites
 (``suites.run_suites``: a metric that cannot run on the data raises ``NotApplicable`` and is reported
 as skipped).

@@ -28,9 +28,9 @@ import torch
 from scipy.sparse.csgraph import connected_components
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
+from hypersolid_scale.eval.cosine_search import as_unit_float32
 from hypersolid_scale.eval.density import EPS_FLOOR, dbscan_sweep_labels, hdbscan_labels
 from hypersolid_scale.eval.pairs import NeighbourGraph, knn_distance_sample, neighbour_graph
-from hypersolid_scale.eval.search import as_unit_float32
 from hypersolid_scale.eval.skips import NotApplicable, SkippedWarning
 
 # Queries of the seeded sample that estimates kNN-distance quantiles (adaptive eps, HDBSCAN's radius).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 # Suites computed on the cached embeddings of the train and test splits.
 FEATURE_SUITES: tuple[str, ...] = ("knn", "linear", "cluster", "geometry", "plots")

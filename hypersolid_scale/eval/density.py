@@ -38,8 +38,8 @@ from hdbscan._hdbscan_linkage import label as single_linkage_tree
 from hdbscan.hdbscan_ import _tree_to_labels
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 
+from hypersolid_scale.eval.cosine_search import as_unit_float32
 from hypersolid_scale.eval.pairs import NeighbourGraph, closest_pair, component_minima
-from hypersolid_scale.eval.search import as_unit_float32
 from hypersolid_scale.eval.skips import NotApplicable
 
 # scikit-learn's DBSCAN requires eps > 0: eps = 0 of a sweep runs at this value (exact duplicates only).

@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from hypersolid_scale.eval.search import as_unit_float32, chunks
+from hypersolid_scale.eval.cosine_search import as_unit_float32, chunks
 from hypersolid_scale.eval.skips import NotApplicable
 
 

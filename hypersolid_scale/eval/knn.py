@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from hypersolid_scale.eval.search import as_unit_float32, chunks, knn_search
+from hypersolid_scale.eval.cosine_search import as_unit_float32, chunks, knn_search
 from hypersolid_scale.eval.skips import NotApplicable
 
 

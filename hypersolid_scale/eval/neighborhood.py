@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from hypersolid_scale.eval.search import as_unit_float32, knn_search
+from hypersolid_scale.eval.cosine_search import as_unit_float32, knn_search
 from hypersolid_scale.eval.skips import NotApplicable
 
 

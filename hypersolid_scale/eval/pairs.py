@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hypersolid_scale.eval.search import as_unit_float32
+from hypersolid_scale.eval.cosine_search import as_unit_float32
 
 ROWS, COLS = 2048, 8192  # block shape: 64 MiB of float32 distances, large enough for an efficient matmul
 

@@ -5,7 +5,7 @@ few such neighbours. So a search (inner product on unit vectors = cosine) propos
 their similarities are recomputed exactly in torch, and the gradient rows ``Y_i = Σ_{j active} x_j`` are
 accumulated from the candidates only (O(m · k · D) work, O(m · D) memory).
 
-Where the search runs (``index``, see :mod:`hypersolid_scale.losses.search`):
+Where the search runs (``index``, see :mod:`hypersolid_scale.losses.candidates`):
 * ``flat``: exact. On CUDA the torch blockwise top-k, on the device; on the CPU FAISS ``IndexFlatIP``.
 * ``torch``: the torch blockwise top-k on any device (exact).
 * ``ivf``: approximate. FAISS GPU IVF on CUDA tensors when faiss-gpu is installed, else FAISS on the host.
@@ -32,9 +32,14 @@ import warnings
 import numpy as np
 import torch
 
+from hypersolid_scale.losses.candidates import (
+    faiss_gpu_available,
+    faiss_gpu_ivf_search,
+    faiss_search,
+    topk_inner_product,
+)
 from hypersolid_scale.losses.config import INDEXES
 from hypersolid_scale.losses.repulsion import LinearizedRowSum, PairLayout, RepulsionStats, blockwise_rows
-from hypersolid_scale.losses.search import faiss_gpu_available, faiss_gpu_ivf_search, faiss_search, topk_inner_product
 
 # FAISS searches in float32; a row counts as saturated when its k-th score is within this margin of alpha,
 # so float32 rounding can never hide a neighbour from a float64 recomputation.

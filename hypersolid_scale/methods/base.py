@@ -11,9 +11,9 @@ from lightly.utils.scheduler import cosine_schedule
 from torch import nn
 
 from hypersolid_scale.data.presets import resolve_preset
-from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.methods.params import check_section
 from hypersolid_scale.models import group_views_by_resolution
+from hypersolid_scale.safety.errors import ConfigError
 
 
 def count_global_views(views: list[torch.Tensor]) -> int:

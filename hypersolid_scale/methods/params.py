@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 # What each kind accepts, as the error message states it.
 KINDS = {

@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING, Any
 
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
     from hypersolid_scale.methods.base import Method

@@ -17,9 +17,9 @@ from lightly.models.modules.memory_bank import MemoryBankModule
 from torch import nn
 
 from hypersolid_scale.distributed import get_world_size
-from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.methods.base import Method, encode, project
 from hypersolid_scale.methods.registry import register
+from hypersolid_scale.safety.errors import ConfigError
 
 
 @dataclass

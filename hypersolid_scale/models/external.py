@@ -30,9 +30,9 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from hypersolid_scale.errors import CheckpointError, ConfigError
 from hypersolid_scale.models.backbones import backbone_names, build_backbone, get_backbone
 from hypersolid_scale.models.config import ModelConfig
+from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 
 SOURCES = ("torchvision", "timm", "hypersolid")
 # Wrappers added by DDP, torch.compile, lightly/Lightning modules and SSL repositories.

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hypersolid_scale.errors import run_cli
-from hypersolid_scale.run_lock import RunDirLocked, acquire_run_lock
+from hypersolid_scale.safety.errors import run_cli
+from hypersolid_scale.safety.run_lock import RunDirLocked, acquire_run_lock
 from hypersolid_scale.tracking.client import TrackingError
 from hypersolid_scale.tracking.recovery import close_abandoned_runs, sync_spool
 

@@ -7,7 +7,7 @@ import os
 import socket
 from typing import Any
 
-from hypersolid_scale.errors import UserError
+from hypersolid_scale.safety.errors import UserError
 
 # The client must not hang training: one attempt per call (the outbox retries with its own backoff), and a
 # short timeout. Set only where the user has not chosen: the environment wins.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from hypersolid_scale.errors import ConfigError
+from hypersolid_scale.safety.errors import ConfigError
 
 
 @dataclass

@@ -21,7 +21,7 @@ from array import array
 from collections import deque
 from pathlib import Path
 
-from hypersolid_scale.run_lock import close_in_forked_children, forget_fd
+from hypersolid_scale.safety.run_lock import close_in_forked_children, forget_fd
 from hypersolid_scale.tracking.records import TERMINAL_STATUSES, now_ms
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hypersolid_scale.errors import ConfigError
-from hypersolid_scale.nested import flatten
+from hypersolid_scale.config.nested import flatten
+from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.tracking.client import is_remote, make_client, require_mlflow, start_error
 from hypersolid_scale.tracking.config import TrackingConfig, validate_config
 from hypersolid_scale.tracking.metadata import default_run_name, git_commit

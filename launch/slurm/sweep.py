@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 
 
 def load(path: str) -> tuple[str, list[list[str]]]:
-    from hypersolid_scale.config import load_sweep  # the format's single definition (validates every run)
+    from hypersolid_scale.config.sweep import load_sweep  # the format's single definition (validates every run)
 
     base, runs = load_sweep(path)
     if not runs:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.formats import FileFormat, register
-from hypersolid_scale.errors import DataError
+from hypersolid_scale.safety.errors import DataError
 
 if TYPE_CHECKING:
     import torch

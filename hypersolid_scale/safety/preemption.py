@@ -1,7 +1,7 @@
 """Preemption signals: SIGUSR1 / SIGTERM ask the run to finish its step, checkpoint and exit 75.
 
 Nothing happens inside the handler: it records the signal, and the training loop reads the record after
-every step (every rank votes, see ``step_monitor.StopVote``). A signal that arrived before the trainer was
+every step (every rank votes, see ``step_bookkeeping.StopVote``). A signal that arrived before the trainer was
 running (``launch/train.py`` records them during its slow imports) is handed to
 :func:`preemption_handlers`, so the run takes one step, checkpoints and exits 75 instead of dying before its
 first checkpoint.

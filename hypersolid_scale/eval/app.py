@@ -39,12 +39,12 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from hypersolid_scale.errors import CheckpointError, ConfigError, DataError, UserError, run_cli
 from hypersolid_scale.eval.clustering import subsample
 from hypersolid_scale.eval.config import FEATURE_SUITES, FEATURES, SUITES, EvalConfig
 from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint, file_fingerprint
 from hypersolid_scale.eval.report import format_table, write_report
 from hypersolid_scale.eval.suites import Images, Split, nothing_evaluated, run_suites
+from hypersolid_scale.safety.errors import CheckpointError, ConfigError, DataError, UserError, run_cli
 
 __all__ = ["Source", "checkpoint_source", "cli", "default_output_dir", "external_source", "load_model", "main",
            "parse_args"]
@@ -90,7 +90,7 @@ def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module,
     from omegaconf.errors import OmegaConfBaseException
 
     from hypersolid_scale.checkpoint import build_model_from_checkpoint, load_checkpoint
-    from hypersolid_scale.config import from_dict, parse_overrides, validate
+    from hypersolid_scale.config.schema import from_dict, parse_overrides, validate
 
     for ov in overrides:
         if "=" not in ov or not ov.startswith(OVERRIDABLE):
@@ -156,7 +156,7 @@ def checkpoint_source(checkpoint: Path, overrides: list[str]) -> Source:
 
 def external_source(backbone: str, weights: Path, strip_prefixes: list[str], overrides: list[str]) -> Source:
     """A published backbone (``hypersolid_scale.models.external``) on the data of the defaults + overrides."""
-    from hypersolid_scale.config import load_config, to_dict
+    from hypersolid_scale.config.schema import load_config, to_dict
     from hypersolid_scale.data import in_channels
     from hypersolid_scale.models.external import load_external_backbone, parse_backbone
 

@@ -45,25 +45,25 @@ import torch
 from tqdm import tqdm
 
 from hypersolid_scale import checkpoint as ckpt_lib
-from hypersolid_scale.config import Config, load_config, save_config, to_dict
+from hypersolid_scale.config.nested import flatten
+from hypersolid_scale.config.schema import Config, load_config, save_config, to_dict
 from hypersolid_scale.distributed import WorldInfo, all_reduce_sum, barrier, broadcast_object, cleanup, init_distributed
-from hypersolid_scale.errors import EXIT_BAD_INPUT, UserError, report
-from hypersolid_scale.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.losses import PackedStats
 from hypersolid_scale.losses.stats import pack
 from hypersolid_scale.methods import get_method
-from hypersolid_scale.monitor import log_monitor, memory_gb, plot_loss, summed_loader_stats
-from hypersolid_scale.nested import flatten
-from hypersolid_scale.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
-from hypersolid_scale.run_builder import Run, build, on_every_rank, seed_everything
-from hypersolid_scale.run_lock import RunDirLocked, RunLock, acquire_run_lock
-from hypersolid_scale.step_monitor import (
+from hypersolid_scale.safety.errors import EXIT_BAD_INPUT, UserError, report
+from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
+from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
+from hypersolid_scale.safety.run_lock import RunDirLocked, RunLock, acquire_run_lock
+from hypersolid_scale.tracking import Tracker, make_tracker
+from hypersolid_scale.training.epoch_report import log_monitor, memory_gb, plot_loss, summed_loader_stats
+from hypersolid_scale.training.run_builder import Run, build, on_every_rank, seed_everything
+from hypersolid_scale.training.step_bookkeeping import (
     EpochMeter,
     NonFiniteLossError,
     StopVote,
     loggable,
 )
-from hypersolid_scale.tracking import Tracker, make_tracker
 
 __all__ = ["EXIT_PREEMPTED", "EXIT_RUN_DIR_LOCKED", "NonFiniteLossError", "Run", "build", "main", "save",
            "seed_everything", "train", "train_loop", "train_step"]

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hypersolid_scale.errors import UserError
+from hypersolid_scale.safety.errors import UserError
 
 LOCK_NAME = ".lock"
 

@@ -2,7 +2,7 @@
 
 Every section owned by another package (data, model, method, tracking, eval) is imported from it, so one
 definition per field exists in the project. ``load_config`` fails *before any work starts* with a
-:class:`~hypersolid_scale.errors.ConfigError` (a ``ValueError``) that names the offending file or key and
+:class:`~hypersolid_scale.safety.errors.ConfigError` (a ``ValueError``) that names the offending file or key and
 what is allowed: a YAML syntax error (with its line and column), an unknown key, a value of the wrong type
 or a value outside its allowed set.
 
@@ -25,17 +25,17 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
+from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.data.config import DataConfig
-from hypersolid_scale.errors import ConfigError
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method, method_names
 from hypersolid_scale.methods.config import MOVED_NOTE, move_loss_section
 from hypersolid_scale.models import ModelConfig
-from hypersolid_scale.nested import flatten
-from hypersolid_scale.optim import OptimConfig
-from hypersolid_scale.run_lock import not_a_directory
+from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.safety.run_lock import not_a_directory
 from hypersolid_scale.tracking import TrackingConfig
 from hypersolid_scale.tracking import validate_config as validate_tracking
+from hypersolid_scale.training.optim import OptimConfig
 
 # ----------------------------------------------------------------------------------------------------------
 # Trainer-owned sections
@@ -381,44 +381,8 @@ def save_config(cfg: Config, run_dir: str | Path) -> Path:
     return path
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Sweeps: `base: configs/x.yaml` + `runs: [[override, ...], ...]`; launch/slurm/sweep.sbatch reads runs[i]
-# ----------------------------------------------------------------------------------------------------------
-
-
-def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
-    """Return ``(base_config_path, runs)``; every run is validated against the base config eagerly."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict) or "base" not in data or "runs" not in data:
-        raise ConfigError(f"sweep file {str(path)!r} needs two keys: 'base' (a config path) and 'runs' (a list of "
-                          "lists of section.key=value overrides)")
-    unknown = set(data) - {"base", "runs", "description"}
-    if unknown:
-        raise ConfigError(f"sweep file {str(path)!r} has unknown keys {sorted(unknown)}; allowed: base, runs, "
-                          "description")
-    runs = data["runs"]
-    if not isinstance(runs, list) or not all(isinstance(r, list) and all(isinstance(o, str) for o in r) for r in runs):
-        raise ConfigError(f"sweep file {str(path)!r}: 'runs' must be a list of lists of strings like 'optim.lr=1e-3'")
-    base = str(data["base"])
-    if not Path(base).is_file():
-        # configs/sweeps/x.yaml names its base from the repository root: look upwards from the sweep file.
-        for root in path.resolve().parents:
-            if (root / base).is_file():
-                base = str(root / base)
-                break
-    for i, run in enumerate(runs):
-        try:
-            load_config(base, run)
-        except ValueError as err:
-            raise ConfigError(f"sweep file {str(path)!r}, runs[{i}] = {run}: {err}") from None
-    return base, [list(r) for r in runs]
-
-
 __all__ = [
     "CheckpointConfig", "Config", "DistConfig", "OptimConfig", "config_diff", "fingerprint", "flatten",
-    "from_dict", "migrate", "load_config", "load_sweep", "parse_override", "parse_overrides", "save_config",
+    "from_dict", "migrate", "load_config", "parse_override", "parse_overrides", "save_config",
     "to_dict", "to_yaml", "validate",
 ]

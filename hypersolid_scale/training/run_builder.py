@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hypersolid_scale.config import Config
+from hypersolid_scale.config.schema import Config
 from hypersolid_scale.data import build_train_loader, in_channels
 from hypersolid_scale.distributed import (
     Engine,
@@ -33,11 +33,11 @@ from hypersolid_scale.distributed import (
     gather_objects,
     resolve_transport,
 )
-from hypersolid_scale.errors import ConfigError, DataError, UserError
 from hypersolid_scale.methods import Method, build_method, get_method
 from hypersolid_scale.models import Projector, build_backbone
-from hypersolid_scale.optim import lr_schedule, optimizer_factory
-from hypersolid_scale.step_monitor import NonFiniteGuard
+from hypersolid_scale.safety.errors import ConfigError, DataError, UserError
+from hypersolid_scale.training.optim import lr_schedule, optimizer_factory
+from hypersolid_scale.training.step_bookkeeping import NonFiniteGuard
 
 T = TypeVar("T")
 

@@ -26,7 +26,8 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class NonFiniteGuard:
-    """Remembers, on the device, the first step whose statistics were not finite (see ``hypersolid_scale.train``).
+    """Remembers, on the device, the first step whose statistics were not finite (see
+    ``hypersolid_scale.training.trainer``).
 
     ``record`` queues a few tiny kernels and never reads anything on the host; ``check`` reads the record
     (one host synchronisation) and raises :class:`NonFiniteLossError` if a step went bad. The statistics are

@@ -17,8 +17,8 @@ from tqdm import tqdm
 from hypersolid_scale.data import build_eval_datasets
 from hypersolid_scale.distributed import all_reduce_max_flag, all_reduce_sum
 from hypersolid_scale.eval import extract_embeddings, knn_accuracy
-from hypersolid_scale.run_builder import Run
 from hypersolid_scale.tracking import Tracker
+from hypersolid_scale.training.run_builder import Run
 
 
 def knn_monitor(run: Run) -> dict[str, float]:
