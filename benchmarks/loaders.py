@@ -58,7 +58,7 @@ def builtin_source() -> str:
 def prepare(cache: Path, size: int, images: int, source: str, with_ffcv: bool) -> Path:
     out = cache / f"{source}_{size}px_{images}{'_ffcv' if with_ffcv else ''}"
     if not (out / "manifest.json").is_file():
-        formats = "webdataset,ffcv,folder" if with_ffcv else "webdataset,folder"
+        formats = "webdataset,ffcv,imagefolder" if with_ffcv else "webdataset,imagefolder"
         convert(["--builtin", source, "--out", str(out), "--limit", str(images), "--mode", "RGB",
                  "--resize", str(size), "--image-format", "jpg", "--formats", formats,
                  "--ffcv-mode", "jpg", "--shard-size", "128"])

@@ -44,7 +44,7 @@ def convert(*args: str) -> int:
 
 def test_folder_to_shards_with_manifest_and_bad_files(tmp_path, capsys) -> None:
     src, out = photo_folder(tmp_path / "photos"), tmp_path / "out"
-    assert convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,folder") == 0
+    assert convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,imagefolder") == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["classes"] == sorted(CLASSES) and m["num_classes"] == 3
     assert m["splits"]["train"]["per_class"] == {"bag": 7, "coat": 7, "sandal": 7}
@@ -59,7 +59,7 @@ def test_folder_to_shards_with_manifest_and_bad_files(tmp_path, capsys) -> None:
     assert len(ds) == 21 and sorted({label for *_, label in ds.items}) == [0, 1, 2]
     assert not list(out.rglob("*.tmp"))
     # The image-folder output keeps the label order.
-    assert sorted(p.name for p in (out / "folder" / "train").iterdir()) == ["0_bag", "1_coat", "2_sandal"]
+    assert sorted(p.name for p in (out / "imagefolder" / "train").iterdir()) == ["0_bag", "1_coat", "2_sandal"]
 
 
 def test_existing_output_is_refused_or_resumed_never_corrupted(tmp_path) -> None:
@@ -184,7 +184,7 @@ peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = peak()
 main(["--folder", str(bombs), "--out", str(out / "bombs"), "--formats", "webdataset"])
 after_bombs = peak()
-main(["--folder", str(src), "--out", str(out / "photos"), "--formats", "webdataset,folder", "--shard-size", "64"])
+main(["--folder", str(src), "--out", str(out / "photos"), "--formats", "webdataset,imagefolder", "--shard-size", "64"])
 print(start, after_bombs, peak(), sorted(m for m in ("torch", "ffcv") if m in sys.modules))
 """
 
@@ -220,7 +220,7 @@ def test_an_interrupted_run_resumes_without_decoding_finished_shards_again(tmp_p
     from hypersolid_scale.data.convert import Converter
 
     src = photo_folder(tmp_path / "photos")
-    convert("--folder", str(src), "--out", str(tmp_path / "whole"), "--formats", "webdataset,folder")
+    convert("--folder", str(src), "--out", str(tmp_path / "whole"), "--formats", "webdataset,imagefolder")
     reference = json.loads((tmp_path / "whole" / "manifest.json").read_text())
     decoded: list[str] = []
     real = Converter.open_checked
@@ -234,17 +234,17 @@ def test_an_interrupted_run_resumes_without_decoding_finished_shards_again(tmp_p
     monkeypatch.setattr(Converter, "open_checked", stop_at_the_15th)
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,folder")
+        convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,imagefolder")
     progress = json.loads((out / ".progress.json").read_text())["train"]
     assert [s["count"] for s in progress] == [4, 4, 4] and not (out / "manifest.json").exists()
     assert [Path(b["name"]).name for s in progress for b in s["bad"]] == ["truncated.jpg"]  # bag's last file
     assert not list((out / "train").glob("*.tmp"))  # the interrupted shard was not left behind
     decoded.clear()
     monkeypatch.setattr(Converter, "open_checked", lambda self, it: decoded.append(it.name) or real(self, it))
-    assert convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,folder", "--resume") == 0
+    assert convert("--folder", str(src), "--out", str(out), "--formats", "webdataset,imagefolder", "--resume") == 0
     assert len(decoded) == 23 - progress[-1]["consumed"]  # only the images after the finished shards
     assert json.loads((out / "manifest.json").read_text()) == reference
-    for d in ("train", "folder"):
+    for d in ("train", "imagefolder"):
         assert sorted(str(p.relative_to(out)) for p in (out / d).rglob("*")) == \
             sorted(str(p.relative_to(tmp_path / "whole")) for p in (tmp_path / "whole" / d).rglob("*"))
     for s in reference["splits"]["train"]["shards"]:
@@ -268,7 +268,7 @@ def test_a_split_without_any_good_image_is_an_error_that_leaves_no_output(tmp_pa
     out = tmp_path / "out"
     with pytest.raises(DataError, match=r"no image of split 'train' was converted: all 3 were rejected \(3 over "
                        r"--max-side 32, 0 undecodable; .*raise --max-side"):
-        main(["--folder", str(src), "--out", str(out), "--formats", "webdataset,folder", "--max-side", "32"])
+        main(["--folder", str(src), "--out", str(out), "--formats", "webdataset,imagefolder", "--max-side", "32"])
     assert not out.exists()  # nothing that looks like a (valid, empty) conversion
     broken = tmp_path / "broken"
     for name in ("x", "y"):

@@ -54,19 +54,19 @@ def test_preset_auto_follows_the_dataset_name(fmt: str, dataset: Optional[str], 
 
 
 def test_split_rules_of_the_file_formats(tmp_path: Path) -> None:
-    """Reference: the layouts the converter writes (OUT/<split>/, OUT/<split>.beton, OUT/folder/<split>/)."""
+    """Reference: the layouts the converter writes (OUT/<split>/, OUT/<split>.beton, OUT/imagefolder/<split>/)."""
     root = tmp_path / "out"
-    for d in ("train", "test", "folder/train", "folder/test"):
+    for d in ("train", "test", "imagefolder/train", "imagefolder/test"):
         (root / d).mkdir(parents=True)
     for f in ("train.beton", "test.beton"):
         (root / f).write_bytes(b"")
     wds, ffcv, folder = (formats.get(n) for n in ("webdataset", "ffcv", "imagefolder"))
     r = str(root)
     assert (wds.split_path(r, "train"), ffcv.split_path(r, "train"), folder.split_path(r, "train")) == \
-        (f"{r}/train", f"{r}/train.beton", f"{r}/folder/train")
+        (f"{r}/train", f"{r}/train.beton", f"{r}/imagefolder/train")
     # data.path naming the split itself: it is the training data; the held-out split is its sibling.
     for fmt, split, held_out in ((wds, f"{r}/train", f"{r}/test"), (ffcv, f"{r}/train.beton", f"{r}/test.beton"),
-                                 (folder, f"{r}/folder/train", f"{r}/folder/test")):
+                                 (folder, f"{r}/imagefolder/train", f"{r}/imagefolder/test")):
         assert fmt.split_path(split, "train") == split
         assert fmt.test_path(DataConfig(format=fmt.name, path=r)) == held_out
         assert fmt.test_path(DataConfig(format=fmt.name, path=split)) == held_out

@@ -98,8 +98,8 @@ def test_unlabeled_split_alone_needs_labelled_data_for_evaluation(tmp_path) -> N
     cfg = DataConfig(format="webdataset", dataset="stl10", path=str(out / "unlabeled"), eval_split="holdout")
     with pytest.raises(ConfigError, match="holds no labels.*set data.eval_train_path"):
         build_eval_datasets(cfg)
-    with pytest.raises(ConfigError, match="--formats folder cannot hold the split.*unlabeled"):
-        convert(["--torchvision", "STL10", "--root", str(root), "--out", str(tmp_path / "f"), "--formats", "folder",
+    with pytest.raises(ConfigError, match="--formats imagefolder cannot hold the split.*unlabeled"):
+        convert(["--torchvision", "STL10", "--root", str(root), "--out", str(tmp_path / "f"), "--formats", "imagefolder",
                  "--split", "unlabeled"])
 
 

@@ -6,7 +6,7 @@
     python -m hypersolid_scale.data.convert --torchvision STL10 --root ~/stl10 --out data/stl10 \\
         --split train,test,unlabeled --formats webdataset
 
-Output: OUT/<split>/shard-000000.tar ..., OUT/<split>.beton, OUT/folder/<split>/<class>/*.png,
+Output: OUT/<split>/shard-000000.tar ..., OUT/<split>.beton, OUT/imagefolder/<split>/<class>/*.png,
 OUT/manifest.json (classes, counts per class, shards with sha256, bad files and their counts; a split
 without labels, e.g. STL-10's "unlabeled", is marked "labeled": false and its samples have label -1).
 Every file is written to a temporary name and renamed when complete; OUT/.progress.json records finished
@@ -43,7 +43,7 @@ from hypersolid_scale.safety.errors import ConfigError, DataError, run_cli
 
 __all__ = ["Converter", "Item", "ImageTooLarge", "main", "sha256", "folder_class_name", "hash_name"]
 
-FORMATS = ("webdataset", "ffcv", "folder")
+FORMATS = ("webdataset", "ffcv", "imagefolder")  # the names data.format reads them by
 # The longest side accepted by default. 8192 px keeps every photo of a 48-megapixel camera (8000 x 6000)
 # and 8K video frames, and bounds one decoded RGB image at 8192^2 * 3 = 201 MB; larger images are
 # usually scans or crafted headers, and a training crop of 224 px gains nothing from them.
@@ -131,7 +131,7 @@ class Converter:
         return {"split": split, "name": it.name, "reason": reason, "error": f"{type(err).__name__}: {err}"}
 
     def _folder_dest(self, split: str, it: Item, classes: list[str]) -> Path:
-        return self.out / "folder" / split / folder_class_name(it.label, classes) / \
+        return self.out / "imagefolder" / split / folder_class_name(it.label, classes) / \
             f"{Path(it.name).stem}_{hash_name(it.name)}.{self.ext}"
 
     # ------------------------------------------------------------------------------ one split --
@@ -167,7 +167,7 @@ class Converter:
                       bad: list[dict]) -> dict[str, Any]:
         """Stream every image of `split` once to the shards and the folder; FFCV reads the good ones after."""
         shards = "webdataset" in self.formats
-        folder = "folder" in self.formats
+        folder = "imagefolder" in self.formats
         done = self._intact_shards(split) if shards else []
         if shards:
             (self.out / split).mkdir(exist_ok=True)
@@ -289,8 +289,8 @@ class Converter:
         manifest: dict[str, Any] = {"format_version": 1, "source": source, "classes": classes,
                                     "num_classes": len(classes), "formats": self.formats, "splits": {},
                                     "bad_files": []}
-        if "folder" in self.formats and unlabeled & set(splits):
-            raise ConfigError(f"--formats folder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they have "
+        if "imagefolder" in self.formats and unlabeled & set(splits):
+            raise ConfigError(f"--formats imagefolder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they have "
                               "no labels and an image folder needs a class folder per image; convert them with "
                               "--formats webdataset or ffcv")
         with pixel_limit(self.max_side):

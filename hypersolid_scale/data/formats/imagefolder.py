@@ -1,5 +1,5 @@
 """data.format=imagefolder: a folder with one subfolder per class (torchvision's ImageFolder), PIL
-multi-crop in DataLoader workers. data.path: the folder, or a conversion output root holding folder/<split>."""
+multi-crop in DataLoader workers. data.path: the folder, or a conversion output root holding imagefolder/<split>."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def image_folder(root: str, mode: str, transform: Callable | None) -> Dataset:
 
 class ImageFolderFormat(FileFormat):
     name = "imagefolder"
-    layouts = ("folder/{split}", "{split}")
+    layouts = ("imagefolder/{split}", "folder/{split}", "{split}")  # folder/: outputs of earlier converters
 
     def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
                      device: torch.device) -> Any:
