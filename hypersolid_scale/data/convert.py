@@ -290,8 +290,8 @@ class Converter:
                                     "num_classes": len(classes), "formats": self.formats, "splits": {},
                                     "bad_files": []}
         if "imagefolder" in self.formats and unlabeled & set(splits):
-            raise ConfigError(f"--formats imagefolder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they have "
-                              "no labels and an image folder needs a class folder per image; convert them with "
+            raise ConfigError(f"--formats imagefolder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they "
+                              "have no labels and an image folder needs a class folder per image; convert them with "
                               "--formats webdataset or ffcv")
         with pixel_limit(self.max_side):
             if "ffcv" in self.formats:
