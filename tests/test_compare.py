@@ -155,8 +155,11 @@ def test_a_failing_training_is_named_and_the_others_still_run(tmp_path):
 
 @pytest.mark.slow
 def test_quick_comparison_end_to_end_then_resume(tmp_path):
+    # Its evaluations on 300 images per split, as the other end-to-end comparison tests' (the whole test split
+    # of --quick alone would take most of this test's time).
     out = tmp_path / "cmp"
-    proc = _compare("--quick", "--out", str(out))
+    quick = ["--quick", "--eval-samples", "300", "--out", str(out)]
+    proc = _compare(*quick)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((out / "compare.json").read_text())["methods"]
     assert list(got) == list(METHODS)
@@ -196,7 +199,7 @@ def test_quick_comparison_end_to_end_then_resume(tmp_path):
 
     # Again on the same directory, with one evaluation removed: only that one runs again.
     (out / "eval" / "byol-seed0" / "report.json").unlink()
-    again = _compare("--quick", "--out", str(out))
+    again = _compare(*quick)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     after = json.loads((out / "state.json").read_text())
     assert after["parent_run_id"] == state["parent_run_id"]
