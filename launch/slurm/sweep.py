@@ -3,7 +3,7 @@
 A sweep file (configs/sweeps/*.yaml) names a base config and lists one override list per run::
 
     description: CIFAR-100, repulsion threshold   # optional
-    base: configs/cifar100_resnet18.yaml
+    base: configs/cifar100.yaml
     runs:
       - ["method.hypersolid.alpha=0.85"]
       - ["method.hypersolid.alpha=0.9", "optim.lr=2e-3"]
