@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale import methods
+from hypersolid_scale.config import schema
 from hypersolid_scale.config.schema import from_dict, load_config, to_dict
 from hypersolid_scale.methods import Method, build_method, get_method, method_names, register
 from hypersolid_scale.methods.base import encode
@@ -141,7 +140,9 @@ def test_the_loss_section_moves_to_method():
     assert move_loss_section({"method": {"name": "byol"}}) == ({"method": {"name": "byol"}}, False)
 
 
-def test_an_old_config_file_and_old_overrides_load_as_the_new_ones_with_one_note(tmp_path, capfd):
+def test_an_old_config_file_and_old_overrides_load_as_the_new_ones_with_one_note(tmp_path, capfd, monkeypatch):
+    monkeypatch.setattr(schema, "_said_moved", False)  # said once per process: maybe already, by another test
+    monkeypatch.delenv("RANK", raising=False)
     old = tmp_path / "old.yaml"
     old.write_text("loss:\n  alpha: 0.5\n  backend: tiled\n  tile_size: 64\nseed: 1\n")
     new = tmp_path / "new.yaml"
@@ -149,9 +150,8 @@ def test_an_old_config_file_and_old_overrides_load_as_the_new_ones_with_one_note
     assert to_dict(load_config(old)) == to_dict(load_config(new))
     assert to_dict(load_config(None, ["loss.name=dino", "loss.dino.teacher_temp=0.05"])) == \
         to_dict(load_config(None, ["method.name=dino", "method.dino.teacher_temp=0.05"]))
-    err = capfd.readouterr().err
-    notes = [line for line in err.splitlines() if "'loss' is now 'method'" in line]
-    assert len(notes) <= 1 and (notes or methods.config.MOVED_NOTE)  # said at most once per process
+    notes = [line for line in capfd.readouterr().err.splitlines() if "'loss' is now 'method'" in line]
+    assert len(notes) == 1 and str(old) in notes[0], notes  # once, naming where the old layout was found
     with pytest.raises(ConfigError, match="unknown config key 'method.hypersolid.alphaa'"):
         load_config(None, ["loss.alphaa=0.5"])
 
@@ -163,8 +163,11 @@ def test_a_stored_config_of_the_earlier_layout_reads_as_moved():
     assert to_dict(from_dict(stored)) == to_dict(cfg)
 
 
-def test_the_old_projector_layout_of_a_checkpoint_is_read_as_the_method_s(capfd):
+def test_the_old_projector_layout_of_a_checkpoint_is_read_as_the_method_s(capfd, monkeypatch):
+    from hypersolid_scale.checkpoint import run_state
     from hypersolid_scale.checkpoint.run_state import migrate_layout
+
+    monkeypatch.setattr(run_state, "_said_layout", False)  # said once per process: maybe already, by another test
 
     proj = torch.ones(2)
     ckpt = {"model": {"backbone.w": torch.zeros(1), "projector.net.0.weight": proj}, "step": 7, "path": "x.pt"}
