@@ -164,9 +164,10 @@ def test_a_stored_config_of_the_earlier_layout_reads_as_moved():
 
 
 def test_the_old_projector_layout_of_a_checkpoint_is_read_as_the_method_s(capfd, monkeypatch):
-    from hypersolid_scale.checkpoint import run_state
-    from hypersolid_scale.checkpoint.run_state import migrate_layout
+    import importlib
 
+    run_state = importlib.import_module("hypersolid_scale.checkpoint.run_state")  # the package re-exports a
+    migrate_layout = run_state.migrate_layout  # function of the same name
     monkeypatch.setattr(run_state, "_said_layout", False)  # said once per process: maybe already, by another test
 
     proj = torch.ones(2)
