@@ -5,7 +5,7 @@ all_gather of the *detached* rows) and one for the statistics (:func:`all_reduce
 differentiable on purpose: the loss builds the gradient of the global objective from local rows only, so no
 collective runs in its backward. The one differentiable collective, :func:`all_reduce_sum_differentiable`,
 serves GlobalBatchNorm's statistics (docs/design.md §3b). The baselines' own gathers are lightly's
-(``lightly.utils.dist.gather``), inside the library's losses and in ``methods/redundancy.py``.
+(``lightly.utils.dist.gather``), inside the library's losses and in ``methods/barlowtwins.py``.
 None of the tensor collectives reads a device value on the host, except the row-count exchange of
 :func:`all_gather_detached` for ranks of unequal sizes. The object collectives (:func:`broadcast_object`,
 :func:`gather_objects`) pickle small Python values: a path, a run id, RNG states, optimizer shards.
