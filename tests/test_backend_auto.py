@@ -92,6 +92,6 @@ def test_auto_switches_from_collapsed_to_spread_and_back_and_stays_exact():
 def test_auto_config_round_trip_and_stat_names():
     cfg = LossConfig(backend="auto", index="torch", auto_to_neighbors=0.1, auto_to_tiled=0.3)
     fn = HypersolidLoss.from_config(cfg)
-    assert fn.cfg == cfg and fn.switch.to_neighbors == 0.1 and fn.switch.to_tiled == 0.3
+    assert fn.cfg == cfg and fn.backend.switch.to_neighbors == 0.1 and fn.backend.switch.to_tiled == 0.3
     assert "backend_neighbors" in fn.stat_names and "saturated_fraction" in fn.stat_names
     assert "backend_neighbors" not in HypersolidLoss(backend="neighbors").stat_names

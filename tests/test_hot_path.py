@@ -243,7 +243,7 @@ def test_cuda_loss_alone_never_synchronises():
         with sync_debug("error"):
             f = feats.clone().requires_grad_(True)
             loss_fn(f).backward()
-    assert loss_fn.switch.mode == "tiled" and loss_fn.stats["saturated_fraction"] == 1.0
+    assert loss_fn.backend.switch.mode == "tiled" and loss_fn.stats["saturated_fraction"] == 1.0
 
 
 @cuda

@@ -173,7 +173,7 @@ def test_cuda_neighbors_search_on_the_device_is_exact(regime, index):
     """On CUDA, flat and torch search on the device; loss and gradient equal dense on the same device."""
     feats = make_feats(128, 4, 32, regime=regime, seed=1).cuda()
     fn = HypersolidLoss(backend="neighbors", index=index, k=8, tile_size=96, recall_every=1)
-    assert fn.neighbors.where(feats.device) == "torch"
+    assert fn.backend.neighbors.where(feats.device) == "torch"
     got = run(fn, feats)
     ref = run(HypersolidLoss(backend="dense"), feats)
     assert got[0] == pytest.approx(ref[0], rel=1e-12)
@@ -187,7 +187,7 @@ def test_cuda_neighbors_search_on_the_device_is_exact(regime, index):
 @pytest.mark.skipif(not faiss_gpu_available(), reason="needs faiss-gpu")
 def test_cuda_faiss_gpu_ivf_recall_floor(feats, exact):
     fn = HypersolidLoss(backend="neighbors", index="ivf", k=64, nprobe=8, recall_every=1)
-    assert fn.neighbors.where(torch.device("cuda")) == "faiss-gpu"
+    assert fn.backend.neighbors.where(torch.device("cuda")) == "faiss-gpu"
     loss, grad, stats = run(fn, feats.cuda())
     assert stats["recall"] >= 0.9, stats
     assert abs(loss - exact[0]) <= 0.01 * exact[0]

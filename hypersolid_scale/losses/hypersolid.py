@@ -73,8 +73,8 @@ class HypersolidLoss(nn.Module):
     nonfinite (non-finite input values + 1 if the loss is not finite); then the backend's own statistics
     (:attr:`Backend.stat_names <hypersolid_scale.losses.backends.Backend.stat_names>`). Pair counts are
     ordered pairs. :attr:`stats` is the same as Python floats (one transfer), without recall/recall_measured
-    when recall was not measured. The backend instance is :attr:`backend`; its public attributes (e.g. the
-    ``auto`` backend's ``switch``) read as attributes of the loss too.
+    when recall was not measured. The backend instance is :attr:`backend` (e.g. the ``auto``
+    backend's ``switch`` is ``loss.backend.switch``).
     """
 
     def __init__(
@@ -103,16 +103,6 @@ class HypersolidLoss(nn.Module):
         self.backend: Backend = get_backend(backend)(self.cfg)
         self.stat_names: tuple[str, ...] = BASE_STATS + tuple(self.backend.stat_names)
         self._packed: PackedStats | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        # nn.Module's lookup (parameters, buffers, submodules) first, then the backend's public attributes.
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            backend = self.__dict__.get("backend")
-            if backend is None or name.startswith("_") or not hasattr(backend, name):
-                raise
-            return getattr(backend, name)
 
     @classmethod
     def from_config(cls, cfg: LossConfig, **runtime: bool) -> HypersolidLoss:
