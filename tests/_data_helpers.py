@@ -145,7 +145,8 @@ def convert_shards(out: Path, splits: dict[str, int], shard_size: int) -> dict:
     splits: {split: number of samples}. The label of a sample is its index in the split (so tests can
     tell which samples came through); num_classes = the largest split's size.
     """
-    from hypersolid_scale.data.convert import Converter, Item
+    from hypersolid_scale.data.converter import Converter
+    from hypersolid_scale.data.sources import Item
 
     images = fashion_mnist_or_skip().images
     n_max = max(splits.values())

@@ -15,7 +15,8 @@ from PIL import Image
 
 from _data_helpers import fashion_mnist_or_skip, jpg_bytes, limit_batches, png_bytes
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
-from hypersolid_scale.data.convert import main, sha256
+from hypersolid_scale.data.convert import main
+from hypersolid_scale.data.shard_writer import sha256
 from hypersolid_scale.data.webdataset import ShardIndexDataset
 
 CLASSES = ("coat", "sandal", "bag")
@@ -217,7 +218,7 @@ def test_memory_stays_bounded_while_converting(tmp_path) -> None:
 
 
 def test_an_interrupted_run_resumes_without_decoding_finished_shards_again(tmp_path, monkeypatch) -> None:
-    from hypersolid_scale.data.convert import Converter
+    from hypersolid_scale.data.converter import Converter
 
     src = photo_folder(tmp_path / "photos")
     convert("--folder", str(src), "--out", str(tmp_path / "whole"), "--formats", "webdataset,imagefolder")
