@@ -26,6 +26,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from hypersolid_scale.data.shard_urls import expand_shards, is_local, local_path
 from hypersolid_scale.data.shards import (
     COUNTERS,
     IMAGE_EXTS,
@@ -33,9 +34,6 @@ from hypersolid_scale.data.shards import (
     Manifest,
     ShardReader,
     apply_events,
-    expand_shards,
-    is_local,
-    local_path,
     scan_local,
 )
 from hypersolid_scale.safety.errors import DataError
