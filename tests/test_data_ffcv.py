@@ -23,7 +23,7 @@ from hypersolid_scale.data.ffcv import FFCV_IMPORT_ERROR, check_beton
 
 pytestmark = [
     pytest.mark.slow,
-    # The keyed crop decoder reads its epoch key in numba object mode (see data/ffcv.py): expected.
+    # The keyed crop decoder reads its epoch key in numba object mode (see data/ffcv_crop.py): expected.
     pytest.mark.filterwarnings("ignore:Code running in object mode"),
     pytest.mark.skipif(FFCV_IMPORT_ERROR is not None, reason=f"FFCV is not installed: {FFCV_IMPORT_ERROR}"),
 ]

@@ -21,7 +21,7 @@ from hypersolid_scale.data.tensor_aug import NUM_COLUMNS, keyed_uniforms
 from hypersolid_scale.data.transforms import build_pil_multicrop
 
 N, GLOBAL_BATCH, SEED = 40, 8, 11
-# The keyed FFCV crop decoder reads its epoch key in numba object mode (see data/ffcv.py): expected.
+# The keyed FFCV crop decoder reads its epoch key in numba object mode (see data/ffcv_crop.py): expected.
 OBJMODE = pytest.mark.filterwarnings("ignore:Code running in object mode")
 # Every augmentation on, small views: crops, flips, jitter (all four, RGB), grayscale, blur, solarize.
 PRESET = replace(PRESETS["default"], global_crop_size=16, local_crop_size=8, num_local_views=2,
