@@ -19,8 +19,9 @@ from torch import nn
 
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets
-from hypersolid_scale.eval.app import external_source, main
+from hypersolid_scale.eval.app import main
 from hypersolid_scale.eval.embed import extract_embeddings
+from hypersolid_scale.eval.source import external_source
 from hypersolid_scale.models.external import build_external, load_external_backbone, match_state_dict
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 from _eval_helpers import EXTERNAL_FAST, make_checkpoint, one_error_line, run_launch_eval

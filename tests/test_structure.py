@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"config"},
     {"checkpoint"},
     {"training"},
-    {"eval.app"},
+    {"eval.app", "eval.source"},
     {"compare"},
 ]
 MAX_LINES = 400
