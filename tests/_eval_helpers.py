@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from hypersolid_scale.checkpoint import save_checkpoint
-from hypersolid_scale.config.schema import fingerprint, load_config, to_dict
+from hypersolid_scale.config.fingerprint import fingerprint
+from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
-from hypersolid_scale.config.schema import fingerprint, load_config, to_dict
+from hypersolid_scale.config.fingerprint import fingerprint
+from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.trainer import main

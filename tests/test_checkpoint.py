@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
-from hypersolid_scale.config.schema import fingerprint, load_config, to_dict
+from hypersolid_scale.config.fingerprint import fingerprint
+from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.models import build_model
 from hypersolid_scale.safety.errors import CheckpointError
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hypersolid_scale.config.fingerprint import config_diff, fingerprint
+from hypersolid_scale.config.schema import Config, from_dict, load_config, save_config, to_dict
 from hypersolid_scale.config.sweep import load_sweep
-from hypersolid_scale.config.schema import (Config, config_diff, fingerprint, from_dict, load_config,
-                                            save_config, to_dict)
 from hypersolid_scale.safety.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

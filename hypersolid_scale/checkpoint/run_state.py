@@ -26,7 +26,8 @@ from hypersolid_scale.checkpoint.files import (
     list_checkpoints,
     load_checkpoint,
 )
-from hypersolid_scale.config.schema import Config, config_diff, fingerprint, from_dict, to_dict
+from hypersolid_scale.config.fingerprint import config_diff, fingerprint
+from hypersolid_scale.config.schema import Config, from_dict, to_dict
 from hypersolid_scale.distributed import Engine, barrier, broadcast_object, gather_objects, get_rank
 from hypersolid_scale.models import build_model
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError

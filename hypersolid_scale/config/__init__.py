@@ -1,6 +1,7 @@
 """The run's configuration: the typed tree of every section with YAML files, ``section.key=value``
-overrides, validation, migration, fingerprints and sweeps (``schema``), and nested mappings as flat
-``a.b.c`` keys (``nested``, a lower layer: the tracker flattens configs with it).
+overrides, validation and migration (``schema``), the fingerprint of what a run trains and the differences
+a refused resume lists (``fingerprint``), sweeps (``sweep``), and nested mappings as flat ``a.b.c`` keys
+(``nested``, a lower layer: the tracker flattens configs with it).
 
 This file imports nothing, so that ``config.nested`` can be imported without the whole tree.
 """

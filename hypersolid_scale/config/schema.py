@@ -13,8 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.eval.config import EvalConfig
-from hypersolid_scale.methods import MethodConfig, get_method, method_names
+from hypersolid_scale.methods import MethodConfig, get_method
 from hypersolid_scale.methods.config import MOVED_NOTE, move_loss_section
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.safety.errors import ConfigError
@@ -120,15 +118,6 @@ RANGES: list[tuple[str, Any, str]] = [
     ("max_steps", lambda v: v >= 0, "an int >= 0 (0 = run all epochs)"),
     ("dist.timeout_minutes", lambda v: v >= 1, "an int >= 1"),
 ]
-
-# Keys that may change between a checkpoint and its resumption without changing what is being trained:
-# how long, where, how it is logged/evaluated/checkpointed and how many workers feed it. ("dist.backend" is
-# dist.transport's former name, still found in older checkpoints' configs.)
-_RESUMABLE_PREFIXES = (
-    "run_dir", "epochs", "max_steps", "progress", "tracking.", "eval.", "checkpoint.",
-    "dist.timeout_minutes", "dist.transport", "dist.backend", "dist.device", "data.num_workers", "data.root",
-    "data.path", "data.cache", "data.download",
-)
 
 # ----------------------------------------------------------------------------------------------------------
 # Loading
@@ -338,42 +327,6 @@ def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def _training_relevant(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """The keys that define what is trained: a method's section counts only when it is the chosen one."""
-    flat = {k: v for k, v in flatten(cfg_dict).items() if not k.startswith(_RESUMABLE_PREFIXES)}
-    chosen = flat.get("method.name", "hypersolid")
-    unread = tuple(f"method.{m}." for m in method_names() if m != chosen)
-    return {k: v for k, v in flat.items() if not k.startswith(unread)}
-
-
-def fingerprint(cfg: Config | dict[str, Any]) -> str:
-    """Hash of the keys that define *what* is trained; checkpoints refuse to resume across a change."""
-    d = cfg if isinstance(cfg, dict) else to_dict(cfg)
-    blob = json.dumps(_training_relevant(d), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _as_read_now(d: dict[str, Any]) -> dict[str, Any]:
-    """``d`` as this version reads it: migrated, keys added since at their defaults, and the builtin
-    dataset's default name spelled out. A dict this version cannot read is compared as it is."""
-    try:
-        out = to_dict(from_dict(d))
-    except ValueError:
-        return d
-    if out["data"]["format"] == "builtin" and out["data"]["dataset"] is None:
-        out["data"]["dataset"] = "fashion_mnist"
-    return out
-
-
-def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable ``key: old -> new`` lines for the keys that enter the fingerprint, comparing both
-    configs as this version reads them (so a config stored by an older version, with keys renamed or added
-    since, differs only where the training it describes differs). Empty: the same training."""
-    a, b = _training_relevant(_as_read_now(old)), _training_relevant(_as_read_now(new))
-    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-
-
 def save_config(cfg: Config, run_dir: str | Path) -> Path:
     path = Path(run_dir) / "config.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -382,7 +335,7 @@ def save_config(cfg: Config, run_dir: str | Path) -> Path:
 
 
 __all__ = [
-    "CheckpointConfig", "Config", "DistConfig", "OptimConfig", "config_diff", "fingerprint", "flatten",
+    "CheckpointConfig", "Config", "DistConfig", "OptimConfig", "flatten",
     "from_dict", "migrate", "load_config", "parse_override", "parse_overrides", "save_config",
     "to_dict", "to_yaml", "validate",
 ]
