@@ -286,13 +286,13 @@ def test_one_save_decision_covers_steps_epoch_ends_and_stops(every_n_steps, ever
                                                              monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from hypersolid_scale.training import trainer as train_mod
+    from hypersolid_scale.training import checkpointer
 
     saved: list[int] = []
-    monkeypatch.setattr(train_mod, "save", lambda run, step, tracker: saved.append(step))
+    monkeypatch.setattr(checkpointer, "save", lambda run, step, tracker: saved.append(step))
     run = SimpleNamespace(cfg=SimpleNamespace(checkpoint=SimpleNamespace(every_n_steps=every_n_steps,
                                                                         every_n_epochs=every_n_epochs)))
-    checkpoint = train_mod.Checkpointer(run, tracker=None, last_saved=0)
+    checkpoint = checkpointer.Checkpointer(run, tracker=None, last_saved=0)
     got = []
     for step, epoch_end, stopping in calls:
         before = len(saved)

@@ -56,6 +56,7 @@ from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
 from hypersolid_scale.safety.run_lock import RunDirLocked, RunLock, acquire_run_lock
 from hypersolid_scale.tracking import Tracker, make_tracker
+from hypersolid_scale.training.checkpointer import Checkpointer
 from hypersolid_scale.training.epoch_report import log_monitor, memory_gb, plot_loss, summed_loader_stats
 from hypersolid_scale.training.run_builder import Run, build, on_every_rank, seed_everything
 from hypersolid_scale.training.step_bookkeeping import (
@@ -65,56 +66,10 @@ from hypersolid_scale.training.step_bookkeeping import (
     loggable,
 )
 
-__all__ = ["EXIT_PREEMPTED", "EXIT_RUN_DIR_LOCKED", "NonFiniteLossError", "Run", "build", "main", "save",
+__all__ = ["EXIT_PREEMPTED", "EXIT_RUN_DIR_LOCKED", "NonFiniteLossError", "Run", "build", "main",
            "seed_everything", "train", "train_loop", "train_step"]
 
 EXIT_RUN_DIR_LOCKED = EXIT_BAD_INPUT  # another live training holds run_dir/.lock; nothing was read or written
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Checkpoints: when, and the collective save
-# ----------------------------------------------------------------------------------------------------------
-
-
-def save(run: Run, step: int, tracker: Tracker) -> None:
-    """Collective checkpoint of the run at ``step`` (the layout is ``checkpoint.run_state``'s).
-
-    Raises :class:`NonFiniteLossError` instead of saving if any step so far was not finite, and a
-    ``CheckpointError`` on every rank if rank 0 cannot write the file (a full disk).
-    """
-    run.guard.check()  # never a checkpoint after a non-finite step
-    tracker.flush()  # the metrics up to this step are durable before the checkpoint that claims them
-    state = ckpt_lib.run_state(cfg=run.cfg, engine=run.engine, loader=run.loader, step=step, rank=run.info.rank,
-                               world_size=run.info.world_size, mlflow_run_id=tracker.run_id,
-                               tracking_uri=tracker.tracking_uri)
-    keep = run.cfg.checkpoint.keep_last
-    # Rank 0 writes; the agreement is also the barrier after the write.
-    on_every_rank(lambda: state is not None and ckpt_lib.save_checkpoint(run.cfg.run_dir, state, keep_last=keep),
-                  run.info.rank)
-
-
-class Checkpointer:
-    """The one decision "save now?": after a step (every ``checkpoint.every_n_steps``), at an epoch end
-    (every ``checkpoint.every_n_epochs``) and when the run stops (finished or preempted), never twice for
-    the same step."""
-
-    def __init__(self, run: Run, tracker: Tracker, last_saved: int) -> None:
-        self.run, self.tracker, self.last_saved = run, tracker, last_saved
-
-    def due(self, step: int, *, epoch_end: int | None = None, stopping: bool = False) -> bool:
-        every = self.run.cfg.checkpoint
-        if step == self.last_saved:
-            return False
-        if stopping:
-            return True
-        if epoch_end is not None:
-            return bool(every.every_n_epochs) and (epoch_end + 1) % every.every_n_epochs == 0
-        return bool(every.every_n_steps) and step % every.every_n_steps == 0
-
-    def __call__(self, step: int, *, epoch_end: int | None = None, stopping: bool = False) -> None:
-        if self.due(step, epoch_end=epoch_end, stopping=stopping):
-            save(self.run, step, self.tracker)
-            self.last_saved = step
 
 
 # ----------------------------------------------------------------------------------------------------------
