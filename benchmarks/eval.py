@@ -5,8 +5,8 @@
     python benchmarks/eval.py --quick --dims 64                # a smoke run (tests/test_benchmark_eval.py)
 
 Section "parts" (results/eval.json, eval.png): kNN, the linear probe, K-Means, geometry and the
-interpolation profile on 60k train + 10k test embeddings shaped like ``make_embeddings``, each timed in
-this process (peak RSS reset through /proc/self/clear_refs before each part).
+interpolation profile on 60k train + 10k test embeddings shaped like ``eval_embeddings.make_embeddings``, each
+timed in this process (peak RSS reset through /proc/self/clear_refs before each part).
 
 Section "clustering" (results/clustering.json, clustering.png): what ``eval.suites._cluster`` runs under
 the default protocol on every point, at n = 50k and 100k, d = 512 and 2048: K-Means (k = classes), the
@@ -16,7 +16,8 @@ process of its own: its peak RSS is the whole cost (interpreter, data, algorithm
 replaced (scikit-learn's DBSCAN and the hdbscan package on a precomputed (n, n) matrix) needs 8 n^2 bytes for
 HDBSCAN's float64 matrix alone (19 GiB at 50k): it runs at the largest n within ``--dense-budget-gib``, next
 to the exact path at the same n, and their labels are compared.
-Embeddings (``cluster_embeddings``) are shaped like a trained encoder's and L2-normalised.
+Embeddings (``eval_embeddings.cluster_embeddings``) are shaped like a trained encoder's and L2-normalised. The
+plots are ``eval_report``'s.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ import torch
 from sklearn.metrics import adjusted_rand_score
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when imported from elsewhere
 
+from eval_embeddings import cluster_embeddings, make_embeddings
+from eval_report import plot_clustering, plot_parts
 from hypersolid_scale.eval import clustering, geometry, neighborhood, plots
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.eval.density import EPS_FLOOR, dbscan_sweep_labels, labels_from_tree, reachability_tree
@@ -81,47 +85,6 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
     if torch.cuda.is_available():
         stats["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out, stats
-
-
-def make_embeddings(n_train: int, n_test: int, d: int, seed: int = 0, latent: int = 16,
-                    spread: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Train/test splits of ReLU(W z + small noise), z = class centre + noise in a 16-d latent: 10 overlapping
-    classes (kNN well below 100 %), ~half the activations zero as after a ResNet's last block."""
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((10, latent)).astype(np.float32)
-    proj = rng.standard_normal((latent, d)).astype(np.float32) / np.sqrt(latent)
-
-    def split(n: int) -> tuple[np.ndarray, np.ndarray]:
-        y = rng.permutation(np.arange(n) % 10)
-        z = centres[y] + spread * rng.standard_normal((n, latent), dtype=np.float32)
-        x = z @ proj + 0.1 * rng.standard_normal((n, d), dtype=np.float32)  # (n, latent) @ (latent, d)
-        return np.maximum(x, 0.0, out=x), y
-
-    return (*split(n_train), *split(n_test))
-
-
-def cluster_embeddings(n: int, d: int, classes: int, seed: int = 0,
-                       background: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
-    """(n, d) unit-norm float32 features shaped like a trained encoder's, and labels (-1: background).
-
-    Class centres come in superclasses of 10 (related classes lie closer, as ImageNet's dog breeds do),
-    each class has its own spread, features are ReLU'd (non-negative, ~half zero, as after a ResNet's
-    last block) and L2-normalised; 5 % background points belong to no class (DBSCAN/HDBSCAN noise).
-    Generated in chunks, normalised in place: the (n, d) array is the only full-size copy.
-    """
-    rng = np.random.default_rng(seed)
-    groups = rng.standard_normal((-(-classes // 10), d), dtype=np.float32)
-    centres = groups[np.arange(classes) // 10] + 0.8 * rng.standard_normal((classes, d), dtype=np.float32)
-    spread = rng.uniform(0.8, 1.6, classes).astype(np.float32)
-    y = rng.integers(0, classes, n)
-    y[rng.random(n) < background] = -1
-    x = np.empty((n, d), np.float32)
-    for s in range(0, n, 8192):
-        yy = y[s:s + 8192]
-        noise = rng.standard_normal((len(yy), d), dtype=np.float32)
-        z = np.maximum(np.where(yy[:, None] >= 0, centres[yy] + spread[yy, None] * noise, 2.0 * noise), 0.0)
-        x[s:s + 8192] = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
-    return x, y
 
 
 # ---- Section "clustering": one subprocess per row --------------------------------------------------------
@@ -257,35 +220,6 @@ def bench_clustering(ns: list[int], dims: list[int], classes: int, dense_budget_
     return result
 
 
-def plot_clustering(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = result["rows"]
-    names = [f"{r['path']} {r['n'] // 1000}k x {r['dim']}" for r in rows]
-    stage_names = list(dict.fromkeys(s for r in rows for s in r["stages"]))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 0.45 * len(rows) + 2))
-    left = np.zeros(len(rows))
-    for s in stage_names:
-        secs = np.array([r["stages"].get(s, {}).get("seconds", 0.0) for r in rows])
-        axes[0].barh(names, secs, left=left, label=s)
-        left += secs
-    axes[0].axvline(TARGET["seconds"], color="k", ls="--", lw=1, label="target (100k x 2048)")
-    axes[0].set_xlabel("seconds (stages stacked)")
-    axes[0].legend(fontsize=7, frameon=False)
-    axes[1].barh(names, [r["peak_rss_mib"] / 1024 for r in rows], color="tab:orange")
-    axes[1].axvline(TARGET["peak_rss_gib"], color="k", ls="--", lw=1)
-    axes[1].set_xlabel("peak RSS of the row's process (GiB)")
-    for ax in axes:
-        ax.invert_yaxis()
-        ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"density clustering on every point, {result['machine']['cpus']} CPU cores; dense path only "
-                 f"within {result['dense_budget_gib']} GiB")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # ---- Section "parts": kNN, linear probe, K-Means, geometry, interpolation on 60k + 10k embeddings --------
 
 
@@ -318,32 +252,6 @@ def bench_dim(d: int, n_train: int, n_test: int, ev: EvalConfig, out_dir: Path) 
     _, stats = measure(make_plots)
     rows.append({"part": "plots (3 PNG)", "n": n_test, "dim": d, **stats})
     return {"rows": rows, "knn": outputs["knn (k=5,20,200)"], "linear": outputs[parts[1][0]]}
-
-
-def plot_parts(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    dims = sorted({r["dim"] for r in result["parts"]})
-    names = list(dict.fromkeys(r["part"] for r in result["parts"]))
-    width = 0.8 / len(dims)
-    for i, d in enumerate(dims):
-        rows = {r["part"]: r for r in result["parts"] if r["dim"] == d}
-        pos = np.arange(len(names)) + i * width
-        axes[0].barh(pos, [rows[n]["seconds"] for n in names], height=width, label=f"d={d}")
-        axes[1].barh(pos, [rows[n]["peak_rss_growth_mib"] for n in names], height=width, label=f"d={d}")
-    for ax, label in ((axes[0], "seconds"), (axes[1], "peak RSS growth (MiB)")):
-        ax.set_yticks(np.arange(len(names)) + 0.4 - width / 2, names, fontsize=8)
-        ax.set_xlabel(label)
-        ax.invert_yaxis()
-        ax.legend(frameon=False)
-        ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"evaluation parts, {result['n_train']} + {result['n_test']} embeddings, {result['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def bench_parts(dims: list[int], n_train: int, n_test: int, out: Path) -> dict[str, Any]:

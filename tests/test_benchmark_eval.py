@@ -1,4 +1,5 @@
-"""benchmarks/eval.py: its synthetic clustered embeddings, and a --quick run of both sections end to end."""
+"""benchmarks/eval.py: its synthetic clustered embeddings (eval_embeddings.py), and a --quick run of both sections
+end to end."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import numpy as np
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "eval.py"
+EMBEDDINGS = SCRIPT.with_name("eval_embeddings.py")
 
 
-def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_eval", SCRIPT)
+def _embeddings() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_eval_embeddings", EMBEDDINGS)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -24,7 +26,7 @@ def _bench() -> ModuleType:
 
 
 def test_cluster_embeddings_are_unit_norm_and_clustered() -> None:
-    x, y = _bench().cluster_embeddings(4000, 128, classes=20, seed=0)
+    x, y = _embeddings().cluster_embeddings(4000, 128, classes=20, seed=0)
     assert x.shape == (4000, 128) and x.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
     assert (x >= 0).all() and 0.02 < np.mean(y < 0) < 0.08  # ReLU features; ~5 % background
