@@ -80,8 +80,11 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
     t0 = time.perf_counter()
     out = fn()
     hwm = _status_kib("VmHWM")
-    stats = {"seconds": round(time.perf_counter() - t0, 2), "peak_rss_mib": round(hwm / 1024, 1),
-             "peak_rss_growth_mib": round(max(hwm - rss0, 0) / 1024, 1)}
+    stats = {
+        "seconds": round(time.perf_counter() - t0, 2),
+        "peak_rss_mib": round(hwm / 1024, 1),
+        "peak_rss_growth_mib": round(max(hwm - rss0, 0) / 1024, 1),
+    }
     if torch.cuda.is_available():
         stats["cuda_peak_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out, stats
@@ -90,43 +93,61 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, dict[str, float]]:
 # ---- Section "clustering": one subprocess per row --------------------------------------------------------
 
 
-def _exact_row(x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfig,
-               stages: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _exact_row(
+    x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfig, stages: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The exact path: K-Means, adaptive eps, one neighbour graph, DBSCAN sweeps, HDBSCAN tree and labels."""
     out: dict[str, Any] = {}
     if spec["kmeans"]:
         out["kmeans"], stages["kmeans"] = measure(
-            lambda: clustering.kmeans(x, y, k=spec["classes"], niter=ev.kmeans_niter, seed=ev.seed))
+            lambda: clustering.kmeans(x, y, k=spec["classes"], niter=ev.kmeans_niter, seed=ev.seed)
+        )
     grids = {"dbscan_grid": spec.get("eps") or ev.dbscan_eps}
     if spec["adaptive"]:
         grids["dbscan_adaptive"], stages["adaptive_eps"] = measure(
-            lambda: clustering.adaptive_eps(x, ev.dbscan_min_samples, ev.dbscan_eps_quantiles, seed=ev.seed))
+            lambda: clustering.adaptive_eps(x, ev.dbscan_min_samples, ev.dbscan_eps_quantiles, seed=ev.seed)
+        )
     ms = ev.hdbscan_min_cluster_size
     k = max(ev.dbscan_min_samples - 1, ms)
     radius = max(max(g) for g in grids.values())
     graph, stages["neighbour_graph"] = measure(
-        lambda: clustering.density_graph(x, radius=radius, k=k, max_edges=ev.dbscan_max_edges))
+        lambda: clustering.density_graph(x, radius=radius, k=k, max_edges=ev.dbscan_max_edges)
+    )
     out["graph"] = {"requested_radius": radius, "radius": graph.radius, "pairs": int(graph.dist.size), "k": k}
     labels: dict[str, np.ndarray] = {}
     for name, eps in grids.items():
-        sweep, stages[name] = measure(partial(clustering.dbscan_sweep, x, y, eps=eps, min_samples=ev.dbscan_min_samples,
-                                              max_edges=ev.dbscan_max_edges, graph=graph))
+        sweep, stages[name] = measure(
+            partial(
+                clustering.dbscan_sweep,
+                x,
+                y,
+                eps=eps,
+                min_samples=ev.dbscan_min_samples,
+                max_edges=ev.dbscan_max_edges,
+                graph=graph,
+            )
+        )
         done = [r for r in sweep if r["nmi"] is not None]
         best = max(done, key=lambda r: r["nmi"])
-        out[name] = {"n_eps": len(sweep), "n_run": len(done), **{f"best_{key}": best[key] for key in
-                     ("eps", "nmi", "ari", "n_clusters")}}
+        out[name] = {
+            "n_eps": len(sweep),
+            "n_run": len(done),
+            **{f"best_{key}": best[key] for key in ("eps", "nmi", "ari", "n_clusters")},
+        }
     if spec.get("labels_out"):
         fits = [e for e in grids["dbscan_grid"] if max(e, EPS_FLOOR) <= graph.radius]
-        labels.update({f"dbscan_{e}": lab for e, lab in zip(fits, dbscan_sweep_labels(
-            graph, ev.dbscan_min_samples, fits))})
+        labels.update(
+            {f"dbscan_{e}": lab for e, lab in zip(fits, dbscan_sweep_labels(graph, ev.dbscan_min_samples, fits))}
+        )
     (a, b, w, exact), stages["hdbscan_tree"] = measure(lambda: reachability_tree(x, graph, ms))
     labels["hdbscan"], stages["hdbscan_labels"] = measure(lambda: labels_from_tree(a, b, w, ms))
     out["hdbscan"] = {**clustering.cluster_scores(y, labels["hdbscan"]), "exact_tree": exact}
     return out, labels
 
 
-def _dense_row(x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfig,
-               stages: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _dense_row(
+    x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfig, stages: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The dense path: scikit-learn's DBSCAN and the hdbscan package on precomputed (n, n) cosine distances."""
     import hdbscan
     from sklearn.cluster import DBSCAN
@@ -135,8 +156,12 @@ def _dense_row(x: np.ndarray, y: np.ndarray, spec: dict[str, Any], ev: EvalConfi
         dist = x @ x.T  # (n, d) @ (d, n), float32: the smallest matrix scikit-learn accepts
         np.subtract(1.0, dist, out=dist)
         np.clip(dist, 0.0, 2.0, out=dist)
-        return {f"dbscan_{e}": DBSCAN(eps=max(e, 1e-6), min_samples=ev.dbscan_min_samples,
-                                      metric="precomputed").fit_predict(dist) for e in spec["eps"]}
+        return {
+            f"dbscan_{e}": DBSCAN(
+                eps=max(e, 1e-6), min_samples=ev.dbscan_min_samples, metric="precomputed"
+            ).fit_predict(dist)
+            for e in spec["eps"]
+        }
 
     def hdb() -> np.ndarray:
         dist = (1.0 - x @ x.T).astype(np.float64)  # the package computes in float64
@@ -158,8 +183,11 @@ def run_row(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("labels_out"):
         np.savez(spec["labels_out"], **cast(dict[str, Any], labels))
     for name, s in stages.items():
-        print(f"    {spec['path']:5s} n={spec['n']:6d} d={spec['dim']:4d} {name:22s} {s['seconds']:8.1f} s "
-              f"{s['peak_rss_mib']:8.0f} MiB", flush=True)
+        print(
+            f"    {spec['path']:5s} n={spec['n']:6d} d={spec['dim']:4d} {name:22s} {s['seconds']:8.1f} s "
+            f"{s['peak_rss_mib']:8.0f} MiB",
+            flush=True,
+        )
     return {"stages": stages, "results": out}
 
 
@@ -176,8 +204,12 @@ def _spawn(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
     # measure() resets the high-water mark that ru_maxrss reads too (clear_refs): the process's peak is the
     # largest of the stages' peaks and of what followed the last reset.
     peak = max([usage.ru_maxrss / 1024] + [s["peak_rss_mib"] for s in row["stages"].values()])
-    return {**{k: v for k, v in spec.items() if k != "labels_out"}, **row,
-            "seconds": round(time.perf_counter() - t0, 1), "peak_rss_mib": round(peak, 1)}
+    return {
+        **{k: v for k, v in spec.items() if k != "labels_out"},
+        **row,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "peak_rss_mib": round(peak, 1),
+    }
 
 
 def _write_json(result: dict[str, Any], machine: dict[str, Any], path: Path) -> None:
@@ -186,35 +218,54 @@ def _write_json(result: dict[str, Any], machine: dict[str, Any], path: Path) -> 
     path.write_text(json.dumps({**result, "machine": machine}, indent=1, default=float) + "\n")
 
 
-def bench_clustering(ns: list[int], dims: list[int], classes: int, dense_budget_gib: float,
-                     out: Path) -> dict[str, Any]:
+def bench_clustering(
+    ns: list[int], dims: list[int], classes: int, dense_budget_gib: float, out: Path
+) -> dict[str, Any]:
     """Exact rows at every (n, d); the dense path and the exact one side by side at the largest dense n."""
     dense_n = int(math.isqrt(int(dense_budget_gib * 2**30 / 8)))  # HDBSCAN's float64 (n, n) matrix fits
     result: dict[str, Any] = {"target": TARGET, "dense_budget_gib": dense_budget_gib, "rows": [], "compare": []}
-    machine = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-               "loadavg_start": [round(v, 2) for v in os.getloadavg()]}
+    machine = {
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "loadavg_start": [round(v, 2) for v in os.getloadavg()],
+    }
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         for n, d in itertools.product(ns, dims):
             print(f"  clustering n={n} d={d} (exact; dense needs {8 * n * n / 2**30:.1f} GiB)", flush=True)
-            row = _spawn({"path": "exact", "n": n, "dim": d, "classes": classes, "seed": 0, "kmeans": True,
-                          "adaptive": True}, tmp)
+            row = _spawn(
+                {"path": "exact", "n": n, "dim": d, "classes": classes, "seed": 0, "kmeans": True, "adaptive": True},
+                tmp,
+            )
             row["dense"] = f"not run: its float64 (n, n) matrix needs {8 * n * n / 2**30:.1f} GiB"
             result["rows"].append(row)
             _write_json(result, machine, out / "clustering.json")
         for d in dims:
             print(f"  dense vs exact n={dense_n} d={d}", flush=True)
-            base = {"n": dense_n, "dim": d, "classes": max(dense_n // 50, 10), "seed": 1, "kmeans": False,
-                    "adaptive": False, "eps": COMPARE_EPS}
+            base = {
+                "n": dense_n,
+                "dim": d,
+                "classes": max(dense_n // 50, 10),
+                "seed": 1,
+                "kmeans": False,
+                "adaptive": False,
+                "eps": COMPARE_EPS,
+            }
             pair = [_spawn({**base, "path": p, "labels_out": str(tmp / f"{p}.npz")}, tmp) for p in ("exact", "dense")]
             ex, de = (np.load(tmp / f"{p}.npz") for p in ("exact", "dense"))
             dbscan_keys = sorted(k for k in ex.files if k.startswith("dbscan_"))
             result["rows"] += pair
-            result["compare"].append({
-                "n": dense_n, "dim": d, "dbscan_eps_compared": len(dbscan_keys),
-                "dbscan_same_labels": all(np.array_equal(ex[k], de[k]) for k in dbscan_keys),
-                "hdbscan_same_labels": bool(np.array_equal(ex["hdbscan"], de["hdbscan"])),
-                "hdbscan_ari_exact_vs_dense": float(adjusted_rand_score(de["hdbscan"], ex["hdbscan"]))})
+            result["compare"].append(
+                {
+                    "n": dense_n,
+                    "dim": d,
+                    "dbscan_eps_compared": len(dbscan_keys),
+                    "dbscan_same_labels": all(np.array_equal(ex[k], de[k]) for k in dbscan_keys),
+                    "hdbscan_same_labels": bool(np.array_equal(ex["hdbscan"], de["hdbscan"])),
+                    "hdbscan_ari_exact_vs_dense": float(adjusted_rand_score(de["hdbscan"], ex["hdbscan"])),
+                }
+            )
             print(f"  {result['compare'][-1]}", flush=True)
             _write_json(result, machine, out / "clustering.json")
     return result
@@ -229,19 +280,27 @@ def bench_dim(d: int, n_train: int, n_test: int, ev: EvalConfig, out_dir: Path) 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     parts: list[tuple[str, int, Callable[[], Any]]] = [
         ("knn (k=5,20,200)", n_train + n_test, lambda: knn_accuracy(x_tr, y_tr, x_te, y_te, ks=(5, 20, 200))),
-        (f"linear probe (1 wd, {LINEAR_ITERS} it)", n_train + n_test,
-         lambda: linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1e-4], max_iter=LINEAR_ITERS, device=device)),
+        (
+            f"linear probe (1 wd, {LINEAR_ITERS} it)",
+            n_train + n_test,
+            lambda: linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1e-4], max_iter=LINEAR_ITERS, device=device),
+        ),
         ("kmeans (k=10)", len(x_all), lambda: clustering.kmeans(x_all, y_all, k=10)),
         ("geometry", n_test, lambda: geometry.geometry_metrics(x_te, y_te, max_pairs=ev.max_pairs)),
-        ("interpolation profile", n_test,
-         lambda: neighborhood.interpolation_profile(x_te, y_te, n_pairs=ev.interp_pairs)),
+        (
+            "interpolation profile",
+            n_test,
+            lambda: neighborhood.interpolation_profile(x_te, y_te, n_pairs=ev.interp_pairs),
+        ),
     ]
     rows, outputs = [], {}
     for name, n, fn in parts:
         outputs[name], stats = measure(fn)
         rows.append({"part": name, "n": n, "dim": d, **stats})
-        print(f"  d={d:5d} {name:28s} n={n:6d} {stats['seconds']:8.1f} s {stats['peak_rss_growth_mib']:8.0f} MiB",
-              flush=True)
+        print(
+            f"  d={d:5d} {name:28s} n={n:6d} {stats['seconds']:8.1f} s {stats['peak_rss_growth_mib']:8.0f} MiB",
+            flush=True,
+        )
 
     def make_plots() -> None:
         pos, neg = geometry.pair_similarities(x_te, y_te, max_pairs=ev.max_pairs)
@@ -256,8 +315,15 @@ def bench_dim(d: int, n_train: int, n_test: int, ev: EvalConfig, out_dir: Path) 
 
 def bench_parts(dims: list[int], n_train: int, n_test: int, out: Path) -> dict[str, Any]:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
-    result: dict[str, Any] = {"n_train": n_train, "n_test": n_test, "device": device, "platform": platform.platform(),
-                              "torch": torch.__version__, "parts": [], "quality": {}}
+    result: dict[str, Any] = {
+        "n_train": n_train,
+        "n_test": n_test,
+        "device": device,
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "parts": [],
+        "quality": {},
+    }
     t0 = time.perf_counter()
     for d in dims:
         with tempfile.TemporaryDirectory() as plot_dir:  # the PNGs are timed, not kept
@@ -276,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dims", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--n", type=int, nargs="+", default=[50_000, 100_000], help="clustering: points per row")
     p.add_argument("--classes", type=int, default=1000, help="clustering: classes (the paper's K-Means k = 1000)")
-    p.add_argument("--dense-budget-gib", type=float, default=1.5,
-                   help="clustering: memory allowed for the dense path's float64 (n, n) matrix")
+    p.add_argument(
+        "--dense-budget-gib",
+        type=float,
+        default=1.5,
+        help="clustering: memory allowed for the dense path's float64 (n, n) matrix",
+    )
     p.add_argument("--n-train", type=int, default=60000, help="parts: training embeddings")
     p.add_argument("--n-test", type=int, default=10000, help="parts: test embeddings")
     p.add_argument("--quick", action="store_true", help="a smoke run: a few thousand points per row")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def make_embeddings(n_train: int, n_test: int, d: int, seed: int = 0, latent: int = 16,
-                    spread: float = 1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def make_embeddings(
+    n_train: int, n_test: int, d: int, seed: int = 0, latent: int = 16, spread: float = 1.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Train/test splits of ReLU(W z + small noise), z = class centre + noise in a 16-d latent: 10 overlapping
     classes (kNN well below 100 %), ~half the activations zero as after a ResNet's last block."""
     rng = np.random.default_rng(seed)
@@ -24,8 +25,9 @@ def make_embeddings(n_train: int, n_test: int, d: int, seed: int = 0, latent: in
     return (*split(n_train), *split(n_test))
 
 
-def cluster_embeddings(n: int, d: int, classes: int, seed: int = 0,
-                       background: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+def cluster_embeddings(
+    n: int, d: int, classes: int, seed: int = 0, background: float = 0.05
+) -> tuple[np.ndarray, np.ndarray]:
     """(n, d) unit-norm float32 features shaped like a trained encoder's, and labels (-1: background).
 
     Class centres come in superclasses of 10 (related classes lie closer, as ImageNet's dog breeds do),
@@ -41,8 +43,8 @@ def cluster_embeddings(n: int, d: int, classes: int, seed: int = 0,
     y[rng.random(n) < background] = -1
     x = np.empty((n, d), np.float32)
     for s in range(0, n, 8192):
-        yy = y[s:s + 8192]
+        yy = y[s : s + 8192]
         noise = rng.standard_normal((len(yy), d), dtype=np.float32)
         z = np.maximum(np.where(yy[:, None] >= 0, centres[yy] + spread[yy, None] * noise, 2.0 * noise), 0.0)
-        x[s:s + 8192] = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+        x[s : s + 8192] = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
     return x, y

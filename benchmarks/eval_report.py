@@ -12,8 +12,10 @@ import numpy as np
 
 def plot_clustering(result: dict[str, Any], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = result["rows"]
     names = [f"{r['path']} {r['n'] // 1000}k x {r['dim']}" for r in rows]
     stage_names = list(dict.fromkeys(s for r in rows for s in r["stages"]))
@@ -32,8 +34,10 @@ def plot_clustering(result: dict[str, Any], path: Path) -> None:
     for ax in axes:
         ax.invert_yaxis()
         ax.grid(axis="x", alpha=0.3)
-    fig.suptitle(f"density clustering on every point, {result['machine']['cpus']} CPU cores; dense path only "
-                 f"within {result['dense_budget_gib']} GiB")
+    fig.suptitle(
+        f"density clustering on every point, {result['machine']['cpus']} CPU cores; dense path only "
+        f"within {result['dense_budget_gib']} GiB"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -41,6 +45,7 @@ def plot_clustering(result: dict[str, Any], path: Path) -> None:
 
 def plot_parts(result: dict[str, Any], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

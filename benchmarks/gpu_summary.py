@@ -18,8 +18,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, cast
 
-PARTS = {"cuda_tests": None, "repulsion": "repulsion.json", "train_throughput": "train_throughput.json",
-         "loaders": "loaders.json"}
+PARTS = {
+    "cuda_tests": None,
+    "repulsion": "repulsion.json",
+    "train_throughput": "train_throughput.json",
+    "loaders": "loaders.json",
+}
 
 
 def junit_counts(path: Path) -> dict[str, Any]:
@@ -32,8 +36,9 @@ def junit_counts(path: Path) -> dict[str, Any]:
         if "failure" in kinds or "error" in kinds:
             counts["failed" if "failure" in kinds else "errors"] += 1
             node = cast(ET.Element, case.find("failure") if "failure" in kinds else case.find("error"))
-            counts["failures"].append({"test": name, "message": (node.get("message") or "")[:500],
-                                       "tail": (node.text or "")[-1500:]})
+            counts["failures"].append(
+                {"test": name, "message": (node.get("message") or "")[:500], "tail": (node.text or "")[-1500:]}
+            )
         elif "skipped" in kinds:
             counts["skipped"] += 1
             skipped = cast(ET.Element, case.find("skipped"))
@@ -116,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     summary: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": args.command, "device": args.device, "quick": args.quick == "1",
-        "host": platform.node(), "seconds_total": time.time() - args.started,
+        "command": args.command,
+        "device": args.device,
+        "quick": args.quick == "1",
+        "host": platform.node(),
+        "seconds_total": time.time() - args.started,
     }
     try:
         import torch

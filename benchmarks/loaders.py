@@ -59,9 +59,28 @@ def prepare(cache: Path, size: int, images: int, source: str, with_ffcv: bool) -
     out = cache / f"{source}_{size}px_{images}{'_ffcv' if with_ffcv else ''}"
     if not (out / "manifest.json").is_file():
         formats = "webdataset,ffcv,imagefolder" if with_ffcv else "webdataset,imagefolder"
-        convert(["--builtin", source, "--out", str(out), "--limit", str(images), "--mode", "RGB",
-                 "--resize", str(size), "--image-format", "jpg", "--formats", formats,
-                 "--ffcv-mode", "jpg", "--shard-size", "128"])
+        convert(
+            [
+                "--builtin",
+                source,
+                "--out",
+                str(out),
+                "--limit",
+                str(images),
+                "--mode",
+                "RGB",
+                "--resize",
+                str(size),
+                "--image-format",
+                "jpg",
+                "--formats",
+                formats,
+                "--ffcv-mode",
+                "jpg",
+                "--shard-size",
+                "128",
+            ]
+        )
     return out
 
 
@@ -78,7 +97,7 @@ def time_tensor_path(size: int, images: int, batch: int, device: torch.device, e
     n, t0 = 0, time.perf_counter()
     for epoch in range(1, epochs + 1):
         for start in range(0, images - batch + 1, batch):
-            mc(x[start:start + batch], torch.arange(start, start + batch, device=device), epoch)
+            mc(x[start : start + batch], torch.arange(start, start + batch, device=device), epoch)
             n += batch
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -128,11 +147,12 @@ def plot(results: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.5))
     for ax, size in zip(axes if len(sizes) > 1 else [axes], sizes):
         vals = [next((r["images_per_s"] for r in results if r["size"] == size and r["loader"] == n), 0) for n in names]
-        raw = next((r.get("decode_crop_flip_images_per_s", 0) for r in results
-                    if r["size"] == size and r["loader"] == "ffcv"), 0)
+        raw = next(
+            (r.get("decode_crop_flip_images_per_s", 0) for r in results if r["size"] == size and r["loader"] == "ffcv"),
+            0,
+        )
         ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:purple"])
-        ax.bar(["ffcv"], [raw], color="none", edgecolor="tab:orange", hatch="//",
-               label="ffcv decode+crop+flip only")
+        ax.bar(["ffcv"], [raw], color="none", edgecolor="tab:orange", hatch="//", label="ffcv decode+crop+flip only")
         ax.legend(fontsize=7)
         ax.set_title(f"{size} px ({SETUPS[size]} preset, 8 views)")
         ax.tick_params(axis="x", labelsize=7)
@@ -153,10 +173,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--sizes", default="32,224")
-    p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma-separated subset of {LOADERS}; "
-                   "tensor = TensorMultiCrop on --device over uint8 images in memory (no decoding)")
-    p.add_argument("--source", default="auto", choices=["auto", "fashion_mnist", "digits"],
-                   help="builtin images to convert (auto: fashion_mnist if installed, else digits)")
+    p.add_argument(
+        "--loaders",
+        default=",".join(LOADERS),
+        help=f"comma-separated subset of {LOADERS}; "
+        "tensor = TensorMultiCrop on --device over uint8 images in memory (no decoding)",
+    )
+    p.add_argument(
+        "--source",
+        default="auto",
+        choices=["auto", "fashion_mnist", "digits"],
+        help="builtin images to convert (auto: fashion_mnist if installed, else digits)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the main process")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--cache", default=os.environ.get("HS_BENCH_CACHE", "/tmp/hs_bench_loaders"))
@@ -202,16 +230,31 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{size:4d}px {name:16s} skipped: {results[-1]['skipped']}", flush=True)
                 continue
             r.update(head)
-            extra = f", decode+crop+flip only {r['decode_crop_flip_images_per_s']:.1f}/s" \
-                if "decode_crop_flip_images_per_s" in r else ""
-            print(f"{size:4d}px {name:16s} {r['images_per_s']:8.1f} images/s{extra}  "
-                  f"(build {r['build_s']:.1f}s, warm-up {r['warmup_s']:.1f}s)", flush=True)
+            extra = (
+                f", decode+crop+flip only {r['decode_crop_flip_images_per_s']:.1f}/s"
+                if "decode_crop_flip_images_per_s" in r
+                else ""
+            )
+            print(
+                f"{size:4d}px {name:16s} {r['images_per_s']:8.1f} images/s{extra}  "
+                f"(build {r['build_s']:.1f}s, warm-up {r['warmup_s']:.1f}s)",
+                flush=True,
+            )
             results.append(r)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": str(device), "workers": args.workers, "torch_threads": args.threads, "batch": args.batch,
-            "images": args.images, "source": source, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "torch": torch.__version__, "load_avg_at_end": os.getloadavg()}
+    meta = {
+        "device": str(device),
+        "workers": args.workers,
+        "torch_threads": args.threads,
+        "batch": args.batch,
+        "images": args.images,
+        "source": source,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "load_avg_at_end": os.getloadavg(),
+    }
     (out / "loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     plot([r for r in results if "images_per_s" in r], out / "loaders.png")
     print(f"wrote {out / 'loaders.json'} and {out / 'loaders.png'}")

@@ -34,8 +34,9 @@ def first_of_each_class(ds: torch.utils.data.Dataset, n: int, scan: int = 2000) 
     by_class: dict[int, list[int]] = {}
     for i in range(min(len(ds), scan)):  # type: ignore[arg-type]
         by_class.setdefault(int(ds[i][1]), []).append(i)
-    order = [idx for rank in range(n) for y in sorted(by_class) if rank < len(by_class[y])
-             for idx in [by_class[y][rank]]][:n]
+    order = [
+        idx for rank in range(n) for y in sorted(by_class) if rank < len(by_class[y]) for idx in [by_class[y][rank]]
+    ][:n]
     return torch.stack([ds[i][0] for i in order]), [int(ds[i][1]) for i in order]
 
 
@@ -62,11 +63,23 @@ def main(argv: list[str] | None = None) -> int:
     skips = SkipLog()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SkippedWarning)  # listed below instead
-        paths = render_qualitative(model, images, labels, args.out, mean=preset.mean, std=preset.std,
-                                   class_names=names, seed=args.seed, inversion_steps=args.steps, skips=skips)
+        paths = render_qualitative(
+            model,
+            images,
+            labels,
+            args.out,
+            mean=preset.mean,
+            std=preset.std,
+            class_names=names,
+            seed=args.seed,
+            inversion_steps=args.steps,
+            skips=skips,
+        )
     t2 = time.perf_counter()
-    print(f"{len(labels)} images of {args.checkpoint} ({cfg.model.arch}, {tuple(images.shape[1:])}); "
-          f"load {t1 - t0:.1f} s, render {t2 - t1:.1f} s, {torch.get_num_threads()} threads")
+    print(
+        f"{len(labels)} images of {args.checkpoint} ({cfg.model.arch}, {tuple(images.shape[1:])}); "
+        f"load {t1 - t0:.1f} s, render {t2 - t1:.1f} s, {torch.get_num_threads()} threads"
+    )
     too_big = []
     for name, path in paths.items():
         size = path.stat().st_size

@@ -58,8 +58,23 @@ def run_one(backend: str, m: int, regime: str, dtype: str, args: argparse.Namesp
             return {**head, "skipped": f"failed: {type(err).__name__}: {str(err)[-400:]}"}
         finally:
             torch.cuda.empty_cache()
-    cmd = [sys.executable, __file__, "--worker", "--backend", backend, "--m", str(m), "--regime", regime,
-           "--dim", str(args.dim), "--device", args.device, "--dtype", dtype]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--backend",
+        backend,
+        "--m",
+        str(m),
+        "--regime",
+        regime,
+        "--dim",
+        str(args.dim),
+        "--device",
+        args.device,
+        "--dtype",
+        dtype,
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -80,15 +95,25 @@ def add_errors(rows: list[dict]) -> None:
         if ref is not None:
             r["reference"] = ref["backend"]
             r["loss_rel_err"] = abs(r["loss"] - ref["loss"]) / max(abs(ref["loss"]), 1e-30)
-        exact = {x["backend"]: x for x in rows if "loss" in x and x.get("dtype", "fp32") == "fp32"
-                 and (x["regime"], x["m"]) == key[:2]}
+        exact = {
+            x["backend"]: x
+            for x in rows
+            if "loss" in x and x.get("dtype", "fp32") == "fp32" and (x["regime"], x["m"]) == key[:2]
+        }
         ref32 = exact.get("dense") or exact.get("tiled")
         if ref32 is not None and key[2] != "fp32":  # what rounding the input to bf16 changes
             r["loss_rel_err_vs_fp32"] = abs(r["loss"] - ref32["loss"]) / max(abs(ref32["loss"]), 1e-30)
 
 
-def share(device: str, batch: int, res: tuple[int, int], steps: int, dim: int, repulsion_backend: str,
-          global_batches: tuple[int, ...] = (128, 4096)) -> dict:
+def share(
+    device: str,
+    batch: int,
+    res: tuple[int, int],
+    steps: int,
+    dim: int,
+    repulsion_backend: str,
+    global_batches: tuple[int, ...] = (128, 4096),
+) -> dict:
     """Repulsion fwd+bwd vs a measured ResNet-50 fwd+bwd step (2 global + 6 local views, bf16, channels_last).
 
     Per-GPU mapping of a data-parallel run with global batch B x 8 views on P GPUs: each GPU runs the
@@ -105,8 +130,10 @@ def share(device: str, batch: int, res: tuple[int, int], steps: int, dim: int, r
     model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     g = torch.Generator(device=dev).manual_seed(0)
-    views = [torch.randn(batch, 3, s, s, device=dev, generator=g).contiguous(memory_format=torch.channels_last)
-             for s in [res[0]] * 2 + [res[1]] * (VIEWS - 2)]
+    views = [
+        torch.randn(batch, 3, s, s, device=dev, generator=g).contiguous(memory_format=torch.channels_last)
+        for s in [res[0]] * 2 + [res[1]] * (VIEWS - 2)
+    ]
 
     def backbone_step() -> None:
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=device == "cuda"):
@@ -128,13 +155,24 @@ def share(device: str, batch: int, res: tuple[int, int], steps: int, dim: int, r
     t_step = sorted(times)[len(times) // 2]
     # Free the activations' owners before the large repulsion runs.
     model = opt = views = None  # type: ignore[assignment]
-    out: dict = {"per_gpu_batch_measured": batch, "resnet50_step_s": t_step, "resnet50_s_per_image": t_step / batch,
-                 "views": f"2x{res[0]} + {VIEWS - 2}x{res[1]}", "dim": dim, "repulsion_backend": repulsion_backend,
-                 "cases": []}
+    out: dict = {
+        "per_gpu_batch_measured": batch,
+        "resnet50_step_s": t_step,
+        "resnet50_s_per_image": t_step / batch,
+        "views": f"2x{res[0]} + {VIEWS - 2}x{res[1]}",
+        "dim": dim,
+        "repulsion_backend": repulsion_backend,
+        "cases": [],
+    }
     for global_batch in global_batches:
         m = global_batch * VIEWS
-        rep = run_one(repulsion_backend, m, "spread", "bf16",
-                      argparse.Namespace(device=device, dim=dim, timeout=600, inprocess=True))
+        rep = run_one(
+            repulsion_backend,
+            m,
+            "spread",
+            "bf16",
+            argparse.Namespace(device=device, dim=dim, timeout=600, inprocess=True),
+        )
         if "seconds" not in rep:
             out["cases"].append({"global_batch": global_batch, "m": m, "skipped": rep.get("skipped", "no time")})
             continue
@@ -142,14 +180,31 @@ def share(device: str, batch: int, res: tuple[int, int], steps: int, dim: int, r
             if global_batch % p or global_batch // p < 1:
                 continue
             t_rep, t_net = rep["seconds"] / p, out["resnet50_s_per_image"] * global_batch / p
-            out["cases"].append({
-                "global_batch": global_batch, "gpus": p, "rows_local": m // p, "columns_global": m,
-                "repulsion_s": t_rep, "backbone_s": t_net, "repulsion_share": t_rep / (t_rep + t_net)})
+            out["cases"].append(
+                {
+                    "global_batch": global_batch,
+                    "gpus": p,
+                    "rows_local": m // p,
+                    "columns_global": m,
+                    "repulsion_s": t_rep,
+                    "backbone_s": t_net,
+                    "repulsion_share": t_rep / (t_rep + t_net),
+                }
+            )
     return out
 
 
-BLAS_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "MKL_CBWR",
-            "MKL_ENABLE_INSTRUCTIONS", "KMP_AFFINITY", "OMP_PROC_BIND", "NVPL_BLAS_DEBUG_CPU_TYPE")
+BLAS_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE",
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "KMP_AFFINITY",
+    "OMP_PROC_BIND",
+    "NVPL_BLAS_DEBUG_CPU_TYPE",
+)
 
 
 def environment() -> dict:
@@ -158,11 +213,16 @@ def environment() -> dict:
     import numpy
     import torch
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__,
-            "faiss": getattr(faiss, "__version__", "?"), "threads": torch.get_num_threads(),
-            "interop_threads": torch.get_num_interop_threads(),
-            "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
-            "load_average_at_start": list(os.getloadavg())}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "faiss": getattr(faiss, "__version__", "?"),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+        "load_average_at_start": list(os.getloadavg()),
+    }
 
 
 def memory_budget(device: str) -> int:
@@ -181,23 +241,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--regimes", nargs="+", default=["spread", "collapsed"])
     ap.add_argument("--dtypes", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     ap.add_argument("--backends", nargs="+", default=None, help="default: all, plus auto where the loss has it")
-    ap.add_argument("--large-from", type=int, default=32768,
-                    help="from this M on, run only --large-backends (the approximate indexes are slow to build)")
+    ap.add_argument(
+        "--large-from",
+        type=int,
+        default=32768,
+        help="from this M on, run only --large-backends (the approximate indexes are slow to build)",
+    )
     ap.add_argument("--large-backends", nargs="+", default=["dense", "tiled", "neighbors-flat", "auto"])
-    ap.add_argument("--neighbors-max", type=int, default=1 << 30,
-                    help="largest M for the neighbors backends (FAISS on the CPU searches M x M)")
+    ap.add_argument(
+        "--neighbors-max",
+        type=int,
+        default=1 << 30,
+        help="largest M for the neighbors backends (FAISS on the CPU searches M x M)",
+    )
     ap.add_argument("--timeout", type=int, default=3600, help="seconds allowed for one measurement (CPU)")
-    ap.add_argument("--budget-s", type=float, default=0.0,
-                    help="stop starting new measurements after this many seconds (0: no limit); "
-                         "the rest are recorded as skipped")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="stop starting new measurements after this many seconds (0: no limit); the rest are recorded as skipped",
+    )
     ap.add_argument("--share", action="store_true", help="also time the repulsion against a ResNet-50 step")
     ap.add_argument("--share-batch", type=int, default=128, help="per-GPU images of the measured ResNet-50 step")
     ap.add_argument("--share-res", type=int, nargs=2, default=[224, 96], help="global and local view sizes")
     ap.add_argument("--share-steps", type=int, default=5)
     ap.add_argument("--share-backend", default="tiled")
     ap.add_argument("--share-global-batches", type=int, nargs="+", default=[128, 4096])
-    ap.add_argument("--inprocess", action="store_true", help="measure in this process on CPU too (faster, "
-                    "but peak memory is then that of the whole process)")
+    ap.add_argument(
+        "--inprocess",
+        action="store_true",
+        help="measure in this process on CPU too (faster, but peak memory is then that of the whole process)",
+    )
     ap.add_argument("--out", default=str(RESULTS / "repulsion"), help="output path without extension")
     # worker mode (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -225,9 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": args.device, "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "dim": args.dim, "views": VIEWS, "memory_budget_bytes": budget, "backends": backends,
-            **environment()}
+    meta = {
+        "device": args.device,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "dim": args.dim,
+        "views": VIEWS,
+        "memory_budget_bytes": budget,
+        "backends": backends,
+        **environment(),
+    }
     if args.device == "cuda":
         import torch
 
@@ -263,8 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     shares = None
     if args.share:
         try:
-            shares = share(args.device, args.share_batch, tuple(args.share_res), args.share_steps, args.dim,
-                           args.share_backend, tuple(args.share_global_batches))
+            shares = share(
+                args.device,
+                args.share_batch,
+                tuple(args.share_res),
+                args.share_steps,
+                args.dim,
+                args.share_backend,
+                tuple(args.share_global_batches),
+            )
         except Exception as err:  # noqa: BLE001 - keep the backend table even if the ResNet part fails
             shares = {"skipped": f"failed: {type(err).__name__}: {str(err)[-400:]}"}
         print("share:", json.dumps(shares), flush=True)

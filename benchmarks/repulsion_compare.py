@@ -21,8 +21,19 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_BASELINE = HERE / "results" / "repulsion.json"
-ENV_KEYS = ("torch", "numpy", "faiss", "python", "threads", "interop_threads", "cores", "cpu", "device", "gpu",
-            "blas_env")
+ENV_KEYS = (
+    "torch",
+    "numpy",
+    "faiss",
+    "python",
+    "threads",
+    "interop_threads",
+    "cores",
+    "cpu",
+    "device",
+    "gpu",
+    "blas_env",
+)
 
 
 def _key(row: dict) -> tuple:
@@ -33,8 +44,15 @@ def _device(data: dict) -> str:
     return data.get("meta", {}).get("device", "cpu")
 
 
-def compare(base: dict, new: dict, *, time_threshold: float = 0.3, time_floor: float = 0.05,
-            mem_threshold: float = 0.2, mem_floor_mib: float = 32.0) -> dict:
+def compare(
+    base: dict,
+    new: dict,
+    *,
+    time_threshold: float = 0.3,
+    time_floor: float = 0.05,
+    mem_threshold: float = 0.2,
+    mem_floor_mib: float = 32.0,
+) -> dict:
     """Matched rows of two benchmark results, classified. Pure function of the two JSON objects.
 
     Returns {"slower": [...], "heavier": [...], "faster": [...], "lost": [...], "matched": int,
@@ -76,20 +94,31 @@ def compare(base: dict, new: dict, *, time_threshold: float = 0.3, time_floor: f
 
 def report(result: dict, *, time_threshold: float, mem_threshold: float) -> list[str]:
     """Lines to print for :func:`compare`'s result."""
-    lines = [(f"repulsion benchmark vs reference: {result['matched']} rows compared "
-              f"(noise allowance: time +{time_threshold:.0%}, peak memory +{mem_threshold:.0%})")]
+    lines = [
+        (
+            f"repulsion benchmark vs reference: {result['matched']} rows compared "
+            f"(noise allowance: time +{time_threshold:.0%}, peak memory +{mem_threshold:.0%})"
+        )
+    ]
     for k, vb, vn in result["env"]:
         lines.append(f"  environment differs: {k}: {vb} -> {vn}")
     if result.get("load"):
-        lines.append(f"  load average (1, 5, 15 min) at the start: {result['load'][0]} -> {result['load'][1]} "
-                     "(a busy machine slows every row alike)")
+        lines.append(
+            f"  load average (1, 5, 15 min) at the start: {result['load'][0]} -> {result['load'][1]} "
+            "(a busy machine slows every row alike)"
+        )
 
     def row(r: dict, unit: str, fmt: str) -> str:
-        return (f"  {r['backend']:15s} {r['regime']:9s} M={r['m']:<6d} {r['dtype']:4s} "
-                f"{r['base']:{fmt}} -> {r['new']:{fmt}} {unit}  x{r['ratio']:.2f}")
+        return (
+            f"  {r['backend']:15s} {r['regime']:9s} M={r['m']:<6d} {r['dtype']:4s} "
+            f"{r['base']:{fmt}} -> {r['new']:{fmt}} {unit}  x{r['ratio']:.2f}"
+        )
 
-    for title, key, unit, fmt in (("SLOWER", "slower", "s", ".3f"), ("MORE PEAK MEMORY", "heavier", "MiB", ".0f"),
-                                  ("faster", "faster", "s", ".3f")):
+    for title, key, unit, fmt in (
+        ("SLOWER", "slower", "s", ".3f"),
+        ("MORE PEAK MEMORY", "heavier", "MiB", ".0f"),
+        ("faster", "faster", "s", ".3f"),
+    ):
         items = sorted(result[key], key=lambda r: -r["ratio"] if key != "faster" else r["ratio"])
         if items:
             lines.append(f"{title} ({len(items)}):")
@@ -113,8 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true", help="exit 1 when something got slower or heavier")
     args = ap.parse_args(argv)
     base, new = (json.loads(Path(p).read_text()) for p in (args.baseline, args.new))
-    result = compare(base, new, time_threshold=args.time_threshold, time_floor=args.time_floor,
-                     mem_threshold=args.mem_threshold, mem_floor_mib=args.mem_floor_mib)
+    result = compare(
+        base,
+        new,
+        time_threshold=args.time_threshold,
+        time_floor=args.time_floor,
+        mem_threshold=args.mem_threshold,
+        mem_floor_mib=args.mem_floor_mib,
+    )
     print("\n".join(report(result, time_threshold=args.time_threshold, mem_threshold=args.mem_threshold)))
     regressed = bool(result["slower"] or result["heavier"] or result["lost"])
     return 1 if args.strict and regressed else 0

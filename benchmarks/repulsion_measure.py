@@ -100,9 +100,19 @@ def measure(backend_name: str, m: int, regime: str, dim: int, device: str, dtype
         loss = step()
         times.append(time.perf_counter() - t0)
     peak = (torch.cuda.max_memory_allocated() if device == "cuda" else _rss_peak_bytes()) - base
-    out = {"backend": backend_name, "m": m, "dim": dim, "regime": regime, "device": device, "dtype": dtype,
-           "seconds": sorted(times)[len(times) // 2], "peak_bytes": int(peak), "loss": loss,
-           "repulsion": fn.stats["repulsion"], "active_fraction": fn.stats["active_fraction"]}
+    out = {
+        "backend": backend_name,
+        "m": m,
+        "dim": dim,
+        "regime": regime,
+        "device": device,
+        "dtype": dtype,
+        "seconds": sorted(times)[len(times) // 2],
+        "peak_bytes": int(peak),
+        "loss": loss,
+        "repulsion": fn.stats["repulsion"],
+        "active_fraction": fn.stats["active_fraction"],
+    }
     for key in ("recall", "saturated_rows", "candidates"):
         if key in fn.stats:
             out[key] = fn.stats[key]

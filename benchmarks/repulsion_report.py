@@ -16,8 +16,11 @@ def plot(rows: list[dict], path: Path, shares: dict | None = None) -> None:
     regime = next((r["regime"] for r in rows if "seconds" in r), "spread")
     series = sorted({(r["backend"], r.get("dtype", "fp32")) for r in rows if r["regime"] == regime})
     for name, dtype in series:
-        pts = sorted((r["m"], r) for r in rows if r["backend"] == name and r.get("dtype", "fp32") == dtype
-                     and r["regime"] == regime and "seconds" in r)
+        pts = sorted(
+            (r["m"], r)
+            for r in rows
+            if r["backend"] == name and r.get("dtype", "fp32") == dtype and r["regime"] == regime and "seconds" in r
+        )
         if not pts:
             continue
         ms, label = [p[0] for p in pts], f"{name} {dtype}"
@@ -26,8 +29,11 @@ def plot(rows: list[dict], path: Path, shares: dict | None = None) -> None:
         errs = [(p[0], p[1]["loss_rel_err"]) for p in pts if p[1].get("loss_rel_err", 0) > 0]
         if errs:
             axes[1, 0].plot(*zip(*errs), marker="o", label=label)
-    for ax, title, unit in ((axes[0, 0], "forward+backward time", "seconds"), (axes[0, 1], "peak memory", "GiB"),
-                            (axes[1, 0], "loss relative error vs dense (tiled where dense did not fit)", "rel. err")):
+    for ax, title, unit in (
+        (axes[0, 0], "forward+backward time", "seconds"),
+        (axes[0, 1], "peak memory", "GiB"),
+        (axes[1, 0], "loss relative error vs dense (tiled where dense did not fit)", "rel. err"),
+    ):
         ax.set_title(f"{regime}: {title}", fontsize=9)
         ax.set_ylabel(unit)
         ax.set_xscale("log", base=2)
@@ -53,8 +59,10 @@ def plot(rows: list[dict], path: Path, shares: dict | None = None) -> None:
 
 def summarize(rows: list[dict]) -> list[str]:
     """Markdown table of this run's numbers."""
-    lines = ["| regime | M | backend | dtype | time (s) | peak mem (GiB) | active pairs | recall | loss rel. err |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| regime | M | backend | dtype | time (s) | peak mem (GiB) | active pairs | recall | loss rel. err |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (r["regime"], r["m"], r["backend"], r.get("dtype", ""))):
         head = f"| {r['regime']} | {r['m']} | {r['backend']} | {r.get('dtype', 'fp32')} |"
         if "skipped" in r:
@@ -62,6 +70,7 @@ def summarize(rows: list[dict]) -> list[str]:
             continue
         rec = f"{r['recall']:.4f}" if "recall" in r else "–"
         err = f"{r['loss_rel_err']:.1e} vs {r['reference']}" if "loss_rel_err" in r else "–"
-        lines.append(f"{head} {r['seconds']:.3f} | {r['peak_bytes'] / 2**30:.2f} | {r['active_fraction']:.2%} | "
-                     f"{rec} | {err} |")
+        lines.append(
+            f"{head} {r['seconds']:.3f} | {r['peak_bytes'] / 2**30:.2f} | {r['active_fraction']:.2%} | {rec} | {err} |"
+        )
     return lines

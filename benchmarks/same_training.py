@@ -37,8 +37,9 @@ CASES = (
 
 
 def _sha(t: torch.Tensor) -> str:
-    return hashlib.sha256(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-                          if t.numel() else b"").hexdigest()[:20]
+    return hashlib.sha256(
+        t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    ).hexdigest()[:20]
 
 
 def tensor_hashes(ckpt: dict[str, Any]) -> dict[str, str]:
@@ -58,9 +59,19 @@ def tensor_hashes(ckpt: dict[str, Any]) -> dict[str, str]:
 
 def run_case(repo: Path, config: str, steps: int, extra: tuple[str, ...], work: Path) -> dict[str, Any]:
     run_dir = work / "run"
-    cmd = [sys.executable, "launch/train.py", "--config", config, f"run_dir={run_dir}", f"max_steps={steps}",
-           "tracking.log_every_n_steps=1", "eval.every_n_epochs=0", f"checkpoint.every_n_steps={steps}",
-           "data.max_train_samples=4096", *extra]
+    cmd = [
+        sys.executable,
+        "launch/train.py",
+        "--config",
+        config,
+        f"run_dir={run_dir}",
+        f"max_steps={steps}",
+        "tracking.log_every_n_steps=1",
+        "eval.every_n_epochs=0",
+        f"checkpoint.every_n_steps={steps}",
+        "data.max_train_samples=4096",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -74,14 +85,19 @@ def run_case(repo: Path, config: str, steps: int, extra: tuple[str, ...], work: 
 
 def record(repo: Path, steps: int) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                                capture_output=True, text=True).stdout.strip())
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+        ).stdout.strip()
+    )
     out: dict[str, Any] = {"commit": commit, "dirty": dirty, "torch": torch.__version__, "steps": steps, "cases": {}}
     for name, config, extra in CASES:
         with tempfile.TemporaryDirectory() as tmp:
             out["cases"][name] = run_case(repo, config, steps, extra, Path(tmp))
-            print(f"{name}: {len(out['cases'][name]['losses'])} losses, "
-                  f"{len(out['cases'][name]['tensors'])} tensors", flush=True)
+            print(
+                f"{name}: {len(out['cases'][name]['losses'])} losses, {len(out['cases'][name]['tensors'])} tensors",
+                flush=True,
+            )
     return out
 
 
@@ -95,12 +111,16 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
             continue
         if ca["losses"] != cb["losses"]:
             first = next((i for i, (x, y) in enumerate(zip(ca["losses"], cb["losses"])) if x != y), None)
-            problems.append(f"{name}: losses differ (first at logged step {first}; {len(ca['losses'])} vs "
-                            f"{len(cb['losses'])} values)")
+            problems.append(
+                f"{name}: losses differ (first at logged step {first}; {len(ca['losses'])} vs "
+                f"{len(cb['losses'])} values)"
+            )
         ta, tb = ca["tensors"], cb["tensors"]
         if set(ta) != set(tb):
-            problems.append(f"{name}: tensor names differ: only before {sorted(set(ta) - set(tb))[:5]}, only after "
-                            f"{sorted(set(tb) - set(ta))[:5]}")
+            problems.append(
+                f"{name}: tensor names differ: only before {sorted(set(ta) - set(tb))[:5]}, only after "
+                f"{sorted(set(tb) - set(ta))[:5]}"
+            )
         differ = sorted(k for k in set(ta) & set(tb) if ta[k] != tb[k])
         if differ:
             problems.append(f"{name}: {len(differ)} tensors differ ({', '.join(differ[:5])})")
@@ -120,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in problems:
             print(line)
         n = sum(len(c["tensors"]) for c in b["cases"].values())
-        print(f"{'DIFFERENT' if problems else 'bit-identical'}: {a['commit'][:7]} vs {b['commit'][:7]} "
-              f"({', '.join(b['cases'])}; {b['steps']} steps; {n} tensors)")
+        print(
+            f"{'DIFFERENT' if problems else 'bit-identical'}: {a['commit'][:7]} vs {b['commit'][:7]} "
+            f"({', '.join(b['cases'])}; {b['steps']} steps; {n} tensors)"
+        )
         return 1 if problems else 0
     if not args.out:
         parser.error("--out is required unless --compare is given")

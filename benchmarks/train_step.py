@@ -56,18 +56,26 @@ def quickstart_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig
 
 
 def resnet18_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig]:
-    data = DataConfig(format="webdataset", dataset="cifar100", path="unused", preset="cifar100", num_local_views=6,
-                      batch_size_per_gpu=batch)
+    data = DataConfig(
+        format="webdataset",
+        dataset="cifar100",
+        path="unused",
+        preset="cifar100",
+        num_local_views=6,
+        batch_size_per_gpu=batch,
+    )
     n = batch * get_world_size() * 4
     rng = np.random.default_rng(0)
     split = ArraySplit(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), rng.integers(0, 100, n), ())
-    loader = InMemoryMultiCropLoader(split, resolve_preset(data), rank=get_rank(), world_size=get_world_size(),
-                                     seed=0, batch_size=batch)
+    loader = InMemoryMultiCropLoader(
+        split, resolve_preset(data), rank=get_rank(), world_size=get_world_size(), seed=0, batch_size=batch
+    )
     return loader, ModelConfig(arch="resnet18", in_channels=3, small_stem=True)
 
 
-def time_steps(loader: Any, model_cfg: ModelConfig, backend: str, steps: int, device: torch.device,
-               bf16: bool) -> dict[str, float]:
+def time_steps(
+    loader: Any, model_cfg: ModelConfig, backend: str, steps: int, device: torch.device, bf16: bool
+) -> dict[str, float]:
     torch.manual_seed(0)
     model = build_model(model_cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
@@ -121,9 +129,14 @@ def time_steps(loader: Any, model_cfg: ModelConfig, backend: str, steps: int, de
             images += views[0].shape[0] * get_world_size()
     out = {f"{p}_ms": 1000 * totals[p] / done for p in PHASES}
     step_s = sum(totals.values()) / done
-    out.update(step_ms=1000 * step_s, images_per_s=images / sum(totals.values()),
-               repulsion_share=totals["loss"] / sum(totals.values()), batch_per_rank=views[0].shape[0],
-               views=len(views), active_pairs=loss_fn.stats.get("active_pairs", float("nan")))
+    out.update(
+        step_ms=1000 * step_s,
+        images_per_s=images / sum(totals.values()),
+        repulsion_share=totals["loss"] / sum(totals.values()),
+        batch_per_rank=views[0].shape[0],
+        views=len(views),
+        active_pairs=loss_fn.stats.get("active_pairs", float("nan")),
+    )
     return out
 
 
@@ -163,24 +176,34 @@ def main(argv: list[str] | None = None) -> int:
     bf16 = device.type == "cuda"
     results = []
     try:
-        for setup, make, batch in (("quickstart", quickstart_setup, args.batch_quickstart),
-                                   ("resnet18_32px", resnet18_setup, args.batch_resnet)):
+        for setup, make, batch in (
+            ("quickstart", quickstart_setup, args.batch_quickstart),
+            ("resnet18_32px", resnet18_setup, args.batch_resnet),
+        ):
             loader, model_cfg = make(batch, device)
             for backend in args.backends.split(","):
                 r: dict[str, Any] = time_steps(loader, model_cfg, backend, args.steps, device, bf16)
                 r.update(setup=setup, backend=backend, device=str(device), world_size=info.world_size, bf16=bf16)
                 results.append(r)
                 if info.rank == 0:
-                    print(f"{setup:14s} {backend:9s} " + " ".join(f"{p} {r[p + '_ms']:7.1f}" for p in PHASES)
-                          + f" | step {r['step_ms']:7.1f} ms | {r['images_per_s']:7.1f} img/s | "
-                          f"repulsion {100 * r['repulsion_share']:4.1f}%", flush=True)
+                    print(
+                        f"{setup:14s} {backend:9s} "
+                        + " ".join(f"{p} {r[p + '_ms']:7.1f}" for p in PHASES)
+                        + f" | step {r['step_ms']:7.1f} ms | {r['images_per_s']:7.1f} img/s | "
+                        f"repulsion {100 * r['repulsion_share']:4.1f}%",
+                        flush=True,
+                    )
     finally:
         cleanup()
     if info.rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {"torch": torch.__version__, "machine": platform.machine(), "cpu_threads": torch.get_num_threads(),
-                "steps": args.steps}
+        meta = {
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "cpu_threads": torch.get_num_threads(),
+            "steps": args.steps,
+        }
         (out / "train_step.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
         plot(results, out / "train_step.png")
         print(f"wrote {out / 'train_step.json'} and {out / 'train_step.png'}")

@@ -79,7 +79,7 @@ class DeviceImages:
     def views(self, step: int) -> list[torch.Tensor]:
         start = (step * self.batch) % (len(self.images) - self.batch + 1)
         indices = torch.arange(start, start + self.batch, device=self.device)
-        views = self.multicrop(self.images[start:start + self.batch], indices, step)  # draws keyed by (index, step)
+        views = self.multicrop(self.images[start : start + self.batch], indices, step)  # draws keyed by (index, step)
         if self.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
         return views
@@ -90,8 +90,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_loop(step_fn: Callable[[int], Any], data: DeviceImages, warmup: int, steps: int,
-              device: torch.device) -> dict[str, float]:
+def time_loop(
+    step_fn: Callable[[int], Any], data: DeviceImages, warmup: int, steps: int, device: torch.device
+) -> dict[str, float]:
     sync(device)
     t0 = time.perf_counter()
     for i in range(warmup):
@@ -107,8 +108,13 @@ def time_loop(step_fn: Callable[[int], Any], data: DeviceImages, warmup: int, st
     sync(device)
     elapsed = time.perf_counter() - t0
     loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)  # after the clock stops
-    out = {"images_per_s": data.batch * steps / elapsed, "step_ms": 1000 * elapsed / steps, "warmup_s": warm_s,
-           "timed_steps": steps, "last_loss": loss}
+    out = {
+        "images_per_s": data.batch * steps / elapsed,
+        "step_ms": 1000 * elapsed / steps,
+        "warmup_s": warm_s,
+        "timed_steps": steps,
+        "last_loss": loss,
+    }
     if device.type == "cuda":
         out["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
@@ -116,13 +122,21 @@ def time_loop(step_fn: Callable[[int], Any], data: DeviceImages, warmup: int, st
 
 def make_config(setup: str, batch: int, device: torch.device, extra: list[str]) -> Any:
     path, _ = SETUPS[setup]
-    overrides = [f"data.batch_size_per_gpu={batch}", f"dist.device={device.type}", "tracking.enabled=false",
-                 "eval.every_n_epochs=0", "checkpoint.every_n_steps=0", "progress=false", *extra]
+    overrides = [
+        f"data.batch_size_per_gpu={batch}",
+        f"dist.device={device.type}",
+        "tracking.enabled=false",
+        "eval.every_n_epochs=0",
+        "checkpoint.every_n_steps=0",
+        "progress=false",
+        *extra,
+    ]
     return load_config(ROOT / path, overrides)
 
 
-def run_trainer(cfg: Any, data: DeviceImages, device: torch.device, warmup: int, steps: int,
-                check_feats: list | None = None) -> dict[str, float]:
+def run_trainer(
+    cfg: Any, data: DeviceImages, device: torch.device, warmup: int, steps: int, check_feats: list | None = None
+) -> dict[str, float]:
     """The trainer's build + train_step, fed from ``data``; ``check_feats`` gets the trainer's loss of a batch."""
     original = run_builder.build_train_loader
     run_builder.build_train_loader = lambda *a, **k: data  # the only replaced piece: the data source
@@ -148,8 +162,9 @@ def run_trainer(cfg: Any, data: DeviceImages, device: torch.device, warmup: int,
     return out
 
 
-def run_reference(cfg: Any, data: DeviceImages, device: torch.device, warmup: int, steps: int,
-                  compile: bool) -> dict[str, float]:
+def run_reference(
+    cfg: Any, data: DeviceImages, device: torch.device, warmup: int, steps: int, compile: bool
+) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     torch.backends.cudnn.benchmark = True  # as the trainer sets it (seed_everything, non-deterministic runs)
     model = build_model(cfg.model).to(device)
@@ -178,21 +193,35 @@ def run_reference(cfg: Any, data: DeviceImages, device: torch.device, warmup: in
 def prepare_setup(setup: str, batch: int, args: argparse.Namespace, device: torch.device) -> dict:
     overrides = list(args.override)
     if args.quick:  # CPU: the same code on small images
-        overrides += ["data.global_crop_size=32", "data.local_crop_size=16"] if setup == "imagenet" else \
-            ["data.global_crop_size=16", "data.local_crop_size=16"]
+        overrides += (
+            ["data.global_crop_size=32", "data.local_crop_size=16"]
+            if setup == "imagenet"
+            else ["data.global_crop_size=16", "data.local_crop_size=16"]
+        )
     base = make_config(setup, batch, device, overrides)
     preset = resolve_preset(base.data)
     size = SETUPS[setup][1] if not args.quick else max(preset.global_crop_size, 32)
     data = DeviceImages(preset, max(4 * batch, batch + 1), size, batch, device, channels_last=not args.no_channels_last)
-    res: dict[str, Any] = {"setup": setup, "batch_per_gpu": batch, "config": SETUPS[setup][0],
-                           "arch": base.model.arch, "views": [*map(int, preset.view_sizes())], "variants": {}}
+    res: dict[str, Any] = {
+        "setup": setup,
+        "batch_per_gpu": batch,
+        "config": SETUPS[setup][0],
+        "arch": base.model.arch,
+        "views": [*map(int, preset.view_sizes())],
+        "variants": {},
+    }
     return {"res": res, "base": base, "data": data, "overrides": overrides}
 
 
 def run_variant(variant: str, ctx: dict, args: argparse.Namespace, device: torch.device, time_left: float) -> dict:
     """One variant of one setup; a failure is recorded with its traceback tail, never raised."""
-    base, data, overrides, setup, batch = ctx["base"], ctx["data"], ctx["overrides"], ctx["res"]["setup"], \
-        ctx["res"]["batch_per_gpu"]
+    base, data, overrides, setup, batch = (
+        ctx["base"],
+        ctx["data"],
+        ctx["overrides"],
+        ctx["res"]["setup"],
+        ctx["res"]["batch_per_gpu"],
+    )
     compile = variant.endswith("+compile")
     if compile and device.type != "cuda" and not args.compile_on_cpu:
         return {"skipped": "torch.compile not timed on CPU (its C++ build takes minutes); pass --compile-on-cpu"}
@@ -268,17 +297,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--batch-cifar", type=int, default=None, help="default: the config's (128); quick: 2")
-    ap.add_argument("--batch-imagenet", type=int, default=128,
-                    help="images per GPU (the config's 512 does not fit one GPU with 8 views); quick: 2")
+    ap.add_argument(
+        "--batch-imagenet",
+        type=int,
+        default=128,
+        help="images per GPU (the config's 512 does not fit one GPU with 8 views); quick: 2",
+    )
     ap.add_argument("--warmup", type=int, default=None, help="default 3 (quick: 1)")
     ap.add_argument("--steps", type=int, default=None, help="timed steps, default 15 (quick: 1)")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="skip variants once this many s are spent")
-    ap.add_argument("--compile-reserve-s", type=float, default=60.0,
-                    help="start a torch.compile variant only with this many seconds of --budget-s left")
+    ap.add_argument(
+        "--compile-reserve-s",
+        type=float,
+        default=60.0,
+        help="start a torch.compile variant only with this many seconds of --budget-s left",
+    )
     ap.add_argument("--no-channels-last", action="store_true")
     ap.add_argument("--compile-on-cpu", action="store_true")
-    ap.add_argument("--override", action="append", default=[],
-                    help="extra config override, e.g. method.hypersolid.backend=tiled")
+    ap.add_argument(
+        "--override", action="append", default=[], help="extra config override, e.g. method.hypersolid.backend=tiled"
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -286,18 +324,29 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     args.steps = args.steps if args.steps is not None else (1 if args.quick else 15)
-    batches = {"cifar": args.batch_cifar or (2 if args.quick else None),
-               "imagenet": 2 if args.quick else args.batch_imagenet}
+    batches = {
+        "cifar": args.batch_cifar or (2 if args.quick else None),
+        "imagenet": 2 if args.quick else args.batch_imagenet,
+    }
     t_start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": str(device), "torch": torch.__version__, "quick": args.quick, "warmup": args.warmup,
-            "steps": args.steps, "channels_last": not args.no_channels_last}
+    meta = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "quick": args.quick,
+        "warmup": args.warmup,
+        "steps": args.steps,
+        "channels_last": not args.no_channels_last,
+    }
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name()
-    ctxs = [prepare_setup(setup,
-                          batches[setup] or int(load_config(ROOT / SETUPS[setup][0], []).data.batch_size_per_gpu),
-                          args, device) for setup in args.setups]
+    ctxs = [
+        prepare_setup(
+            setup, batches[setup] or int(load_config(ROOT / SETUPS[setup][0], []).data.batch_size_per_gpu), args, device
+        )
+        for setup in args.setups
+    ]
     results = [c["res"] for c in ctxs]
     # Cheap variants first, for every setup; the compiled ones (up to a minute of compilation each) last,
     # setup by setup so that a short budget still gives one setup's compiled trainer/reference ratio.

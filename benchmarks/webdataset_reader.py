@@ -69,8 +69,17 @@ def old_iter_shard(path: str) -> Iterator[dict[str, Any]]:
 
 
 class OldShardStream(IterableDataset):
-    def __init__(self, shards: list[str], *, num_batches: int, batch_size: int, shuffle_buffer: int,
-                 transform: Callable, seed: int = 0, epoch: int = 0) -> None:
+    def __init__(
+        self,
+        shards: list[str],
+        *,
+        num_batches: int,
+        batch_size: int,
+        shuffle_buffer: int,
+        transform: Callable,
+        seed: int = 0,
+        epoch: int = 0,
+    ) -> None:
         super().__init__()
         self.shards, self.num_batches, self.batch_size = shards, num_batches, batch_size
         self.shuffle_buffer, self.transform, self.seed, self.epoch = shuffle_buffer, transform, seed, epoch
@@ -124,20 +133,30 @@ def time_epoch(batches: Iterator) -> tuple[float, float, int]:
     return t1 - t0, time.perf_counter() - t1, n
 
 
-def run(reader: str, urls: str, shards: list[str], transform: Callable, args: argparse.Namespace,
-        n_batches: int) -> tuple[float, float, int]:
+def run(
+    reader: str, urls: str, shards: list[str], transform: Callable, args: argparse.Namespace, n_batches: int
+) -> tuple[float, float, int]:
     """One epoch of n_batches (the loader's data.max_train_samples cap) with `reader`."""
     if reader == "former tarfile loop":
-        ds = OldShardStream(shards, num_batches=n_batches, batch_size=args.batch, shuffle_buffer=args.shuffle,
-                            transform=transform)
+        ds = OldShardStream(
+            shards, num_batches=n_batches, batch_size=args.batch, shuffle_buffer=args.shuffle, transform=transform
+        )
         gen = torch.Generator().manual_seed(0)
-        dl = DataLoader(ds, batch_size=args.batch, num_workers=args.workers, worker_init_fn=_seed_worker,
-                        generator=gen)
+        dl = DataLoader(ds, batch_size=args.batch, num_workers=args.workers, worker_init_fn=_seed_worker, generator=gen)
         return time_epoch(iter(dl))
-    ld = WebDatasetLoader(urls, PRESET, rank=0, world_size=1, seed=0, batch_size=args.batch,
-                          num_workers=args.workers, shuffle_buffer=args.shuffle, transform=transform,
-                          num_samples=n_batches * args.batch,
-                          manifest=str(Path(shards[0]).parents[1] / "manifest.json"))
+    ld = WebDatasetLoader(
+        urls,
+        PRESET,
+        rank=0,
+        world_size=1,
+        seed=0,
+        batch_size=args.batch,
+        num_workers=args.workers,
+        shuffle_buffer=args.shuffle,
+        transform=transform,
+        num_samples=n_batches * args.batch,
+        manifest=str(Path(shards[0]).parents[1] / "manifest.json"),
+    )
     assert len(ld) == n_batches
     return time_epoch(iter(ld))
 
@@ -152,8 +171,11 @@ def plot(results: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 3.2))
     for ax, mode in zip(axes, modes):
         rows = [r for r in results if r["transform"] == mode]
-        ax.barh([f"{r['reader']}\n({r['source']})" for r in rows], [r["images_per_s"] for r in rows],
-                color=["#888888" if r["reader"].startswith("former") else "#3070b0" for r in rows])
+        ax.barh(
+            [f"{r['reader']}\n({r['source']})" for r in rows],
+            [r["images_per_s"] for r in rows],
+            color=["#888888" if r["reader"].startswith("former") else "#3070b0" for r in rows],
+        )
         ax.set_title(f"{mode}")
         ax.set_xlabel("images/s (higher is better)")
         ax.invert_yaxis()
@@ -175,17 +197,38 @@ def main() -> int:
     torch.set_num_threads(1)  # the main process only collates; the workers do the work
     with tempfile.TemporaryDirectory(prefix="wds-bench-") as tmp:
         root = Path(tmp) / "data"
-        convert(["--builtin", "fashion_mnist", "--out", str(root), "--formats", "webdataset", "--limit",
-                 str(args.images), "--mode", "RGB", "--resize", "32", "--image-format", "jpg",
-                 "--shard-size", "500"])
+        convert(
+            [
+                "--builtin",
+                "fashion_mnist",
+                "--out",
+                str(root),
+                "--formats",
+                "webdataset",
+                "--limit",
+                str(args.images),
+                "--mode",
+                "RGB",
+                "--resize",
+                "32",
+                "--image-format",
+                "jpg",
+                "--shard-size",
+                "500",
+            ]
+        )
         shards = sorted(str(s) for s in (root / "train").glob("*.tar"))
         n_batches = args.images // args.batch
         brace = f"{root}/train/shard-{{000000..{len(shards) - 1:06d}}}.tar"
-        setups = [("former tarfile loop", "local files", str(root / "train")),
-                  ("webdataset library", "local files", str(root / "train")),
-                  ("webdataset library", "pipe:cat", f"pipe:cat {brace}")]
-        transforms: dict[str, Callable[..., Any]] = {"multi-crop": build_pil_multicrop(PRESET),
-                                                     "decode only": to_tensor}
+        setups = [
+            ("former tarfile loop", "local files", str(root / "train")),
+            ("webdataset library", "local files", str(root / "train")),
+            ("webdataset library", "pipe:cat", f"pipe:cat {brace}"),
+        ]
+        transforms: dict[str, Callable[..., Any]] = {
+            "multi-crop": build_pil_multicrop(PRESET),
+            "decode only": to_tensor,
+        }
         results = []
         for mode, transform in transforms.items():
             # Repeats interleaved (A B C A B C ...): a machine whose load changes affects every reader alike.
@@ -196,23 +239,45 @@ def main() -> int:
                     runs[i].append(run(reader, urls, shards, transform, args, batches))
             for i, (reader, source, _) in enumerate(setups):
                 startup, seconds, n = min(runs[i], key=lambda t: t[1] / max(t[2], 1))
-                results.append({"reader": reader, "source": source, "transform": mode, "images": n,
-                                "seconds": round(seconds, 3), "startup_s": round(startup, 3),
-                                "images_per_s": round(n / seconds, 1),
-                                "all_images_per_s": [round(r[2] / r[1], 1) for r in runs[i]]})
+                results.append(
+                    {
+                        "reader": reader,
+                        "source": source,
+                        "transform": mode,
+                        "images": n,
+                        "seconds": round(seconds, 3),
+                        "startup_s": round(startup, 3),
+                        "images_per_s": round(n / seconds, 1),
+                        "all_images_per_s": [round(r[2] / r[1], 1) for r in runs[i]],
+                    }
+                )
                 print(f"{mode:12s} {reader:20s} {source:12s} {n / seconds:9.0f} img/s  (start-up {startup:.2f} s)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import webdataset
 
-    report = {"config": {"images": args.images, "multicrop_images": args.multicrop_images,
-                         "workers": args.workers, "batch": args.batch,
-                         "shuffle_buffer": args.shuffle, "preset": PRESET.name, "image": "32 px RGB JPEG q90",
-                         "shard_size": 500, "repeats": args.repeats},
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                          "webdataset": webdataset.__version__, "platform": platform.platform(),
-                          "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]},
-              "results": results}
+    report = {
+        "config": {
+            "images": args.images,
+            "multicrop_images": args.multicrop_images,
+            "workers": args.workers,
+            "batch": args.batch,
+            "shuffle_buffer": args.shuffle,
+            "preset": PRESET.name,
+            "image": "32 px RGB JPEG q90",
+            "shard_size": 500,
+            "repeats": args.repeats,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "webdataset": webdataset.__version__,
+            "platform": platform.platform(),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        },
+        "results": results,
+    }
     (out / "webdataset_reader.json").write_text(json.dumps(report, indent=2))
     plot(results, out / "webdataset_reader.png")
     print(f"wrote {out / 'webdataset_reader.json'} and {out / 'webdataset_reader.png'}")

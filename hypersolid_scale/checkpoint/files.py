@@ -112,9 +112,13 @@ def _free_bytes(directory: Path) -> int | None:
 def _write_failure(path: Path, reason: str, full: bool) -> CheckpointError:
     return CheckpointError(
         f"cannot write checkpoint {path}: {reason} ({_free_space(path.parent)} there). "
-        + ("Free disk space (or lower checkpoint.keep_last), or point run_dir at a larger filesystem, then "
-           "rerun: training resumes from the newest checkpoint, which is intact"
-           if full else "Make run_dir writable, or point run_dir elsewhere, then rerun"))
+        + (
+            "Free disk space (or lower checkpoint.keep_last), or point run_dir at a larger filesystem, then "
+            "rerun: training resumes from the newest checkpoint, which is intact"
+            if full
+            else "Make run_dir writable, or point run_dir elsewhere, then rerun"
+        )
+    )
 
 
 def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -150,8 +154,11 @@ def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
             reason = str(cause.strerror or cause)
         else:  # torch writing through C (no Python file): say what the numbers say
             full = True
-            reason = (os.strerror(errno.ENOSPC) if too_big else
-                      "the write stopped part-way (a full disk or an exceeded quota)")
+            reason = (
+                os.strerror(errno.ENOSPC)
+                if too_big
+                else "the write stopped part-way (a full disk or an exceeded quota)"
+            )
         raise _write_failure(path, reason, full) from err
     finally:
         tmp.unlink(missing_ok=True)
@@ -209,8 +216,10 @@ def _why_unreadable(path: Path, err: Exception) -> str:
             return "the file is cut short (its end is missing: an interrupted copy or save)"
         return "the file is not a PyTorch checkpoint at all (random bytes, text, or another format)"
     if isinstance(err, pickle.UnpicklingError):
-        return ("the file holds Python objects other than tensors and plain values, which no checkpoint of this "
-                "trainer does")
+        return (
+            "the file holds Python objects other than tensors and plain values, which no checkpoint of this "
+            "trainer does"
+        )
     return f"the archive is damaged ({type(err).__name__})"
 
 
@@ -224,10 +233,14 @@ def _is_a_directory(path: Path) -> str:
             pass
     if found:
         newest = max(found)[1]
-        return (f"checkpoint {str(path)!r} is a directory, not a checkpoint file; pass one of the step_*.pt files "
-                f"in it, e.g. its newest, {str(newest)!r}")
-    return (f"checkpoint {str(path)!r} is a directory, not a checkpoint file, and holds no step_*.pt (nor does "
-            f"its {CHECKPOINT_DIR}/ folder); pass a step_*.pt file written by launch/train.py")
+        return (
+            f"checkpoint {str(path)!r} is a directory, not a checkpoint file; pass one of the step_*.pt files "
+            f"in it, e.g. its newest, {str(newest)!r}"
+        )
+    return (
+        f"checkpoint {str(path)!r} is a directory, not a checkpoint file, and holds no step_*.pt (nor does "
+        f"its {CHECKPOINT_DIR}/ folder); pass a step_*.pt file written by launch/train.py"
+    )
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -254,18 +267,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         else:
             failure = None
     if failure is not None:
-        raise BadCheckpoint(f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read: "
-                            f"{_why_unreadable(path, failure)}. Use another checkpoint of the run (the previous "
-                            "step_*.pt), or copy the file again") from None
+        raise BadCheckpoint(
+            f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read: "
+            f"{_why_unreadable(path, failure)}. Use another checkpoint of the run (the previous "
+            "step_*.pt), or copy the file again"
+        ) from None
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED_KEYS):
         keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise BadCheckpoint(f"{str(path)!r} is not a Hypersolid checkpoint (needs keys {list(REQUIRED_KEYS)}, has "
-                            f"{keys}); use a step_*.pt file written by launch/train.py")
+        raise BadCheckpoint(
+            f"{str(path)!r} is not a Hypersolid checkpoint (needs keys {list(REQUIRED_KEYS)}, has "
+            f"{keys}); use a step_*.pt file written by launch/train.py"
+        )
     if ckpt["format_version"] > FORMAT_VERSION:
-        raise BadCheckpoint(f"checkpoint {str(path)!r} has format {ckpt['format_version']}, newer than this code "
-                            f"({FORMAT_VERSION}); upgrade hypersolid_scale to read it")
+        raise BadCheckpoint(
+            f"checkpoint {str(path)!r} has format {ckpt['format_version']}, newer than this code "
+            f"({FORMAT_VERSION}); upgrade hypersolid_scale to read it"
+        )
     return ckpt
 
 
@@ -301,5 +320,3 @@ def delete_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
         return delete_stale_tmp(run_dir)
     finally:
         lock.release()
-
-

@@ -44,10 +44,14 @@ def rng_state() -> dict[str, Any]:
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"name": str(np_name), "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
-        "python": {"version": int(py_version), "state": torch.tensor(py_state, dtype=torch.int64),
-                   "gauss": py_gauss},
+        "numpy": {
+            "name": str(np_name),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "gauss": float(np_gauss),
+        },
+        "python": {"version": int(py_version), "state": torch.tensor(py_state, dtype=torch.int64), "gauss": py_gauss},
     }
 
 
@@ -66,8 +70,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def run_state(*, cfg: Config, engine: Engine, loader: Any, step: int, rank: int, world_size: int,
-              mlflow_run_id: str | None, tracking_uri: str | None) -> dict[str, Any] | None:
+def run_state(
+    *,
+    cfg: Config,
+    engine: Engine,
+    loader: Any,
+    step: int,
+    rank: int,
+    world_size: int,
+    mlflow_run_id: str | None,
+    tracking_uri: str | None,
+) -> dict[str, Any] | None:
     """The checkpoint of a run at ``step``. Collective: every rank contributes its RNG state (and its ZeRO
     shard, inside ``optimizer_state``); the dict is returned on rank 0, None elsewhere.
 
@@ -114,7 +127,7 @@ def split_method_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str,
     """``(model, method)``: the checkpoint's ``model`` (the backbone, ``backbone.*``) and ``method`` (everything
     under ``method.``: heads, teacher, the method's extra state; None when there is none)."""
     model = {k: _portable(v) for k, v in state.items() if not k.startswith(METHOD_PREFIX)}
-    method = {k[len(METHOD_PREFIX):]: _portable(v) for k, v in state.items() if k.startswith(METHOD_PREFIX)}
+    method = {k[len(METHOD_PREFIX) :]: _portable(v) for k, v in state.items() if k.startswith(METHOD_PREFIX)}
     return model, (method or None)
 
 
@@ -131,8 +144,12 @@ def migrate_layout(ckpt: dict[str, Any]) -> dict[str, Any]:
         return ckpt
     if not _said_layout and get_rank() == 0:
         _said_layout = True
-        print(f"note: checkpoint {ckpt.get('path', '')}: written by an earlier version; its projector.* weights "
-              "are read as method.projector.*", file=sys.stderr, flush=True)
+        print(
+            f"note: checkpoint {ckpt.get('path', '')}: written by an earlier version; its projector.* weights "
+            "are read as method.projector.*",
+            file=sys.stderr,
+            flush=True,
+        )
     method = {k: v for k, v in model.items() if k.startswith("projector.")}
     method["_extra_state"] = {"step": int(ckpt.get("step", 0))}
     return {**ckpt, "model": {k: v for k, v in model.items() if not k.startswith("projector.")}, "method": method}
@@ -153,7 +170,8 @@ def _load_weights(load: Any, ckpt: dict[str, Any]) -> None:
         raise BadCheckpoint(
             f"checkpoint {ckpt.get('path', '')} holds weights of another architecture than its config "
             f"(model.arch={arch}) describes, so they cannot be loaded ({_load_problems(err)}). Use a checkpoint "
-            "written by launch/train.py for this model config") from None
+            "written by launch/train.py for this model config"
+        ) from None
 
 
 def _load_problems(err: Exception, shown: int = 3) -> str:
@@ -174,8 +192,9 @@ def _load_problems(err: Exception, shown: int = 3) -> str:
     return "; ".join(parts) or text[:300]
 
 
-def restore_run_state(ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank: int, world_size: int,
-                      steps_per_epoch: int, force: bool) -> tuple[int, int]:
+def restore_run_state(
+    ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank: int, world_size: int, steps_per_epoch: int, force: bool
+) -> tuple[int, int]:
     """Load weights, optimizer, RNG and loader position; returns ``(step, epoch)`` to continue from.
 
     ``force`` (``checkpoint.resume=force``): another world size restarts the checkpoint's epoch with its
@@ -191,10 +210,14 @@ def restore_run_state(ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank
                 f"checkpoint {path} was written by {saved_world} process(es), this run has {world_size}: the "
                 "global batch, the step count and the loader position would not match. Resume with "
                 f"{saved_world} process(es), or pass checkpoint.resume=force to continue from the start of the "
-                "checkpoint's epoch with the new world size.")
+                "checkpoint's epoch with the new world size."
+            )
         epoch = int(ckpt["epoch"])
-        warnings.warn(f"checkpoint.resume=force: world size {saved_world} -> {world_size}; restarting epoch "
-                      f"{epoch} at step {epoch * steps_per_epoch}", stacklevel=2)
+        warnings.warn(
+            f"checkpoint.resume=force: world size {saved_world} -> {world_size}; restarting epoch "
+            f"{epoch} at step {epoch * steps_per_epoch}",
+            stacklevel=2,
+        )
         _load_weights(engine.load_model_state, ckpt)
         return epoch * steps_per_epoch, epoch
     _load_weights(engine.load_model_state, ckpt)
@@ -222,8 +245,14 @@ def restore_run_state(ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank
 # ----------------------------------------------------------------------------------------------------------
 
 
-def check_compatible(ckpt: dict[str, Any], cfg_dict: dict[str, Any], fingerprint: str, *, force: bool,
-                     path: str | os.PathLike = "checkpoint") -> None:
+def check_compatible(
+    ckpt: dict[str, Any],
+    cfg_dict: dict[str, Any],
+    fingerprint: str,
+    *,
+    force: bool,
+    path: str | os.PathLike = "checkpoint",
+) -> None:
     """Refuse to resume a checkpoint trained with a different model/loss/data/optimizer config."""
     if ckpt["config_fingerprint"] == fingerprint:
         return
@@ -295,8 +324,10 @@ class NoProjector(nn.Module):
         self.method = method
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise ConfigError(f"this checkpoint was trained with method.name={self.method}, which has no Hypersolid "
-                          "projector; evaluate its backbone features (eval.features=backbone)")
+        raise ConfigError(
+            f"this checkpoint was trained with method.name={self.method}, which has no Hypersolid "
+            "projector; evaluate its backbone features (eval.features=backbone)"
+        )
 
 
 def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
@@ -312,14 +343,23 @@ def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tup
     model = build_model(cfg.model)
     projector = "projector."
     # Only what embeds images: the backbone, and Hypersolid's projector (not the method's step count).
-    weights = {**ckpt, "model": {**ckpt["model"], **{k: v for k, v in (ckpt.get("method") or {}).items()
-                                                     if cfg.method.name == "hypersolid" and k.startswith(projector)}},
-               "method": None}
+    weights = {
+        **ckpt,
+        "model": {
+            **ckpt["model"],
+            **{
+                k: v
+                for k, v in (ckpt.get("method") or {}).items()
+                if cfg.method.name == "hypersolid" and k.startswith(projector)
+            },
+        },
+        "method": None,
+    }
     if cfg.method.name == "hypersolid":
         _load_weights(model.load_state_dict, weights)
     else:
         prefix = "backbone."
-        weights["model"] = {k[len(prefix):]: v for k, v in weights["model"].items() if k.startswith(prefix)}
+        weights["model"] = {k[len(prefix) :]: v for k, v in weights["model"].items() if k.startswith(prefix)}
         _load_weights(model.backbone.load_state_dict, weights)
         model.projector = NoProjector(cfg.method.name)
     model.eval()

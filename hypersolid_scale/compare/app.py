@@ -39,20 +39,32 @@ QUICK = {"steps": 6, "seeds": 2, "baseline_seeds": 1, "eval_samples": 1000}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Train every method at a matched budget (same images seen) with several "
-                                            "seeds, evaluate each the same way, and write the comparison.")
-    p.add_argument("--setting", default="quickstart", help="configs/<setting>.yaml and configs/baselines/"
-                                                           "<method>_<setting>.yaml (default: quickstart)")
+    p = argparse.ArgumentParser(
+        description="Train every method at a matched budget (same images seen) with several "
+        "seeds, evaluate each the same way, and write the comparison."
+    )
+    p.add_argument(
+        "--setting",
+        default="quickstart",
+        help="configs/<setting>.yaml and configs/baselines/<method>_<setting>.yaml (default: quickstart)",
+    )
     p.add_argument("--methods", default="all", help="comma-separated methods, or all (default)")
     p.add_argument("--seeds", type=int, default=3, help="seeds of Hypersolid and SimCLR (default 3)")
     p.add_argument("--baseline-seeds", type=int, default=1, help="seeds of the other methods (default 1)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps of every training (default 300)")
     p.add_argument("--nproc", type=int, default=2, help="processes per training (torchrun; default 2)")
-    p.add_argument("--eval-samples", type=int, default=None,
-                   help="evaluate on a seeded subset of this many images per split (default: all)")
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=None,
+        help="evaluate on a seeded subset of this many images per split (default: all)",
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="evaluation device")
-    p.add_argument("--out", default=None, help="output directory (default runs/compare-<setting>-<time>); "
-                                               "an existing one is resumed")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="output directory (default runs/compare-<setting>-<time>); an existing one is resumed",
+    )
     p.add_argument("--configs", default=None, help="the configs folder (default: the repository's configs/)")
     p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
     p.add_argument("--no-mlflow", action="store_true", help="track nothing")
@@ -67,22 +79,34 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _header(args: argparse.Namespace, budget: Budget, trainings: list[Training]) -> str:
-    return (f"# Comparison: {args.setting}, {budget.steps} steps x global batch {budget.global_batch} = "
-            f"{budget.images_seen} images seen per training, {len(trainings)} trainings on {args.nproc} "
-            f"process(es) each; evaluation on backbone features"
-            + (f" of {args.eval_samples} images per split" if args.eval_samples else "") + ".")
+    return (
+        f"# Comparison: {args.setting}, {budget.steps} steps x global batch {budget.global_batch} = "
+        f"{budget.images_seen} images seen per training, {len(trainings)} trainings on {args.nproc} "
+        f"process(es) each; evaluation on backbone features"
+        + (f" of {args.eval_samples} images per split" if args.eval_samples else "")
+        + "."
+    )
 
 
-def _collect(paths: Paths, state: State, trainings: list[Training], budget: Budget
-             ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+def _collect(
+    paths: Paths, state: State, trainings: list[Training], budget: Budget
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
     reports: dict[str, list[dict[str, Any]]] = {}
     info: dict[str, dict[str, Any]] = {}
     for t in trainings:
         if state.run(t.name).get("eval") != "done":
             continue
         reports.setdefault(t.method, []).append(json.loads(paths.report(t).read_text()))
-        i = info.setdefault(t.method, {"seeds": 0, "images_seen": budget.images_seen,
-                                       "views": budget.views[t.method], "train_s": [], "eval_s": []})
+        i = info.setdefault(
+            t.method,
+            {
+                "seeds": 0,
+                "images_seen": budget.images_seen,
+                "views": budget.views[t.method],
+                "train_s": [],
+                "eval_s": [],
+            },
+        )
         i["seeds"] += 1
         i["train_s"].append(state.run(t.name).get("train_s", 0.0))
         i["eval_s"].append(state.run(t.name).get("eval_s", 0.0))
@@ -109,20 +133,31 @@ def main(argv: Sequence[str], repo: Path) -> int:
     try:
         lock = acquire_run_lock(out)  # one comparison per output directory
     except RunDirLocked as err:
-        raise UserError(f"--out {out} is in use by another comparison ({err.holder}); wait for it to finish, "
-                        "stop it (kill that pid; its lock is released), or pass another --out") from None
+        raise UserError(
+            f"--out {out} is in use by another comparison ({err.holder}); wait for it to finish, "
+            "stop it (kill that pid; its lock is released), or pass another --out"
+        ) from None
     paths, state = Paths(out), State(out)
     tracker = None
     tracking = ["tracking.enabled=false"]
     if not args.no_mlflow:
-        cfg = TrackingConfig(tracking_uri=f"sqlite:///{out}/mlflow.db", experiment=EXPERIMENT,
-                             run_name=f"compare-{args.setting}")
-        tracker = make_tracker(cfg, out, rank=0, resume_run_id=state.data.get("parent_run_id"),
-                               tags={"kind": "compare", "setting": args.setting})
+        cfg = TrackingConfig(
+            tracking_uri=f"sqlite:///{out}/mlflow.db", experiment=EXPERIMENT, run_name=f"compare-{args.setting}"
+        )
+        tracker = make_tracker(
+            cfg,
+            out,
+            rank=0,
+            resume_run_id=state.data.get("parent_run_id"),
+            tags={"kind": "compare", "setting": args.setting},
+        )
         state.data["parent_run_id"] = tracker.run_id
         state.save()
-        tracking = [f"tracking.tracking_uri={cfg.tracking_uri}", f"tracking.experiment={EXPERIMENT}",
-                    f"tracking.parent_run_id={tracker.run_id}"]
+        tracking = [
+            f"tracking.tracking_uri={cfg.tracking_uri}",
+            f"tracking.experiment={EXPERIMENT}",
+            f"tracking.parent_run_id={tracker.run_id}",
+        ]
     evals = ["eval.knn_k=[20]", "eval.batch_size=1000"]
     if args.eval_samples:
         evals += [f"eval.max_train_samples={args.eval_samples}", f"eval.max_test_samples={args.eval_samples}"]
@@ -148,16 +183,38 @@ def main(argv: Sequence[str], repo: Path) -> int:
         summary = table.summarise(reports)
         js, md = table.write(out, summary, info, table.skipped_reasons(reports), header)
         title = f"{args.setting}: {budget.images_seen} images seen per training"
-        pngs = [p for p in (figures.plot_dbscan(reports, out / "dbscan_nmi_vs_eps.png", title),
-                            figures.plot_bars(summary, out / "metrics.png", title)) if p is not None]
+        pngs = [
+            p
+            for p in (
+                figures.plot_dbscan(reports, out / "dbscan_nmi_vs_eps.png", title),
+                figures.plot_bars(summary, out / "metrics.png", title),
+            )
+            if p is not None
+        ]
         print("\n" + md.read_text().split("\n", 2)[2])
         if tracker is not None:
-            tracker.log_params({"setting": args.setting, "steps": args.steps, "global_batch": budget.global_batch,
-                                "images_seen": budget.images_seen, "seeds": args.seeds,
-                                "baseline_seeds": args.baseline_seeds, "methods": ",".join(methods),
-                                "eval_samples": args.eval_samples or "all"})
-            tracker.log_metrics({f"{m}.{k}_{stat}": v for m, cols in summary.items() for k, s in cols.items()
-                                 for stat, v in (("mean", s.mean), ("std", s.std)) if v is not None}, step=0)
+            tracker.log_params(
+                {
+                    "setting": args.setting,
+                    "steps": args.steps,
+                    "global_batch": budget.global_batch,
+                    "images_seen": budget.images_seen,
+                    "seeds": args.seeds,
+                    "baseline_seeds": args.baseline_seeds,
+                    "methods": ",".join(methods),
+                    "eval_samples": args.eval_samples or "all",
+                }
+            )
+            tracker.log_metrics(
+                {
+                    f"{m}.{k}_{stat}": v
+                    for m, cols in summary.items()
+                    for k, s in cols.items()
+                    for stat, v in (("mean", s.mean), ("std", s.std))
+                    if v is not None
+                },
+                step=0,
+            )
             for path in (js, md, *pngs):
                 tracker.log_artifact(path)
         for name, error in failures.items():

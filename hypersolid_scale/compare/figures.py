@@ -17,8 +17,9 @@ def dbscan_curves(reports: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[n
     whose graph was over the edge budget in one seed is left out for the method)."""
     out = {}
     for method, seeds in reports.items():
-        per_seed = [{round(r["eps"], 9): r["nmi"] for r in rep.get("dbscan", []) if r.get("nmi") is not None}
-                    for rep in seeds]
+        per_seed = [
+            {round(r["eps"], 9): r["nmi"] for r in rep.get("dbscan", []) if r.get("nmi") is not None} for rep in seeds
+        ]
         common = sorted(set.intersection(*(set(s) for s in per_seed))) if per_seed else []
         if not common:
             continue

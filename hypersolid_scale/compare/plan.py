@@ -35,13 +35,18 @@ class Training:
 
 def config_path(configs_dir: Path, setting: str, method: str) -> Path:
     """``configs/<setting>.yaml`` for Hypersolid, ``configs/baselines/<method>_<setting>.yaml`` for the others."""
-    path = configs_dir / f"{setting}.yaml" if method == "hypersolid" else \
-        configs_dir / "baselines" / f"{method}_{setting}.yaml"
+    path = (
+        configs_dir / f"{setting}.yaml"
+        if method == "hypersolid"
+        else configs_dir / "baselines" / f"{method}_{setting}.yaml"
+    )
     if not path.is_file():
         have = sorted(p.stem.split("_", 1)[1] for p in (configs_dir / "baselines").glob(f"{method}_*.yaml"))
-        raise ConfigError(f"no config for {method} in the setting {setting!r}: {path} does not exist"
-                          + (f"; {method} has the settings {', '.join(have)}" if have else "")
-                          + "; pick one with --setting or add the file")
+        raise ConfigError(
+            f"no config for {method} in the setting {setting!r}: {path} does not exist"
+            + (f"; {method} has the settings {', '.join(have)}" if have else "")
+            + "; pick one with --setting or add the file"
+        )
     return path
 
 
@@ -53,13 +58,15 @@ def parse_methods(text: str) -> list[str]:
     names = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in names if m not in known]
     if unknown or not names:
-        raise ConfigError(f"--methods {text!r}: unknown {', '.join(unknown) or '(empty)'}; choose from "
-                          f"{', '.join(known)} or 'all'")
+        raise ConfigError(
+            f"--methods {text!r}: unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(known)} or 'all'"
+        )
     return [m for m in known if m in names]
 
 
-def plan(configs_dir: Path, setting: str, methods: list[str], seeds: int, baseline_seeds: int,
-         overrides: list[str]) -> list[Training]:
+def plan(
+    configs_dir: Path, setting: str, methods: list[str], seeds: int, baseline_seeds: int, overrides: list[str]
+) -> list[Training]:
     """The trainings, Hypersolid first: ``seeds`` seeds (0, 1, ...) for MULTI_SEED_METHODS, ``baseline_seeds``
     for the rest."""
     if seeds < 1 or baseline_seeds < 1:
@@ -109,7 +116,9 @@ def check_budget(trainings: list[Training], *, steps: int, nproc: int, out_dir: 
         views[t.method] = _views(cfg)
     if len(set(batches.values())) > 1:
         listed = ", ".join(f"{m} {b}" for m, b in batches.items())
-        raise ConfigError(f"the methods' global batches differ ({listed}), so the same steps are not the same "
-                          "images seen; give every config the same data.batch_size_per_gpu (or pass "
-                          "data.batch_size_per_gpu=N to all of them)")
+        raise ConfigError(
+            f"the methods' global batches differ ({listed}), so the same steps are not the same "
+            "images seen; give every config the same data.batch_size_per_gpu (or pass "
+            "data.batch_size_per_gpu=N to all of them)"
+        )
     return Budget(steps=steps, global_batch=next(iter(batches.values())), views=views)

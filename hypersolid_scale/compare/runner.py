@@ -74,6 +74,7 @@ def _end_with_us(parent: int) -> Callable[[], None]:
     def preexec() -> None:  # in the child, before exec
         if not die_with_parent(parent=parent, always=True):
             os._exit(EXIT_ORPHANED)
+
     return preexec
 
 
@@ -84,8 +85,9 @@ def _run(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> tuple[int
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                            preexec_fn=_end_with_us(os.getpid())).returncode
+        rc = subprocess.run(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_end_with_us(os.getpid())
+        ).returncode
     return rc, time.monotonic() - t0
 
 
@@ -122,10 +124,19 @@ class Runner:
         record = self.state.run(t.name)
         if self.paths.checkpoint(t, self.steps).exists():
             return None
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
-               str(self.repo / "launch" / "train.py"), "--config", str(t.config),
-               *training_overrides(t, steps=self.steps, run_dir=self.paths.run_dir(t)),
-               *self.tracking, f"tracking.run_name={t.name}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={self.nproc}",
+            str(self.repo / "launch" / "train.py"),
+            "--config",
+            str(t.config),
+            *training_overrides(t, steps=self.steps, run_dir=self.paths.run_dir(t)),
+            *self.tracking,
+            f"tracking.run_name={t.name}",
+        ]
         rc, seconds = _run(cmd, self.paths.log(t, "train"), self._env(self.nproc), self.repo)
         record["train_s"] = record.get("train_s", 0.0) + seconds  # a resumed training adds to its first part
         done = self.paths.checkpoint(t, self.steps).exists()
@@ -134,8 +145,10 @@ class Runner:
         if rc != 0:
             return f"training failed (exit {rc}): {last_error(self.paths.log(t, 'train'))}"
         if not done:
-            return (f"training ended before step {self.steps} (no {self.paths.checkpoint(t, self.steps).name}): "
-                    "its epochs end first; pass epochs=N with N large enough")
+            return (
+                f"training ended before step {self.steps} (no {self.paths.checkpoint(t, self.steps).name}): "
+                "its epochs end first; pass epochs=N with N large enough"
+            )
         return None
 
     def evaluate(self, t: Training) -> str | None:
@@ -145,9 +158,20 @@ class Runner:
         report = self.paths.report(t)
         if report.exists() and record.get("eval") == "done" and record.get("evaluated") == str(ckpt):
             return None
-        cmd = [sys.executable, str(self.repo / "launch" / "eval.py"), "--checkpoint", str(ckpt),
-               "--output-dir", str(self.paths.eval_dir(t)), "--suite", EVAL_SUITES, "--device", self.device,
-               *([] if self.mlflow else ["--no-mlflow"]), *self.eval_overrides]
+        cmd = [
+            sys.executable,
+            str(self.repo / "launch" / "eval.py"),
+            "--checkpoint",
+            str(ckpt),
+            "--output-dir",
+            str(self.paths.eval_dir(t)),
+            "--suite",
+            EVAL_SUITES,
+            "--device",
+            self.device,
+            *([] if self.mlflow else ["--no-mlflow"]),
+            *self.eval_overrides,
+        ]
         rc, seconds = _run(cmd, self.paths.log(t, "eval"), self._env(1), self.repo)
         record["eval_s"] = seconds
         record["eval"] = "done" if rc == 0 else f"failed (exit {rc})"

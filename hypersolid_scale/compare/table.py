@@ -54,8 +54,11 @@ def summarise(reports: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, S
     for method, seeds in reports.items():
         out[method] = {}
         for _label, key, _spec in METRICS:
-            values = [float(r["metrics"][key]) for r in seeds if isinstance(r["metrics"].get(key), (int, float))
-                      and math.isfinite(r["metrics"][key])]
+            values = [
+                float(r["metrics"][key])
+                for r in seeds
+                if isinstance(r["metrics"].get(key), (int, float)) and math.isfinite(r["metrics"][key])
+            ]
             if values:
                 out[method][key] = Summary(values)
     return out
@@ -82,26 +85,45 @@ def skipped_reasons(reports: dict[str, list[dict[str, Any]]]) -> dict[str, dict[
 
 def to_json(summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The table as plain data: ``{method: {**info[method], metric: {"mean", "std", "values"}}}``."""
-    return {m: {**info.get(m, {}), "metrics": {k: {"mean": s.mean, "std": s.std, "values": s.values}
-                                               for k, s in cols.items()}}
-            for m, cols in summary.items()}
+    return {
+        m: {
+            **info.get(m, {}),
+            "metrics": {k: {"mean": s.mean, "std": s.std, "values": s.values} for k, s in cols.items()},
+        }
+        for m, cols in summary.items()
+    }
 
 
-def markdown(summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, Any]],
-             skipped: dict[str, dict[str, str]]) -> str:
+def markdown(
+    summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, Any]], skipped: dict[str, dict[str, str]]
+) -> str:
     """Two Markdown tables (the budget and wall-clock per method; the metrics), best mean per column in bold
     for the quality metrics (not for eps, cluster counts or the geometry, where higher is not better)."""
-    lines = ["| method | seeds | images seen | views / image | train wall-clock (s) | eval wall-clock (s) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| method | seeds | images seen | views / image | train wall-clock (s) | eval wall-clock (s) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for m in summary:
         i = info.get(m, {})
-        lines.append(f"| {m} | {i.get('seeds', '')} | {i.get('images_seen', '')} | {i.get('views', '')} | "
-                     f"{_clock(i.get('train_s'))} | {_clock(i.get('eval_s'))} |")
-    quality = {"knn_k20_weighted", "linear_top1", "kmeans_nmi", "kmeans_ari", "hdbscan_nmi", "hdbscan_ari",
-               "dbscan_best_nmi"}
+        lines.append(
+            f"| {m} | {i.get('seeds', '')} | {i.get('images_seen', '')} | {i.get('views', '')} | "
+            f"{_clock(i.get('train_s'))} | {_clock(i.get('eval_s'))} |"
+        )
+    quality = {
+        "knn_k20_weighted",
+        "linear_top1",
+        "kmeans_nmi",
+        "kmeans_ari",
+        "hdbscan_nmi",
+        "hdbscan_ari",
+        "dbscan_best_nmi",
+    }
     best = {key: max((s[key].mean for s in summary.values() if key in s), default=None) for key in quality}
-    lines += ["", "| method | " + " | ".join(label for label, _k, _s in METRICS) + " |",
-              "|---|" + "---:|" * len(METRICS)]
+    lines += [
+        "",
+        "| method | " + " | ".join(label for label, _k, _s in METRICS) + " |",
+        "|---|" + "---:|" * len(METRICS),
+    ]
     for m, cols in summary.items():
         cells = []
         for _label, key, spec in METRICS:
@@ -109,8 +131,7 @@ def markdown(summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, A
                 cells.append("skipped" if key in skipped.get(m, {}) else "n/a")
                 continue
             text = cols[key].format(spec)
-            cells.append(f"**{text}**" if key in quality and len(summary) > 1 and cols[key].mean == best[key]
-                         else text)
+            cells.append(f"**{text}**" if key in quality and len(summary) > 1 and cols[key].mean == best[key] else text)
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     notes = [f"- {m}, {k}: skipped ({why})" for m, by in skipped.items() for k, why in sorted(by.items())]
     if notes:
@@ -125,8 +146,13 @@ def _clock(values: list[float] | None) -> str:
     return s.format(".0f")
 
 
-def write(out: Path, summary: dict[str, dict[str, Summary]], info: dict[str, dict[str, Any]],
-          skipped: dict[str, dict[str, str]], header: str) -> tuple[Path, Path]:
+def write(
+    out: Path,
+    summary: dict[str, dict[str, Summary]],
+    info: dict[str, dict[str, Any]],
+    skipped: dict[str, dict[str, str]],
+    header: str,
+) -> tuple[Path, Path]:
     """``<out>/compare.json`` and ``<out>/compare.md``; returns their paths."""
     js, md = out / "compare.json", out / "compare.md"
     js.write_text(json.dumps({"methods": to_json(summary, info), "skipped": skipped}, indent=1))

@@ -21,9 +21,22 @@ __all__ = ["config_diff", "fingerprint"]
 # how long, where, how it is logged/evaluated/checkpointed and how many workers feed it. ("dist.backend" is
 # dist.transport's former name, still found in older checkpoints' configs.)
 _RESUMABLE_PREFIXES = (
-    "run_dir", "epochs", "max_steps", "progress", "tracking.", "eval.", "checkpoint.",
-    "dist.timeout_minutes", "dist.transport", "dist.backend", "dist.device", "data.num_workers", "data.root",
-    "data.path", "data.cache", "data.download",
+    "run_dir",
+    "epochs",
+    "max_steps",
+    "progress",
+    "tracking.",
+    "eval.",
+    "checkpoint.",
+    "dist.timeout_minutes",
+    "dist.transport",
+    "dist.backend",
+    "dist.device",
+    "data.num_workers",
+    "data.root",
+    "data.path",
+    "data.cache",
+    "data.download",
 )
 
 
@@ -59,5 +72,8 @@ def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     configs as this version reads them (so a config stored by an older version, with keys renamed or added
     since, differs only where the training it describes differs). Empty: the same training."""
     a, b = _training_relevant(_as_read_now(old)), _training_relevant(_as_read_now(new))
-    return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [
+        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]

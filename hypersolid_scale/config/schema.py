@@ -174,11 +174,15 @@ def validate(cfg: Config) -> None:
         if not ok(value):
             raise ConfigError(f"config key '{key}' = {value!r} is invalid; expected {what}")
     if cfg.optim.min_lr > cfg.optim.lr:
-        raise ConfigError(f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
-                          "the cosine schedule decays from optim.lr down to optim.min_lr")
+        raise ConfigError(
+            f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
+            "the cosine schedule decays from optim.lr down to optim.min_lr"
+        )
     if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
-        raise ConfigError(f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
-                          "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0")
+        raise ConfigError(
+            f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
+            "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
+        )
     get_method(cfg.method.name).check_run(cfg)
 
 
@@ -188,9 +192,11 @@ _RENAMED = {"dist.backend": "dist.transport"}  # former name -> name; old checkp
 def _refuse_renamed(keys: set[str], where: str) -> None:
     for old, new in _RENAMED.items():
         if old in keys:
-            raise ConfigError(f"config key '{old}' ({where}) is now called '{new}' (the process group's transport: "
-                              "auto | gloo | nccl; 'backend' names only the repulsion algorithm, "
-                              f"method.hypersolid.backend); rename it to {new}")
+            raise ConfigError(
+                f"config key '{old}' ({where}) is now called '{new}' (the process group's transport: "
+                "auto | gloo | nccl; 'backend' names only the repulsion algorithm, "
+                f"method.hypersolid.backend); rename it to {new}"
+            )
 
 
 def _read_yaml(path: str | Path) -> DictConfig:
@@ -202,8 +208,10 @@ def _read_yaml(path: str | Path) -> DictConfig:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {err.problem or err.context}; "
-                          "fix the syntax there (indent with spaces, one 'key: value' per line)") from None
+        raise ConfigError(
+            f"config file {str(path)!r} is not valid YAML{where}: {err.problem or err.context}; "
+            "fix the syntax there (indent with spaces, one 'key: value' per line)"
+        ) from None
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):
@@ -224,9 +232,11 @@ def parse_override(ov: str) -> DictConfig:
     except GrammarParseError as err:
         problem = f"a bad ${{...}} interpolation: {str(err).splitlines()[0]}"
     key, value = ov.split("=", 1)
-    raise ConfigError(f"override {ov!r} cannot be parsed: its value {value!r} is {problem}. Write a list as "
-                      f"{key}=[a,b] with every bracket closed, and quote text holding [ ] {{ }} : # @ * ! or ${{, "
-                      f"e.g. {key}=\"'text'\" (the outer quotes are for the shell)")
+    raise ConfigError(
+        f"override {ov!r} cannot be parsed: its value {value!r} is {problem}. Write a list as "
+        f"{key}=[a,b] with every bracket closed, and quote text holding [ ] {{ }} : # @ * ! or ${{, "
+        f"e.g. {key}=\"'text'\" (the outer quotes are for the shell)"
+    )
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
@@ -254,15 +264,19 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     except OmegaConfBaseException as err:
         if not where:  # found converting (an interpolation): blame the key's last override, else the file
             k = getattr(err, "full_key", None) or "?"
-            where = next((w for key, w, _ in reversed(given) if f"{key}.".startswith(f"{k}.")
-                          or f"{k}.".startswith(f"{key}.")), f"in {path}" if path is not None else "")
+            where = next(
+                (w for key, w, _ in reversed(given) if f"{key}.".startswith(f"{k}.") or f"{k}.".startswith(f"{key}.")),
+                f"in {path}" if path is not None else "",
+            )
         raise ConfigError(f"{_explain(err, schema)}{f' ({where})' if where else ''}") from None
     # Normalise spellings that YAML turns into other types (``bf16: true`` is read as the string "True").
     cfg.dist.bf16 = str(cfg.dist.bf16).lower()
     validate(cfg)
     if (why := not_a_directory(cfg.run_dir)) is not None:
-        raise ConfigError(f"config key 'run_dir' = {cfg.run_dir!r} {why}, not a directory; choose another "
-                          "run_dir (a new or an existing directory), e.g. run_dir=runs/my_run")
+        raise ConfigError(
+            f"config key 'run_dir' = {cfg.run_dir!r} {why}, not a directory; choose another "
+            "run_dir (a new or an existing directory), e.g. run_dir=runs/my_run"
+        )
     return cfg
 
 
@@ -307,8 +321,14 @@ def migrate(d: dict[str, Any]) -> dict[str, Any]:
     data = d.get("data")
     if isinstance(data, dict) and "format" not in data:
         was_format = data.get("dataset") in _FORMAT_NAMES
-        d = {**d, "data": {**data, "format": data["dataset"] if was_format else "builtin",
-                           "dataset": None if was_format else data.get("dataset")}}
+        d = {
+            **d,
+            "data": {
+                **data,
+                "format": data["dataset"] if was_format else "builtin",
+                "dataset": None if was_format else data.get("dataset"),
+            },
+        }
     return d
 
 
@@ -316,8 +336,9 @@ def from_dict(d: dict[str, Any]) -> Config:
     """Inverse of :func:`to_dict`; keys unknown to this version are reported as errors, configs stored by
     older versions (checkpoints) are read through :func:`migrate`."""
     try:
-        cfg = cast(Config, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config),
-                                                               OmegaConf.create(migrate(d)))))
+        cfg = cast(
+            Config, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(migrate(d))))
+        )
     except OmegaConfBaseException as err:
         raise _explain(err, OmegaConf.structured(Config)) from None
     return cfg
@@ -335,7 +356,18 @@ def save_config(cfg: Config, run_dir: str | Path) -> Path:
 
 
 __all__ = [
-    "CheckpointConfig", "Config", "DistConfig", "OptimConfig", "flatten",
-    "from_dict", "migrate", "load_config", "parse_override", "parse_overrides", "save_config",
-    "to_dict", "to_yaml", "validate",
+    "CheckpointConfig",
+    "Config",
+    "DistConfig",
+    "OptimConfig",
+    "flatten",
+    "from_dict",
+    "migrate",
+    "load_config",
+    "parse_override",
+    "parse_overrides",
+    "save_config",
+    "to_dict",
+    "to_yaml",
+    "validate",
 ]

@@ -18,12 +18,15 @@ def load_sweep(path: str | Path) -> tuple[str, list[list[str]]]:
         raise ConfigError(f"sweep file {str(path)!r} does not exist")
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict) or "base" not in data or "runs" not in data:
-        raise ConfigError(f"sweep file {str(path)!r} needs two keys: 'base' (a config path) and 'runs' (a list of "
-                          "lists of section.key=value overrides)")
+        raise ConfigError(
+            f"sweep file {str(path)!r} needs two keys: 'base' (a config path) and 'runs' (a list of "
+            "lists of section.key=value overrides)"
+        )
     unknown = set(data) - {"base", "runs", "description"}
     if unknown:
-        raise ConfigError(f"sweep file {str(path)!r} has unknown keys {sorted(unknown)}; allowed: base, runs, "
-                          "description")
+        raise ConfigError(
+            f"sweep file {str(path)!r} has unknown keys {sorted(unknown)}; allowed: base, runs, description"
+        )
     runs = data["runs"]
     if not isinstance(runs, list) or not all(isinstance(r, list) and all(isinstance(o, str) for o in r) for r in runs):
         raise ConfigError(f"sweep file {str(path)!r}: 'runs' must be a list of lists of strings like 'optim.lr=1e-3'")

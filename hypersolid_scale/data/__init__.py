@@ -25,16 +25,25 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
-__all__ = ["DataConfig", "MultiCropPreset", "PRESETS", "build_train_loader", "build_eval_datasets",
-           "num_classes", "in_channels", "resolve_preset"]
+__all__ = [
+    "DataConfig",
+    "MultiCropPreset",
+    "PRESETS",
+    "build_train_loader",
+    "build_eval_datasets",
+    "num_classes",
+    "in_channels",
+    "resolve_preset",
+]
 
 
 def build_train_loader(cfg: DataConfig, *, rank: int, world_size: int, seed: int, device: torch.device) -> Any:
     """Iterable over `(views, labels)` batches; views = [global_0, global_1, local_0, ...] (B, C, H, W)."""
     cfg.validate()
     preset = resolve_preset(cfg)
-    return formats.get(cfg.format).train_loader(cfg, preset, rank=rank, world_size=world_size,
-                                                seed=int(seed) + int(cfg.seed_offset), device=device)
+    return formats.get(cfg.format).train_loader(
+        cfg, preset, rank=rank, world_size=world_size, seed=int(seed) + int(cfg.seed_offset), device=device
+    )
 
 
 def holdout_split(ds: Dataset, fraction: float) -> tuple[Dataset, Dataset]:
@@ -63,8 +72,10 @@ def num_classes(cfg: DataConfig) -> int:
         return int(cfg.num_classes)
     found = formats.get(cfg.format).num_classes(cfg)
     if found is None:
-        raise ConfigError(f"cannot tell the number of classes of data.path={cfg.path!r}: no manifest.json "
-                          "found next to it; set data.num_classes")
+        raise ConfigError(
+            f"cannot tell the number of classes of data.path={cfg.path!r}: no manifest.json "
+            "found next to it; set data.num_classes"
+        )
     return found
 
 

@@ -12,8 +12,18 @@ import numpy as np
 
 BUILTIN_DATASETS = ("fashion_mnist", "digits")
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-                         "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 _FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
@@ -21,7 +31,7 @@ _FILES = {
 _HOW_TO_GET = (
     "Install Debian's package (apt-get install dataset-fashion-mnist, files in /usr/share/datasets/fashion-mnist), "
     "or download with torchvision (python -c \"import torchvision; torchvision.datasets.FashionMNIST('DIR', "
-    "download=True)\") and set data.path=DIR"
+    'download=True)") and set data.path=DIR'
 )
 
 
@@ -45,7 +55,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ValueError(f"{path} is not an unsigned-byte idx file (bad magic {data[:4]!r})")
     ndim = data[3]
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    dims = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
     expected = int(np.prod(dims))
     payload = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
     if payload.size != expected:
@@ -95,7 +105,8 @@ def load_digits(split: str, test_fraction: float = 0.2) -> ArraySplit:
     images = np.clip(np.round(d.images * (255.0 / 16.0)), 0, 255).astype(np.uint8)
     labels = d.target.astype(np.int64)
     idx_train, idx_test = train_test_split(
-        np.arange(len(labels)), test_size=test_fraction, random_state=0, stratify=labels)
+        np.arange(len(labels)), test_size=test_fraction, random_state=0, stratify=labels
+    )
     idx = idx_train if split == "train" else idx_test
     return ArraySplit(images[idx], labels[idx], tuple(str(i) for i in range(10)))
 

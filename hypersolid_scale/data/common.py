@@ -25,7 +25,8 @@ def batches_per_epoch(num_samples: int, world_size: int, batch_size: int) -> int
     if n == 0:
         raise ValueError(
             f"{num_samples} samples cannot fill one batch of {batch_size} on each of {world_size} ranks: "
-            "lower data.batch_size_per_gpu or use more data")
+            "lower data.batch_size_per_gpu or use more data"
+        )
     return n
 
 
@@ -48,12 +49,13 @@ def split_global_batches(order: np.ndarray, *, rank: int, world_size: int, batch
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n_batches = batches_per_epoch(len(order), world_size, batch_size)
-    rows = np.asarray(order[:n_batches * world_size * batch_size]).reshape(n_batches, world_size, batch_size)
+    rows = np.asarray(order[: n_batches * world_size * batch_size]).reshape(n_batches, world_size, batch_size)
     return np.ascontiguousarray(rows[:, rank]).reshape(-1)
 
 
-def rank_indices(num_samples: int, *, rank: int, world_size: int, batch_size: int, seed: int, epoch: int,
-                 shuffle: bool = True) -> np.ndarray:
+def rank_indices(
+    num_samples: int, *, rank: int, world_size: int, batch_size: int, seed: int, epoch: int, shuffle: bool = True
+) -> np.ndarray:
     """This rank's sample indices for `epoch`, batch after batch (see `split_global_batches`)."""
     order = epoch_permutation(num_samples, seed=seed, epoch=epoch, shuffle=shuffle)
     return split_global_batches(order, rank=rank, world_size=world_size, batch_size=batch_size)
@@ -153,7 +155,9 @@ def find_manifest(path: str | None) -> dict | None:
                 with open(d / MANIFEST) as f:
                     return json.load(f)
             except (OSError, ValueError) as e:
-                raise DataError(f"cannot read the conversion manifest {d / MANIFEST}: {type(e).__name__}: {e}; "
-                                "re-create it with `python -m hypersolid_scale.data.convert`, or remove it "
-                                "(sample counts are then read from the shards)") from e
+                raise DataError(
+                    f"cannot read the conversion manifest {d / MANIFEST}: {type(e).__name__}: {e}; "
+                    "re-create it with `python -m hypersolid_scale.data.convert`, or remove it "
+                    "(sample counts are then read from the shards)"
+                ) from e
     return None

@@ -94,27 +94,36 @@ class DataConfig:
 
         # Formats are registered by their modules in hypersolid_scale/data/formats/.
         if self.dataset in formats.names() and self.dataset != "builtin":  # what data.dataset used to mean
-            raise ConfigError(f"data.dataset={self.dataset!r} names a storage format: set "
-                              f"data.format={self.dataset} (data.dataset is the dataset's name, e.g. cifar10)")
+            raise ConfigError(
+                f"data.dataset={self.dataset!r} names a storage format: set "
+                f"data.format={self.dataset} (data.dataset is the dataset's name, e.g. cifar10)"
+            )
         if self.format not in formats.names():
             raise ConfigError(f"data.format={self.format!r} is not one of {formats.names()}")
         if self.format == "builtin" and self.builtin_name() not in BUILTIN_DATASETS:
             raise ConfigError(
                 f"data.dataset={self.dataset!r} is not a builtin dataset {BUILTIN_DATASETS}; for other data "
                 "convert it (python -m hypersolid_scale.data.convert --help) and set data.format=webdataset, "
-                "ffcv or imagefolder and data.path")
+                "ffcv or imagefolder and data.path"
+            )
         checks = (
             (self.augment in AUGMENT_MODES, f"data.augment={self.augment!r} is not one of {AUGMENT_MODES}"),
             (self.eval_split in EVAL_SPLITS, f"data.eval_split={self.eval_split!r} is not one of {EVAL_SPLITS}"),
             (self.ffcv_order in FFCV_ORDERS, f"data.ffcv_order={self.ffcv_order!r} is not one of {FFCV_ORDERS}"),
             (self.batch_size_per_gpu >= 1, f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}"),
             (self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}"),
-            (0.0 <= self.max_lost_fraction <= 1.0,
-             f"data.max_lost_fraction must be in [0, 1] (1.0 never stops), got {self.max_lost_fraction}"),
-            (0.0 < self.holdout_fraction < 1.0,
-             f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}"),
-            (self.num_local_views is None or self.num_local_views >= 0,
-             f"data.num_local_views must be >= 0, got {self.num_local_views}"),
+            (
+                0.0 <= self.max_lost_fraction <= 1.0,
+                f"data.max_lost_fraction must be in [0, 1] (1.0 never stops), got {self.max_lost_fraction}",
+            ),
+            (
+                0.0 < self.holdout_fraction < 1.0,
+                f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}",
+            ),
+            (
+                self.num_local_views is None or self.num_local_views >= 0,
+                f"data.num_local_views must be >= 0, got {self.num_local_views}",
+            ),
         )
         for ok, message in checks:
             if not ok:
@@ -124,5 +133,7 @@ class DataConfig:
             if scale is not None and (len(scale) != 2 or not 0.0 < scale[0] <= scale[1] <= 1.0):
                 raise ConfigError(f"data.{name} must be [min, max] with 0 < min <= max <= 1, got {scale}")
         if formats.get(self.format).needs_path and not self.path:
-            raise ConfigError(f"data.format={self.format!r} needs data.path (convert images first: "
-                              "python -m hypersolid_scale.data.convert --help)")
+            raise ConfigError(
+                f"data.format={self.format!r} needs data.path (convert images first: "
+                "python -m hypersolid_scale.data.convert --help)"
+            )

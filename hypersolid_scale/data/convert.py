@@ -54,16 +54,26 @@ def _source(p: argparse.ArgumentParser, args: argparse.Namespace) -> Source:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hypersolid_scale.data.convert", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m hypersolid_scale.data.convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--folder", help="image folder: ROOT/<class>/* or ROOT/{train,test}/<class>/*")
     src.add_argument("--builtin", choices=BUILTIN_DATASETS, help="a built-in dataset")
-    src.add_argument("--torchvision", help="torchvision.datasets class name (already downloaded to --root); "
-                     "STL10 is read from its binary files directly")
+    src.add_argument(
+        "--torchvision",
+        help="torchvision.datasets class name (already downloaded to --root); "
+        "STL10 is read from its binary files directly",
+    )
     p.add_argument("--root", help="dataset root for --torchvision; idx directory for --builtin fashion_mnist")
-    p.add_argument("--split", default=None, help="comma list of splits to convert (default: train,test; "
-                   "STL10 also has 'unlabeled', 100,000 images without labels)")
+    p.add_argument(
+        "--split",
+        default=None,
+        help="comma list of splits to convert (default: train,test; "
+        "STL10 also has 'unlabeled', 100,000 images without labels)",
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--formats", default="webdataset,ffcv", help=f"comma list of {FORMATS}")
     p.add_argument("--shard-size", type=int, default=5000, help="samples per tar shard")
@@ -71,9 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quality", type=int, default=90, help="JPEG quality")
     p.add_argument("--mode", choices=("keep", "RGB", "L"), default="keep", help="color mode of stored images")
     p.add_argument("--resize", type=int, default=None, help="resize every image to N x N (e.g. 224)")
-    p.add_argument("--max-side", type=int, default=DEFAULT_MAX_SIDE,
-                   help="skip (and list) images whose header claims a longer side, in pixels "
-                   f"(default {DEFAULT_MAX_SIDE})")
+    p.add_argument(
+        "--max-side",
+        type=int,
+        default=DEFAULT_MAX_SIDE,
+        help=f"skip (and list) images whose header claims a longer side, in pixels (default {DEFAULT_MAX_SIDE})",
+    )
     p.add_argument("--ffcv-mode", choices=("raw", "jpg", "smart"), default="raw", help="FFCV image storage")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion into --out")
     p.add_argument("--limit", type=int, default=None, help="keep the first N images of each split (quick tries)")
@@ -86,18 +99,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--shard-size must be >= 1")
     if args.max_side < 1:
         p.error("--max-side must be >= 1")
-    conv = Converter(args.out, formats=formats, shard_size=args.shard_size, image_format=args.image_format,
-                     quality=args.quality, mode=args.mode, resize=args.resize, resume=args.resume,
-                     ffcv_mode=args.ffcv_mode, max_side=args.max_side)
+    conv = Converter(
+        args.out,
+        formats=formats,
+        shard_size=args.shard_size,
+        image_format=args.image_format,
+        quality=args.quality,
+        mode=args.mode,
+        resize=args.resize,
+        resume=args.resume,
+        ffcv_mode=args.ffcv_mode,
+        max_side=args.max_side,
+    )
     source = _source(p, args)
     if conv.check_output():
         return 0
-    splits = source.splits if args.limit is None else {k: v[:args.limit] for k, v in source.splits.items()}
+    splits = source.splits if args.limit is None else {k: v[: args.limit] for k, v in source.splits.items()}
     manifest = conv.run(source.classes, splits, source.description, source.unlabeled)
     counts = {s: e["count"] for s, e in manifest["splits"].items()}
     n_bad = manifest["bad_counts"]
-    print(f"wrote {args.out}: {counts} samples, {sum(n_bad.values())} bad files skipped "
-          f"({n_bad['too_large']} over --max-side, {n_bad['undecodable']} undecodable)")
+    print(
+        f"wrote {args.out}: {counts} samples, {sum(n_bad.values())} bad files skipped "
+        f"({n_bad['too_large']} over --max-side, {n_bad['undecodable']} undecodable)"
+    )
     return 0
 
 

@@ -54,9 +54,20 @@ def sample_key(name: str) -> str:
 
 
 class Converter:
-    def __init__(self, out: str, *, formats: list[str], shard_size: int, image_format: str, quality: int,
-                 mode: str, resize: int | None, resume: bool, ffcv_mode: str,
-                 max_side: int = DEFAULT_MAX_SIDE) -> None:
+    def __init__(
+        self,
+        out: str,
+        *,
+        formats: list[str],
+        shard_size: int,
+        image_format: str,
+        quality: int,
+        mode: str,
+        resize: int | None,
+        resume: bool,
+        ffcv_mode: str,
+        max_side: int = DEFAULT_MAX_SIDE,
+    ) -> None:
         self.out = Path(out)
         self.formats, self.shard_size, self.image_format = formats, shard_size, image_format
         self.quality, self.mode, self.resize, self.resume, self.ffcv_mode = quality, mode, resize, resume, ffcv_mode
@@ -74,12 +85,15 @@ class Converter:
             if self.resume:
                 print(f"{self.out}/{MANIFEST} exists: conversion already complete, nothing to do")
                 return True
-            raise SystemExit(f"error: {self.out} already holds a complete conversion ({MANIFEST}); "
-                             "choose another --out or delete it")
+            raise SystemExit(
+                f"error: {self.out} already holds a complete conversion ({MANIFEST}); choose another --out or delete it"
+            )
         if self.out.exists() and any(self.out.iterdir()):
             if not self.resume:
-                raise SystemExit(f"error: {self.out} is not empty (an interrupted conversion?); pass --resume "
-                                 "to continue it or choose another --out")
+                raise SystemExit(
+                    f"error: {self.out} is not empty (an interrupted conversion?); pass --resume "
+                    "to continue it or choose another --out"
+                )
             if self.progress_path.is_file():
                 self.progress = json.loads(self.progress_path.read_text())
         self._made_out = not self.out.exists()
@@ -92,13 +106,15 @@ class Converter:
         try:
             img = it.load()
         except (Image.DecompressionBombWarning, Image.DecompressionBombError) as e:  # PIL's guard (pixel_limit)
-            raise ImageTooLarge(f"{e} (the limit is --max-side {self.max_side} squared; raise --max-side to keep "
-                                "such images)") from e
+            raise ImageTooLarge(
+                f"{e} (the limit is --max-side {self.max_side} squared; raise --max-side to keep such images)"
+            ) from e
         w, h = img.size
         if max(w, h) > self.max_side:
             img.close()
-            raise ImageTooLarge(f"its header says {w} x {h} px, over --max-side {self.max_side} "
-                                "(raise --max-side to keep such images)")
+            raise ImageTooLarge(
+                f"its header says {w} x {h} px, over --max-side {self.max_side} (raise --max-side to keep such images)"
+            )
         img.load()  # the full decode: a truncated file fails here
         return img
 
@@ -111,8 +127,13 @@ class Converter:
         return {"split": split, "name": it.name, "reason": reason, "error": f"{type(err).__name__}: {err}"}
 
     def _folder_dest(self, split: str, it: Item, classes: list[str]) -> Path:
-        return self.out / "imagefolder" / split / folder_class_name(it.label, classes) / \
-            f"{Path(it.name).stem}_{hash_name(it.name)}.{self.ext}"
+        return (
+            self.out
+            / "imagefolder"
+            / split
+            / folder_class_name(it.label, classes)
+            / f"{Path(it.name).stem}_{hash_name(it.name)}.{self.ext}"
+        )
 
     # ------------------------------------------------------------------------------ one split --
     def _resume_point(self, split: str, items: Sequence[Item], done: list[dict]) -> tuple[int, list[dict]]:
@@ -137,14 +158,18 @@ class Converter:
         d = self.out / split
         done: list[dict] = self.progress.setdefault(split, [])
         intact = 0
-        while intact < len(done) and (d / done[intact]["name"]).is_file() and \
-                sha256(d / done[intact]["name"]) == done[intact]["sha256"]:
+        while (
+            intact < len(done)
+            and (d / done[intact]["name"]).is_file()
+            and sha256(d / done[intact]["name"]) == done[intact]["sha256"]
+        ):
             intact += 1
         del done[intact:]
         return done
 
-    def convert_split(self, split: str, items: Sequence[Item], classes: list[str], labeled: bool,
-                      bad: list[dict]) -> dict[str, Any]:
+    def convert_split(
+        self, split: str, items: Sequence[Item], classes: list[str], labeled: bool, bad: list[dict]
+    ) -> dict[str, Any]:
         """Stream every image of `split` once to the shards and the folder; FFCV reads the good ones after."""
         shards = "webdataset" in self.formats
         folder = "imagefolder" in self.formats
@@ -183,14 +208,23 @@ class Converter:
             entry["beton"] = self.write_beton(split, [items[k] for k in good])
         return entry
 
-    def _stream(self, split: str, items: Sequence[Item], classes: list[str], start: int, done: list[dict],
-                good: list[int], bad: list[dict], pending: list[dict], shards: bool,
-                folder: bool) -> None:
+    def _stream(
+        self,
+        split: str,
+        items: Sequence[Item],
+        classes: list[str],
+        start: int,
+        done: list[dict],
+        good: list[int],
+        bad: list[dict],
+        pending: list[dict],
+        shards: bool,
+        folder: bool,
+    ) -> None:
         """Items `start`.. one at a time: check, encode once, write to the folder and the current shard
         (`self._writer`, left open at the end when the items do not fill it)."""
         self._writer = None
-        for k in tqdm(range(start, len(items)), desc=f"convert {split}", unit="img", initial=start,
-                      total=len(items)):
+        for k in tqdm(range(start, len(items)), desc=f"convert {split}", unit="img", initial=start, total=len(items)):
             it = items[k]
             try:
                 data = self.encode(it) if shards or folder else None
@@ -239,9 +273,11 @@ class Converter:
         large = sum(b["reason"] == "too_large" for b in bad)
         first = f"{bad[0]['name']}: {bad[0]['error']}".replace("\n", " ") if bad else ""
         fix = "raise --max-side or " if large else ""
-        return DataError(f"no image of split {split!r} was converted: all {len(items)} were rejected ({large} over "
-                         f"--max-side {self.max_side}, {len(bad) - large} undecodable; listed above, e.g. {first}); "
-                         f"{fix}fix the files, or leave the split out with --split")
+        return DataError(
+            f"no image of split {split!r} was converted: all {len(items)} were rejected ({large} over "
+            f"--max-side {self.max_side}, {len(bad) - large} undecodable; listed above, e.g. {first}); "
+            f"{fix}fix the files, or leave the split out with --split"
+        )
 
     def scan_ffcv_sizes(self, splits: dict[str, Sequence[Item]]) -> None:
         """The largest image of each split, from the headers, before anything is written: the FFCV page size
@@ -249,8 +285,13 @@ class Converter:
         from hypersolid_scale.data.ffcv_writer import largest_image, page_size_for
 
         for split, items in splits.items():
-            bounds = (self.resize ** 2, self.resize) if self.resize else largest_image(
-                (it.load for it in tqdm(items, desc=f"image sizes {split}", unit="img")), self.max_side)
+            bounds = (
+                (self.resize**2, self.resize)
+                if self.resize
+                else largest_image(
+                    (it.load for it in tqdm(items, desc=f"image sizes {split}", unit="img")), self.max_side
+                )
+            )
             page_size_for(*bounds)
             self._ffcv_bounds[split] = bounds
 
@@ -260,25 +301,46 @@ class Converter:
         dest = self.out / f"{split}.beton"
         rgb = [lambda it=it: np.asarray(prepare_image(self.open_checked(it), "RGB", self.resize)) for it in items]
         pixels, side = self._ffcv_bounds[split]
-        write_beton(str(dest), rgb, [it.label for it in items], write_mode=self.ffcv_mode,
-                    jpeg_quality=self.quality, max_pixels=pixels, max_side=side)
+        write_beton(
+            str(dest),
+            rgb,
+            [it.label for it in items],
+            write_mode=self.ffcv_mode,
+            jpeg_quality=self.quality,
+            max_pixels=pixels,
+            max_side=side,
+        )
         return {"name": dest.name, "count": len(items), "sha256": sha256(dest), "bytes": dest.stat().st_size}
 
-    def run(self, classes: list[str], splits: dict[str, Sequence[Item]], source: str,
-            unlabeled: frozenset[str] | set[str] = frozenset()) -> dict:
-        manifest: dict[str, Any] = {"format_version": 1, "source": source, "classes": classes,
-                                    "num_classes": len(classes), "formats": self.formats, "splits": {},
-                                    "bad_files": []}
+    def run(
+        self,
+        classes: list[str],
+        splits: dict[str, Sequence[Item]],
+        source: str,
+        unlabeled: frozenset[str] | set[str] = frozenset(),
+    ) -> dict:
+        manifest: dict[str, Any] = {
+            "format_version": 1,
+            "source": source,
+            "classes": classes,
+            "num_classes": len(classes),
+            "formats": self.formats,
+            "splits": {},
+            "bad_files": [],
+        }
         if "imagefolder" in self.formats and unlabeled & set(splits):
-            raise ConfigError(f"--formats imagefolder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they "
-                              "have no labels and an image folder needs a class folder per image; convert them with "
-                              "--formats webdataset or ffcv")
+            raise ConfigError(
+                f"--formats imagefolder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they "
+                "have no labels and an image folder needs a class folder per image; convert them with "
+                "--formats webdataset or ffcv"
+            )
         with pixel_limit(self.max_side):
             if "ffcv" in self.formats:
                 self.scan_ffcv_sizes(dict(splits))
             for split, items in splits.items():
-                manifest["splits"][split] = self.convert_split(split, items, classes, split not in unlabeled,
-                                                               manifest["bad_files"])
+                manifest["splits"][split] = self.convert_split(
+                    split, items, classes, split not in unlabeled, manifest["bad_files"]
+                )
         reasons = [b["reason"] for b in manifest["bad_files"]]
         manifest["bad_counts"] = {r: reasons.count(r) for r in ("too_large", "undecodable")}
         _atomic_json(self.out / MANIFEST, manifest)

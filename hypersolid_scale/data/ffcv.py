@@ -52,8 +52,10 @@ except ImportError as _e:  # the optional extra is not installed
     FFCV_IMPORT_ERROR = _e
     TraversalOrder = object
 
-_HOW_TO_INSTALL = ("FFCV is not installed: apt-get install pkg-config libopencv-dev libturbojpeg0-dev, then "
-                   "pip install numpy cython pkgconfig && pip install --no-build-isolation ffcv")
+_HOW_TO_INSTALL = (
+    "FFCV is not installed: apt-get install pkg-config libopencv-dev libturbojpeg0-dev, then "
+    "pip install numpy cython pkgconfig && pip install --no-build-isolation ffcv"
+)
 
 
 def require_ffcv() -> None:
@@ -65,19 +67,25 @@ def check_beton(path: str) -> int:
     """Number of samples of a readable .beton; a clear error for a missing, truncated or corrupt file."""
     require_ffcv()
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"FFCV file {path!r} does not exist (create it with "
-                                "python -m hypersolid_scale.data.convert ... --formats ffcv)")
+        raise FileNotFoundError(
+            f"FFCV file {path!r} does not exist (create it with "
+            "python -m hypersolid_scale.data.convert ... --formats ffcv)"
+        )
     size = os.path.getsize(path)
     try:
         reader = Reader(path)
         table = reader.alloc_table
         end = int((table["ptr"] + table["size"]).max()) if len(table) else 0
     except Exception as e:  # whatever numpy/FFCV raise on a short read
-        raise ValueError(f"FFCV file {path!r} is truncated or corrupt ({type(e).__name__}: {e}); "
-                         "re-create it with python -m hypersolid_scale.data.convert") from e
+        raise ValueError(
+            f"FFCV file {path!r} is truncated or corrupt ({type(e).__name__}: {e}); "
+            "re-create it with python -m hypersolid_scale.data.convert"
+        ) from e
     if end > size or reader.num_samples == 0:
-        raise ValueError(f"FFCV file {path!r} is truncated: data runs to byte {end} but the file has {size}; "
-                         "re-create it with python -m hypersolid_scale.data.convert")
+        raise ValueError(
+            f"FFCV file {path!r} is truncated: data runs to byte {end} but the file has {size}; "
+            "re-create it with python -m hypersolid_scale.data.convert"
+        )
     return int(reader.num_samples)
 
 
@@ -91,8 +99,7 @@ class _EpochOrder(TraversalOrder):  # type: ignore[misc]
     what FFCV iterates, cut into batches of b.
     """
 
-    def __init__(self, mode: str, *, num_samples: int, seed: int, rank: int, world_size: int,
-                 batch_size: int) -> None:
+    def __init__(self, mode: str, *, num_samples: int, seed: int, rank: int, world_size: int, batch_size: int) -> None:
         if mode not in ORDERS:
             raise ValueError(f"data.ffcv_order={mode!r} is not one of {ORDERS}")
         self.mode, self.num_samples, self.seed = mode, num_samples, seed
@@ -115,27 +122,48 @@ class _EpochOrder(TraversalOrder):  # type: ignore[misc]
         out = np.zeros(self.num_samples, dtype=np.int64)
         # A fresh copy of the page table every time: FFCV's generator shuffles it in place, which would
         # make an epoch's order depend on the epochs drawn before it.
-        generate_order_inner(mix_seed(self.seed, epoch) % 2**31, self._pages.copy(), self._page_sizes, out,
-                             2 * self.world_size * self.batch_size)
+        generate_order_inner(
+            mix_seed(self.seed, epoch) % 2**31,
+            self._pages.copy(),
+            self._page_sizes,
+            out,
+            2 * self.world_size * self.batch_size,
+        )
         return out
 
     def rank_order(self, epoch: int) -> np.ndarray:
         """This rank's whole epoch: batch t is [t*b, (t+1)*b)."""
         if self._cache[0] != epoch:
-            self._cache = (epoch, split_global_batches(self.global_order(epoch), rank=self.rank,
-                                                       world_size=self.world_size, batch_size=self.batch_size))
+            self._cache = (
+                epoch,
+                split_global_batches(
+                    self.global_order(epoch), rank=self.rank, world_size=self.world_size, batch_size=self.batch_size
+                ),
+            )
         return self._cache[1]
 
     def sample_order(self, epoch: int) -> np.ndarray:
-        return self.rank_order(epoch)[self.start * self.batch_size:]
+        return self.rank_order(epoch)[self.start * self.batch_size :]
 
 
 class FFCVLoader(ResumableEpochs):
     """Multi-crop batches `(views, labels)` from a .beton; views already on `device`, normalised."""
 
-    def __init__(self, path: str, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                 batch_size: int, device: torch.device, num_workers: int, order: str = "quasi_random",
-                 os_cache: bool = False, batches_ahead: int = 3) -> None:
+    def __init__(
+        self,
+        path: str,
+        preset: MultiCropPreset,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        device: torch.device,
+        num_workers: int,
+        order: str = "quasi_random",
+        os_cache: bool = False,
+        batches_ahead: int = 3,
+    ) -> None:
         super().__init__()
         require_ffcv()
         self.num_samples = check_beton(path)
@@ -143,8 +171,9 @@ class FFCVLoader(ResumableEpochs):
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.augment = BatchPhotometric(preset, self.device, seed)
-        self._order = _EpochOrder(order, num_samples=self.num_samples, seed=seed, rank=rank,
-                                  world_size=world_size, batch_size=batch_size)
+        self._order = _EpochOrder(
+            order, num_samples=self.num_samples, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size
+        )
         label_pipe = [IntDecoder(), ToTensor(), Squeeze(), ToDevice(self.device, non_blocking=True)]
         pipelines: dict[str, Any] = {"image": None, "label": label_pipe}
         self.view_names, self._decoders = [], []
@@ -152,16 +181,35 @@ class FFCVLoader(ResumableEpochs):
         for i, (size, scale) in enumerate(zip(preset.view_sizes(), preset.view_scales())):
             name = f"view_{i}"
             self.view_names.append(name)
-            decoder = KeyedRandomResizedCropFlip((size, size), scale=scale, ratio=(3 / 4, 4 / 3),
-                                                 flip_prob=preset.hflip_prob, seed=seed, view=i, shared=shared)
+            decoder = KeyedRandomResizedCropFlip(
+                (size, size),
+                scale=scale,
+                ratio=(3 / 4, 4 / 3),
+                flip_prob=preset.hflip_prob,
+                seed=seed,
+                view=i,
+                shared=shared,
+            )
             self._decoders.append(decoder)
-            pipelines[name] = PipelineSpec("image", decoder=decoder, transforms=[
-                ToTensor(), ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=False)])
+            pipelines[name] = PipelineSpec(
+                "image",
+                decoder=decoder,
+                transforms=[ToTensor(), ToDevice(self.device, non_blocking=True), ToTorchImage(channels_last=False)],
+            )
         # FFCV's Loader sets torch's intra-op threads to its worker count; keep the trainer's setting.
         threads = torch.get_num_threads()
-        self.loader = Loader(path, batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
-                             order=self._order, distributed=False, seed=seed % (2**31), pipelines=pipelines,
-                             drop_last=True, batches_ahead=batches_ahead)
+        self.loader = Loader(
+            path,
+            batch_size=batch_size,
+            num_workers=max(1, num_workers),
+            os_cache=os_cache,
+            order=self._order,
+            distributed=False,
+            seed=seed % (2**31),
+            pipelines=pipelines,
+            drop_last=True,
+            batches_ahead=batches_ahead,
+        )
         torch.set_num_threads(threads)
         self._len = len(self.loader)
         self._out_names = list(self.loader.pipeline_specs.keys())
@@ -184,7 +232,7 @@ class FFCVLoader(ResumableEpochs):
         try:
             for t, out in zip(range(start, self._len), epoch_iter):
                 named = dict(zip(self._out_names, out))
-                yield [named[v] for v in self.view_names], named["label"].long(), mine[t * b:(t + 1) * b]
+                yield [named[v] for v in self.view_names], named["label"].long(), mine[t * b : (t + 1) * b]
         finally:
             epoch_iter.close()  # stop FFCV's prefetching thread when the epoch is cut short
 
@@ -216,16 +264,22 @@ def ffcv_eval_dataset(path: str, preset: MultiCropPreset) -> TensorLabelDataset:
     require_ffcv()
     check_beton(path)
     size = preset.global_crop_size
-    pipelines = {"image": [CenterCropRGBImageDecoder((size, size), ratio=size / preset.eval_resize), ToTensor(),
-                           ToTorchImage(channels_last=False)],
-                 "label": [IntDecoder(), ToTensor(), Squeeze()]}
-    loader = Loader(path, batch_size=512, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines=pipelines,
-                    drop_last=False)
+    pipelines = {
+        "image": [
+            CenterCropRGBImageDecoder((size, size), ratio=size / preset.eval_resize),
+            ToTensor(),
+            ToTorchImage(channels_last=False),
+        ],
+        "label": [IntDecoder(), ToTensor(), Squeeze()],
+    }
+    loader = Loader(
+        path, batch_size=512, num_workers=1, order=OrderOption.SEQUENTIAL, pipelines=pipelines, drop_last=False
+    )
     xs, ys = [], []
     for img, label in loader:
         xs.append(img.clone())
         ys.append(label.clone().long().view(-1))
-    x = torch.cat(xs).float().div_(255.0)[:, :preset.channels]
+    x = torch.cat(xs).float().div_(255.0)[:, : preset.channels]
     mean = torch.tensor(preset.mean).view(1, -1, 1, 1)
     std = torch.tensor(preset.std).view(1, -1, 1, 1)
     return TensorLabelDataset((x - mean) / std, torch.cat(ys))

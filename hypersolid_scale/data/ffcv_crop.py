@@ -27,8 +27,9 @@ try:
 
     # The decoder reads the epoch's key once per batch in object mode (`_epoch_key`) inside FFCV's
     # nogil pipeline; numba warns that this block holds the GIL, which is intended and cheap.
-    warnings.filterwarnings("ignore", message="Code running in object mode won't allow parallel execution",
-                            category=NumbaWarning)
+    warnings.filterwarnings(
+        "ignore", message="Code running in object mode won't allow parallel execution", category=NumbaWarning
+    )
 except ImportError:  # the optional extra is not installed (ffcv.py's require_ffcv says how to install it)
     RandomResizedCropRGBImageDecoder = object
 
@@ -78,8 +79,17 @@ def _build_kernel(mem_read: Callable) -> Callable:
     flip_c = Compiler.compile(_flip_in_place)
     jpg = IMAGE_MODES["jpg"]
 
-    def kernel(batch_indices, destination, temp_storage, metadata, storage_state,  # type: ignore[no-untyped-def]
-               key, scale, ratio, flip_prob):
+    def kernel(  # type: ignore[no-untyped-def]
+        batch_indices,
+        destination,
+        temp_storage,
+        metadata,
+        storage_state,
+        key,
+        scale,
+        ratio,
+        flip_prob,
+    ):
         for dst_ix in my_range(len(batch_indices)):
             source_ix = np.int64(batch_indices[dst_ix])
             np.random.seed(hash_c(hash_c(key ^ (source_ix & 0xFFFFFFFF)) ^ ((source_ix >> 32) & 0xFFFFFFFF)))
@@ -99,7 +109,7 @@ def _build_kernel(mem_read: Callable) -> Callable:
             resize_crop_c(temp_buffer, i, i + h, j, j + w, destination[dst_ix])
             if np.random.random() < flip_prob:
                 flip_c(destination[dst_ix])
-        return destination[:len(batch_indices)]
+        return destination[: len(batch_indices)]
 
     kernel.is_parallel = True  # type: ignore[attr-defined]
     return Compiler.compile(kernel)
@@ -112,8 +122,17 @@ class KeyedRandomResizedCropFlip(RandomResizedCropRGBImageDecoder):  # type: ign
     (seed, epoch, i, view); FFCV's crop sampler (torchvision's algorithm) and then the flip draw from it.
     """
 
-    def __init__(self, output_size: tuple[int, int], *, scale: tuple[float, float], ratio: tuple[float, float],
-                 flip_prob: float, seed: int, view: int, shared: _SharedKernel | None = None) -> None:
+    def __init__(
+        self,
+        output_size: tuple[int, int],
+        *,
+        scale: tuple[float, float],
+        ratio: tuple[float, float],
+        flip_prob: float,
+        seed: int,
+        view: int,
+        shared: _SharedKernel | None = None,
+    ) -> None:
         super().__init__(output_size, scale=scale, ratio=ratio)
         self.flip_prob, self.seed, self.view = float(flip_prob), int(seed), int(view)
         self.shared = shared if shared is not None else _SharedKernel()
@@ -132,7 +151,8 @@ class KeyedRandomResizedCropFlip(RandomResizedCropRGBImageDecoder):  # type: ign
             with objmode(key="int64"):  # once per batch: the current epoch's key
                 key = _epoch_key(decoder_id)
             destination, temp_storage = my_storage
-            return kernel(batch_indices, destination, temp_storage, metadata, storage_state, key, scale, ratio,
-                          flip_prob)
+            return kernel(
+                batch_indices, destination, temp_storage, metadata, storage_state, key, scale, ratio, flip_prob
+            )
 
         return decode

@@ -60,9 +60,11 @@ def page_size_for(max_pixels: int, max_side: int = 0) -> int:
     """
     need = 3 * max_pixels
     if need > MAX_PAGE or max_side > MAX_FFCV_SIDE:
-        raise DataError(f"an image of {max_pixels} pixels ({need} bytes as raw RGB, longest side {max_side} px) is "
-                        f"over what FFCV stores (pages up to {MAX_PAGE} bytes, sides up to {MAX_FFCV_SIDE} px); pass "
-                        "--resize N to store smaller images, or a lower --max-side to skip such images")
+        raise DataError(
+            f"an image of {max_pixels} pixels ({need} bytes as raw RGB, longest side {max_side} px) is "
+            f"over what FFCV stores (pages up to {MAX_PAGE} bytes, sides up to {MAX_FFCV_SIDE} px); pass "
+            "--resize N to store smaller images, or a lower --max-side to skip such images"
+        )
     page = MIN_PAGE if max_pixels <= _SMALL_IMAGE_PIXELS else 1 << 23
     while page < need:
         page *= 2
@@ -97,8 +99,9 @@ def _run_worker(errors: Queue[str], work_fn: Callable[..., None], *args: Any) ->
 class _GuardedWriter(DatasetWriter):  # type: ignore[misc]
     """FFCV's DatasetWriter whose wait loop stops when a worker dies (FFCV's would wait forever)."""
 
-    def _write_common(self, num_samples: int, queue_content: Any, work_fn: Callable[..., None],
-                      extra_worker_args: tuple) -> None:
+    def _write_common(
+        self, num_samples: int, queue_content: Any, work_fn: Callable[..., None], extra_worker_args: tuple
+    ) -> None:
         # As ffcv.writer.DatasetWriter._write_common (FFCV 1.0), with the workers watched while waiting.
         self.num_samples = num_samples
         self.prepare()
@@ -111,8 +114,16 @@ class _GuardedWriter(DatasetWriter):  # type: ignore[misc]
         errors: Queue = Queue()
         done_number = Value(ctypes.c_uint64, 0)
         allocator = MemoryAllocator(self.fname, self.data_region_start, self.page_size)
-        args = (workqueue, self.metadata_sm, self.metadata_type, self.fields, allocator, done_number,
-                allocations_queue, *extra_worker_args)
+        args = (
+            workqueue,
+            self.metadata_sm,
+            self.metadata_type,
+            self.fields,
+            allocator,
+            done_number,
+            allocations_queue,
+            *extra_worker_args,
+        )
         processes = [Process(target=_run_worker, args=(errors, work_fn, *args)) for _ in range(self.num_workers)]
         try:
             for p in processes:
@@ -150,8 +161,11 @@ class _GuardedWriter(DatasetWriter):  # type: ignore[misc]
         try:
             why = errors.get(timeout=1.0)
         except Empty:
-            why = (f"a worker exited with status {failed[0].exitcode} (killed, e.g. out of memory?)" if failed
-                   else "the workers exited without reporting their pages")
+            why = (
+                f"a worker exited with status {failed[0].exitcode} (killed, e.g. out of memory?)"
+                if failed
+                else "the workers exited without reporting their pages"
+            )
         raise RuntimeError(f"an FFCV writer worker failed: {why}")
 
 
@@ -171,9 +185,18 @@ class _ArrayList:
         return img, int(self.labels[i])
 
 
-def write_beton(path: str, images: Sequence[Callable[[], np.ndarray]], labels: Sequence[int], *,
-                write_mode: str = "raw", jpeg_quality: int = 90, num_workers: int = 2,
-                page_size: int | None = None, max_pixels: int | None = None, max_side: int = 0) -> None:
+def write_beton(
+    path: str,
+    images: Sequence[Callable[[], np.ndarray]],
+    labels: Sequence[int],
+    *,
+    write_mode: str = "raw",
+    jpeg_quality: int = 90,
+    num_workers: int = 2,
+    page_size: int | None = None,
+    max_pixels: int | None = None,
+    max_side: int = 0,
+) -> None:
     """Write (image, label) pairs to `path` (via `path.tmp`, renamed when complete, removed on failure).
 
     `max_pixels` / `max_side`: the largest image's pixel count and longest side (the converter reads them
@@ -192,12 +215,18 @@ def write_beton(path: str, images: Sequence[Callable[[], np.ndarray]], labels: S
     if page_size is None:
         page_size = needed
     elif page_size < 3 * max_pixels:
-        raise DataError(f"FFCV page size {page_size} cannot hold an image of {max_pixels} pixels ({3 * max_pixels} "
-                        f"bytes as raw RGB); use page_size={needed} or leave it out")
+        raise DataError(
+            f"FFCV page size {page_size} cannot hold an image of {max_pixels} pixels ({3 * max_pixels} "
+            f"bytes as raw RGB); use page_size={needed} or leave it out"
+        )
     tmp = path + ".tmp"
     try:
-        writer = _GuardedWriter(tmp, {"image": RGBImageField(write_mode=write_mode, jpeg_quality=jpeg_quality),
-                                      "label": IntField()}, num_workers=num_workers, page_size=page_size)
+        writer = _GuardedWriter(
+            tmp,
+            {"image": RGBImageField(write_mode=write_mode, jpeg_quality=jpeg_quality), "label": IntField()},
+            num_workers=num_workers,
+            page_size=page_size,
+        )
         writer.from_indexed_dataset(_ArrayList(images, labels))
         os.replace(tmp, path)
     finally:

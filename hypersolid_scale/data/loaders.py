@@ -50,15 +50,26 @@ class InMemoryMultiCropLoader(ResumableEpochs):
     a resumed run produces the very same views as an uninterrupted one.
     """
 
-    def __init__(self, split: ArraySplit, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                 batch_size: int, max_samples: int | None = None) -> None:
+    def __init__(
+        self,
+        split: ArraySplit,
+        preset: MultiCropPreset,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        max_samples: int | None = None,
+    ) -> None:
         super().__init__()
         n = len(split) if max_samples is None else min(len(split), max_samples)
         self.images = array_to_tensor(split.images[:n])
         self.labels = torch.from_numpy(split.labels[:n]).long()
         if self.images.shape[1] != preset.channels:
-            raise ValueError(f"images have {self.images.shape[1]} channels but preset {preset.name!r} expects "
-                             f"{preset.channels}; pick a matching data.preset")
+            raise ValueError(
+                f"images have {self.images.shape[1]} channels but preset {preset.name!r} expects "
+                f"{preset.channels}; pick a matching data.preset"
+            )
         self.preset, self.rank, self.world_size, self.seed, self.batch_size = preset, rank, world_size, seed, batch_size
         self.multicrop = TensorMultiCrop(preset, "cpu", seed)
         self._len = batches_per_epoch(n, world_size, batch_size)
@@ -68,10 +79,18 @@ class InMemoryMultiCropLoader(ResumableEpochs):
 
     def __iter__(self) -> Iterator[Batch]:
         start = self._begin()
-        idx = torch.from_numpy(rank_indices(len(self.labels), rank=self.rank, world_size=self.world_size,
-                                            batch_size=self.batch_size, seed=self.seed, epoch=self.epoch))
+        idx = torch.from_numpy(
+            rank_indices(
+                len(self.labels),
+                rank=self.rank,
+                world_size=self.world_size,
+                batch_size=self.batch_size,
+                seed=self.seed,
+                epoch=self.epoch,
+            )
+        )
         for b in range(start, self._len):
-            bi = idx[b * self.batch_size:(b + 1) * self.batch_size]
+            bi = idx[b * self.batch_size : (b + 1) * self.batch_size]
             views = self.multicrop(self.images[bi], bi, self.epoch)
             self._count()
             yield views, self.labels[bi]
@@ -114,8 +133,17 @@ class MapStyleMultiCropLoader(ResumableEpochs):
     (`KeyedSamples`), so neither the rank, the world size nor the number of workers changes a view.
     """
 
-    def __init__(self, dataset: Dataset, *, rank: int, world_size: int, seed: int, batch_size: int,
-                 num_workers: int, max_samples: int | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        num_workers: int,
+        max_samples: int | None = None,
+    ) -> None:
         super().__init__()
         self.dataset = dataset
         n = len(dataset)  # type: ignore[arg-type]
@@ -129,15 +157,28 @@ class MapStyleMultiCropLoader(ResumableEpochs):
 
     def __iter__(self) -> Iterator[Batch]:
         start = self._begin()
-        idx = rank_indices(self.num_samples, rank=self.rank, world_size=self.world_size,
-                           batch_size=self.batch_size, seed=self.seed, epoch=self.epoch)
-        mine = idx[start * self.batch_size:self._len * self.batch_size]
+        idx = rank_indices(
+            self.num_samples,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            epoch=self.epoch,
+        )
+        mine = idx[start * self.batch_size : self._len * self.batch_size]
         samples = KeyedSamples(self.dataset, mine, seed=self.seed, epoch=self.epoch)
         # The generator only seeds the workers' base seed; passing one keeps the DataLoader from
         # drawing it from the trainer's global torch RNG.
         gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
-        loader = DataLoader(samples, batch_size=self.batch_size, shuffle=False, num_workers=self.num_workers,
-                            generator=gen, drop_last=True, persistent_workers=False)
+        loader = DataLoader(
+            samples,
+            batch_size=self.batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            generator=gen,
+            drop_last=True,
+            persistent_workers=False,
+        )
         for views, labels in loader:
             self._count()
             yield views, labels

@@ -66,23 +66,43 @@ class MultiCropPreset:
 
 _DEFAULT = MultiCropPreset(name="default")
 _CIFAR = replace(
-    _DEFAULT, name="cifar", global_crop_size=32, global_crop_scale=(0.8, 1.0), local_crop_size=32,
-    local_crop_scale=(0.08, 0.9), blur_probs=(0.0, 0.0, 0.0), eval_resize=32,
+    _DEFAULT,
+    name="cifar",
+    global_crop_size=32,
+    global_crop_scale=(0.8, 1.0),
+    local_crop_size=32,
+    local_crop_scale=(0.08, 0.9),
+    blur_probs=(0.0, 0.0, 0.0),
+    eval_resize=32,
 )
 # Fashion-MNIST (28 px, one channel): full-resolution global views at CIFAR-like scales (objects fill the
 # frame, so a 0.6 floor keeps the garment recognisable), 16 px local views of 10-50 % of the image (cheap
 # for the CPU quickstart), no blur (as for CIFAR: a 2 px sigma erases a 28 px image). Jitter, grayscale
 # and solarization keep the paper's probabilities; saturation/hue/grayscale are no-ops on one channel.
 _FASHION_MNIST = replace(
-    _DEFAULT, name="fashion_mnist", global_crop_size=28, global_crop_scale=(0.6, 1.0), local_crop_size=16,
-    local_crop_scale=(0.1, 0.5), blur_probs=(0.0, 0.0, 0.0), mean=(0.2860,), std=(0.3530,), channels=1,
+    _DEFAULT,
+    name="fashion_mnist",
+    global_crop_size=28,
+    global_crop_scale=(0.6, 1.0),
+    local_crop_size=16,
+    local_crop_scale=(0.1, 0.5),
+    blur_probs=(0.0, 0.0, 0.0),
+    mean=(0.2860,),
+    std=(0.3530,),
+    channels=1,
     eval_resize=28,
 )
 # sklearn digits (8 px, 17 grey levels): crops are upsampled to 16/8 px so a small CNN has something to
 # look at; otherwise as Fashion-MNIST. Mean/std of the [0, 1]-scaled images.
 _DIGITS = replace(
-    _FASHION_MNIST, name="digits", global_crop_size=16, local_crop_size=8, local_crop_scale=(0.2, 0.6),
-    mean=(0.3059,), std=(0.3838,), eval_resize=16,
+    _FASHION_MNIST,
+    name="digits",
+    global_crop_size=16,
+    local_crop_size=8,
+    local_crop_scale=(0.2, 0.6),
+    mean=(0.3059,),
+    std=(0.3838,),
+    eval_resize=16,
 )
 
 PRESETS: dict[str, MultiCropPreset] = {
@@ -100,8 +120,9 @@ PRESETS: dict[str, MultiCropPreset] = {
 }
 
 # preset=auto: data.dataset -> preset; any other name (or none) -> "default".
-_DATASET_PRESET = {name: name for name in ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "food101",
-                                           "imagenet")}
+_DATASET_PRESET = {
+    name: name for name in ("fashion_mnist", "digits", "cifar10", "cifar100", "stl10", "food101", "imagenet")
+}
 _DATASET_PRESET.update(imagenet1k="imagenet", imagenet100="imagenet")
 
 

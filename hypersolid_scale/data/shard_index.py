@@ -78,8 +78,15 @@ def _corrupt(url: str, key: str, why: str) -> Event:
 class ShardIndexDataset(Dataset):
     """(image, label) by index over WebDataset shards; `items` = [(file, offset, size, label)]."""
 
-    def __init__(self, urls: str, mode: str = "RGB", transform: Callable | None = None, *,
-                 manifest: str | None = None, verify: bool = False) -> None:
+    def __init__(
+        self,
+        urls: str,
+        mode: str = "RGB",
+        transform: Callable | None = None,
+        *,
+        manifest: str | None = None,
+        verify: bool = False,
+    ) -> None:
         self.mode, self.transform = mode, transform
         shards = expand_shards(urls)
         reader = ShardReader(Manifest.locate(shards, manifest), verify)
@@ -180,9 +187,14 @@ class ShardIndexDataset(Dataset):
                 img, label = self._load(j)
             except Exception as e:  # noqa: BLE001 - any decoder failure means "skip this sample"
                 self._fetch_corrupt += 1
-                warnings.warn(f"skipping sample {j} ({self.items[j][0]} at byte {self.items[j][1]}): "
-                              f"{type(e).__name__}: {e}; index {i} gets the next decodable sample", stacklevel=1)
+                warnings.warn(
+                    f"skipping sample {j} ({self.items[j][0]} at byte {self.items[j][1]}): "
+                    f"{type(e).__name__}: {e}; index {i} gets the next decodable sample",
+                    stacklevel=1,
+                )
                 continue
             return (self.transform(img) if self.transform else img), label
-        raise DataError(f"samples {i}..{i + _MAX_FILL - 1} of the evaluation shards do not decode; re-create the "
-                        "shards from the source images with `python -m hypersolid_scale.data.convert`")
+        raise DataError(
+            f"samples {i}..{i + _MAX_FILL - 1} of the evaluation shards do not decode; re-create the "
+            "shards from the source images with `python -m hypersolid_scale.data.convert`"
+        )

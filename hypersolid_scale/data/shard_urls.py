@@ -63,8 +63,10 @@ def expand_shards(urls: str) -> list[str]:
         return shards
     shards = split_urls(urls)
     if not shards:
-        raise DataError(f"no shard URL in {urls!r}: set data.path to a directory of .tar shards or to a "
-                        "pattern such as 'dir/shard-{000000..000009}.tar'")
+        raise DataError(
+            f"no shard URL in {urls!r}: set data.path to a directory of .tar shards or to a "
+            "pattern such as 'dir/shard-{000000..000009}.tar'"
+        )
     for s in shards:
         if is_local(s):
             if not os.path.isfile(local_path(s)):
@@ -91,7 +93,8 @@ def open_url(url: str) -> IO[bytes]:
         raise RuntimeError(
             f"cannot open {url!r}: {scheme}:// needs fsspec with its {scheme} backend ({e}); install it "
             f"(s3: pip install s3fs, gs: pip install gcsfs) or stream through a command, e.g. "
-            f"'pipe:aws s3 cp {url} -'") from e
+            f"'pipe:aws s3 cp {url} -'"
+        ) from e
     return fsspec.open(url, "rb").open()
 
 

@@ -35,13 +35,26 @@ Sample = dict[str, Any]
 Event = dict[str, Any]
 # Event kind -> the loader counter it increments (a shard event's "lost" also adds to lost_samples; a
 # corrupt sample only counts as skipped).
-EVENT_COUNTER = {"corrupt": "corrupt_skipped", "short": "short_shards", "truncated": "truncated_shards",
-                 "checksum": "checksum_mismatches", "stale": "stale_manifest_entries"}
-COUNTERS = ("corrupt_skipped", "lost_samples", "short_shards", "truncated_shards", "checksum_mismatches",
-            "stale_manifest_entries")
+EVENT_COUNTER = {
+    "corrupt": "corrupt_skipped",
+    "short": "short_shards",
+    "truncated": "truncated_shards",
+    "checksum": "checksum_mismatches",
+    "stale": "stale_manifest_entries",
+}
+COUNTERS = (
+    "corrupt_skipped",
+    "lost_samples",
+    "short_shards",
+    "truncated_shards",
+    "checksum_mismatches",
+    "stale_manifest_entries",
+)
 # The fix offered for a shard that is no tar archive, or a damaged one.
-RECREATE = ("re-create damaged shards from the source images with `python -m hypersolid_scale.data.convert`, or "
-            "leave them out of data.path")
+RECREATE = (
+    "re-create damaged shards from the source images with `python -m hypersolid_scale.data.convert`, or "
+    "leave them out of data.path"
+)
 
 
 class Manifest:
@@ -49,8 +62,9 @@ class Manifest:
 
     def __init__(self, data: dict, source: str) -> None:
         self.data, self.source = data, source
-        self.entries = {(split, sh["name"]): sh for split, e in data.get("splits", {}).items()
-                        for sh in e.get("shards", [])}
+        self.entries = {
+            (split, sh["name"]): sh for split, e in data.get("splits", {}).items() for sh in e.get("shards", [])
+        }
 
     @classmethod
     def load(cls, url: str) -> Manifest:
@@ -58,8 +72,10 @@ class Manifest:
             with open_url(url) as f:
                 return cls(json.loads(f.read()), url)
         except (OSError, ValueError, RuntimeError) as e:
-            raise DataError(f"cannot read the manifest {url!r} (data.manifest): {type(e).__name__}: {e}; point "
-                            "data.manifest at the manifest.json the converter wrote") from e
+            raise DataError(
+                f"cannot read the manifest {url!r} (data.manifest): {type(e).__name__}: {e}; point "
+                "data.manifest at the manifest.json the converter wrote"
+            ) from e
 
     @classmethod
     def locate(cls, shards: list[str], explicit: str | None) -> Manifest | None:
@@ -110,7 +126,7 @@ class _Tracked(io.RawIOBase):
         if not data:
             self.eof = True
         if len(self.head) < 512:
-            self.head += data[:512 - len(self.head)]
+            self.head += data[: 512 - len(self.head)]
         if self.sha is not None:
             self.sha.update(data)
         return data
@@ -134,8 +150,9 @@ class _Tracked(io.RawIOBase):
 class ShardReader:
     """Samples of one shard at a time through the library's tar reader; findings go to `events`."""
 
-    def __init__(self, manifest: Manifest | None = None, verify: bool = False,
-                 verified: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, manifest: Manifest | None = None, verify: bool = False, verified: frozenset[str] = frozenset()
+    ) -> None:
         self.manifest, self.verify = manifest, verify
         self.events: list[Event] = []
         self._verified = set(verified)  # shards whose sha256 matched: not hashed again
@@ -173,34 +190,78 @@ class ShardReader:
         if errors and stream.close_error is not None and position == 0:
             errors[0] = OSError(f"{_describe(errors[0])}; {stream.close_error}")
         sha = stream.sha.hexdigest() if want_sha and not errors and stream.sha else None
-        self.account(url, got, entry, error=errors[0] if errors else None, readable=position > 0 or stream.is_tar(),
-                      no_marker=no_marker, sha=sha, share=share)
+        self.account(
+            url,
+            got,
+            entry,
+            error=errors[0] if errors else None,
+            readable=position > 0 or stream.is_tar(),
+            no_marker=no_marker,
+            sha=sha,
+            share=share,
+        )
 
-    def account(self, url: str, got: int, entry: dict | None, *, error: Exception | None, readable: bool,
-                no_marker: bool, sha: str | None, share: tuple[int, int] | None = None) -> None:
+    def account(
+        self,
+        url: str,
+        got: int,
+        entry: dict | None,
+        *,
+        error: Exception | None,
+        readable: bool,
+        no_marker: bool,
+        sha: str | None,
+        share: tuple[int, int] | None = None,
+    ) -> None:
         """Compare what a shard delivered with what it should hold; a `DataError` if it is no tar at all."""
         if error is not None and not readable:
             raise unreadable(url, error)
         expected = int(entry["count"]) if entry else None
         lost = _share(got, expected, share) if expected is not None else 0
-        missing = (f"{expected - got} of its {expected} samples (manifest) are lost" if expected is not None
-                   else "how many samples are lost is unknown (the shard has no manifest entry)")
+        missing = (
+            f"{expected - got} of its {expected} samples (manifest) are lost"
+            if expected is not None
+            else "how many samples are lost is unknown (the shard has no manifest entry)"
+        )
         if error is not None:
-            self._event("truncated", url, lost, f"shard {url!r} breaks after {got} samples ({_describe(error)}): "
-                        f"{missing}; going on without them")
+            self._event(
+                "truncated",
+                url,
+                lost,
+                f"shard {url!r} breaks after {got} samples ({_describe(error)}): {missing}; going on without them",
+            )
         elif expected is not None and got < expected:
-            self._event("short", url, lost, f"shard {url!r} holds {got} samples, the manifest lists {expected}: "
-                        f"{missing} (truncated at a member boundary?); going on without them")
+            self._event(
+                "short",
+                url,
+                lost,
+                f"shard {url!r} holds {got} samples, the manifest lists {expected}: "
+                f"{missing} (truncated at a member boundary?); going on without them",
+            )
         elif no_marker:
-            self._event("short", url, 0, f"shard {url!r} ends without the tar end-of-archive marker after {got} "
-                        f"samples (truncated?): {missing}")
+            self._event(
+                "short",
+                url,
+                0,
+                f"shard {url!r} ends without the tar end-of-archive marker after {got} samples (truncated?): {missing}",
+            )
         if expected is not None and got > expected:
-            self._event("stale", url, 0, f"shard {url!r} holds {got} samples but the manifest lists {expected}: "
-                        "is the manifest from another conversion?")
+            self._event(
+                "stale",
+                url,
+                0,
+                f"shard {url!r} holds {got} samples but the manifest lists {expected}: "
+                "is the manifest from another conversion?",
+            )
         if sha is not None:
             if sha != entry["sha256"]:  # type: ignore[index]
-                self._event("checksum", url, 0, f"shard {url!r} has sha256 {sha}, the manifest lists "
-                            f"{entry['sha256']}: it changed after conversion")  # type: ignore[index]
+                self._event(
+                    "checksum",
+                    url,
+                    0,
+                    f"shard {url!r} has sha256 {sha}, the manifest lists "
+                    f"{entry['sha256']}: it changed after conversion",  # type: ignore[index]
+                )
             else:
                 self._verified.add(url)
                 self._event("verified", url, 0, "")
@@ -213,8 +274,10 @@ def unreadable(url: str, error: Exception) -> DataError:
     """The error for a shard that yields nothing: one that cannot be opened or fetched (an OSError: the
     file, the address, the command) or whose bytes are no tar archive."""
     if isinstance(error, OSError):
-        fix = ("check that it exists and is readable (for a URL or a pipe: command, the address, its "
-               "credentials and the network), or leave it out of data.path")
+        fix = (
+            "check that it exists and is readable (for a URL or a pipe: command, the address, its "
+            "credentials and the network), or leave it out of data.path"
+        )
     else:
         fix = f"it is not a tar archive, or a damaged one: {RECREATE}"
     return DataError(f"cannot read shard {url!r}: {_describe(error)}; {fix}")

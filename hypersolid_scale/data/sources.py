@@ -76,6 +76,7 @@ def _open_file(path: str) -> Callable[[], Image.Image]:
             return Image.open(path)
         finally:
             Image.MAX_IMAGE_PIXELS = saved
+
     return load
 
 
@@ -107,16 +108,21 @@ def folder_source(path: str) -> Source:
 
 def array_items(images: np.ndarray, labels: np.ndarray | None, prefix: str) -> ItemList:
     """(N, H, W[, C]) uint8 images (a memory map is read one image at a time) as items."""
+
     def make(i: int) -> Item:
         label = UNLABELED if labels is None else int(labels[i])
         return Item(f"{prefix}_{i:07d}", label, lambda: Image.fromarray(np.ascontiguousarray(images[i])))
+
     return ItemList(len(images), make)
 
 
 def builtin_source(name: str, path: str | None) -> Source:
     splits = {s: load_builtin(name, s, path) for s in ("train", "test")}
-    return Source(list(splits["train"].classes), {s: array_items(d.images, d.labels, s) for s, d in splits.items()},
-                  f"builtin:{name}")
+    return Source(
+        list(splits["train"].classes),
+        {s: array_items(d.images, d.labels, s) for s, d in splits.items()},
+        f"builtin:{name}",
+    )
 
 
 # ------------------------------------------------------------------------------------------ STL-10 --
@@ -131,9 +137,11 @@ def _stl10_dir(root: str) -> Path:
     for d in (Path(root) / "stl10_binary", Path(root)):
         if any((d / f"{s}_X.bin").is_file() for s in STL10_SPLITS):
             return d
-    raise DataError(f"no STL-10 binary files (train_X.bin, test_X.bin, unlabeled_X.bin) in {root!r} or "
-                    f"{root}/stl10_binary: download and extract http://ai.stanford.edu/~acoates/stl10/"
-                    "stl10_binary.tar.gz there")
+    raise DataError(
+        f"no STL-10 binary files (train_X.bin, test_X.bin, unlabeled_X.bin) in {root!r} or "
+        f"{root}/stl10_binary: download and extract http://ai.stanford.edu/~acoates/stl10/"
+        "stl10_binary.tar.gz there"
+    )
 
 
 def stl10_images(path: Path) -> np.ndarray:
@@ -141,8 +149,9 @@ def stl10_images(path: Path) -> np.ndarray:
     per_image = 3 * STL10_SIDE * STL10_SIDE
     size = path.stat().st_size
     if size == 0 or size % per_image:
-        raise DataError(f"{path} holds {size} bytes, not a whole number of {per_image}-byte STL-10 images "
-                        "(truncated download?)")
+        raise DataError(
+            f"{path} holds {size} bytes, not a whole number of {per_image}-byte STL-10 images (truncated download?)"
+        )
     raw = np.memmap(path, dtype=np.uint8, mode="r", shape=(size // per_image, 3, STL10_SIDE, STL10_SIDE))
     return raw.transpose(0, 3, 2, 1)  # (N, C, W, H) -> (N, H, W, C)
 
@@ -168,8 +177,10 @@ def stl10_source(root: str, splits: Sequence[str]) -> Source:
                 raise DataError(f"STL-10 split {split!r}: {y} (its labels) does not exist")
             labels = np.fromfile(y, dtype=np.uint8).astype(np.int64) - 1
             if len(labels) != len(images) or labels.min(initial=0) < 0 or labels.max(initial=0) >= len(classes):
-                raise DataError(f"{y} holds {len(labels)} labels in 1..{labels.max(initial=-1) + 1} for "
-                                f"{len(images)} images and {len(classes)} classes: the files do not match")
+                raise DataError(
+                    f"{y} holds {len(labels)} labels in 1..{labels.max(initial=-1) + 1} for "
+                    f"{len(images)} images and {len(classes)} classes: the files do not match"
+                )
         out[split] = array_items(images, labels, split)
     return Source(classes, out, f"stl10:{d}", unlabeled={"unlabeled"} & set(splits))
 

@@ -42,15 +42,16 @@ COL_SOLARIZE = COL_SIGMA + 1
 NUM_COLUMNS = COL_SOLARIZE + 1
 
 
-def keyed_uniforms(seed: int, epoch: int, indices: torch.Tensor, view: int,
-                   columns: int = NUM_COLUMNS) -> torch.Tensor:
+def keyed_uniforms(seed: int, epoch: int, indices: torch.Tensor, view: int, columns: int = NUM_COLUMNS) -> torch.Tensor:
     """(n, columns) float32 uniforms in [0, 1): row i depends only on (seed, epoch, indices[i], view).
 
     24-bit resolution, like torch.rand's float32; computed on `indices.device`, bit-identical on any device.
     """
     if indices.ndim != 1 or indices.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"indices must be a 1-D integer tensor of sample indices, got {indices.dtype} "
-                         f"of shape {tuple(indices.shape)}")
+        raise ValueError(
+            f"indices must be a 1-D integer tensor of sample indices, got {indices.dtype} "
+            f"of shape {tuple(indices.shape)}"
+        )
     key = stream_key(seed, epoch, view, DOMAIN_TENSOR_VIEW)
     rows = sample_hash(key, indices.long())  # (n,)
     cols = hash32(torch.arange(columns, device=indices.device, dtype=torch.int64) + 0x632BE5AB)  # (columns,)
@@ -67,8 +68,12 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
 
 
 def sample_crop_boxes(
-    u: torch.Tensor, height: int, width: int, scale: tuple[float, float],
-    ratio: tuple[float, float] = (3 / 4, 4 / 3), attempts: int = CROP_ATTEMPTS,
+    u: torch.Tensor,
+    height: int,
+    width: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    attempts: int = CROP_ATTEMPTS,
 ) -> torch.Tensor:
     """torchvision's RandomResizedCrop.get_params, vectorised: (n, 4) float boxes (x0, y0, w, h) in pixels.
 
@@ -81,13 +86,13 @@ def sample_crop_boxes(
         raise ValueError(f"need (n, {2 * attempts + 2}) uniforms for {attempts} crop attempts, got {tuple(u.shape)}")
     area = float(height * width)
     target = area * (scale[0] + (scale[1] - scale[0]) * u[:, :attempts])
-    log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[:, attempts:2 * attempts]
+    log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * u[:, attempts : 2 * attempts]
     aspect = torch.exp(log_r)
     w = torch.round(torch.sqrt(target * aspect))
     h = torch.round(torch.sqrt(target / aspect))
     ok = (w > 0) & (h > 0) & (w <= width) & (h <= height)
     first = torch.where(ok.any(dim=1), ok.float().argmax(dim=1), torch.full((n,), -1, device=u.device))
-    pos = u[:, 2 * attempts:2 * attempts + 2]
+    pos = u[:, 2 * attempts : 2 * attempts + 2]
     boxes = torch.empty(n, 4, device=u.device)
     idx = first.clamp(min=0)
     cw = w.gather(1, idx[:, None]).squeeze(1)
@@ -107,7 +112,8 @@ def sample_crop_boxes(
         else:
             fw, fh = width, height
         boxes[fallback] = torch.tensor(
-            [(width - fw) // 2, (height - fh) // 2, fw, fh], dtype=boxes.dtype, device=boxes.device)
+            [(width - fw) // 2, (height - fh) // 2, fw, fh], dtype=boxes.dtype, device=boxes.device
+        )
     return boxes
 
 
@@ -159,12 +165,12 @@ class BatchPhotometric:
         """torchvision ColorJitter semantics: the four jitters in a random order, drawn per sample."""
         n = x.shape[0]
         bri, con, sat, hue = self.preset.jitter_ranges()
-        f = u[:, COL_JITTER_FACTORS:COL_JITTER_FACTORS + 4]
+        f = u[:, COL_JITTER_FACTORS : COL_JITTER_FACTORS + 4]
         fb = _lerp(max(0.0, 1 - bri), 1 + bri, f[:, 0]).view(n, 1, 1, 1)
         fc = _lerp(max(0.0, 1 - con), 1 + con, f[:, 1]).view(n, 1, 1, 1)
         fs = _lerp(max(0.0, 1 - sat), 1 + sat, f[:, 2]).view(n, 1, 1, 1)
         fh = _lerp(-hue, hue, f[:, 3])
-        order = torch.argsort(u[:, COL_JITTER_ORDER:COL_JITTER_ORDER + 4], dim=1, stable=True)
+        order = torch.argsort(u[:, COL_JITTER_ORDER : COL_JITTER_ORDER + 4], dim=1, stable=True)
         rgb = x.shape[1] == 3
         for stage in range(4):
             op = order[:, stage]
@@ -232,8 +238,9 @@ class BatchPhotometric:
             record.setdefault("solarize", []).append(sol.cpu())
         return (x - self.mean) / self.std
 
-    def __call__(self, views: list[torch.Tensor], indices: torch.Tensor, epoch: int,
-                 record: dict | None = None) -> list[torch.Tensor]:
+    def __call__(
+        self, views: list[torch.Tensor], indices: torch.Tensor, epoch: int, record: dict | None = None
+    ) -> list[torch.Tensor]:
         """views[i]: (B, C, H, W) of view i; indices: (B,) the samples' dataset indices."""
         idx = _check_indices(indices, views[0].shape[0]).to(self.device)
         return [self.view(v, i, keyed_uniforms(self.seed, epoch, idx, i), record) for i, v in enumerate(views)]
@@ -258,15 +265,17 @@ class TensorMultiCrop:
         self.seed = int(seed)
         self.photometric = BatchPhotometric(preset, self.device, seed=seed)
 
-    def __call__(self, images: torch.Tensor, indices: torch.Tensor, epoch: int,
-                 record: dict | None = None) -> list[torch.Tensor]:
+    def __call__(
+        self, images: torch.Tensor, indices: torch.Tensor, epoch: int, record: dict | None = None
+    ) -> list[torch.Tensor]:
         """images: (B, C, H, W) uint8 of the samples `indices` (B,) -> list of normalised float views
         [global_0, global_1, local_0, ...]."""
         with torch.autocast(self.device.type, enabled=False):  # float32 views whatever the caller's autocast
             return self._crops(images, indices, epoch, record)
 
-    def _crops(self, images: torch.Tensor, indices: torch.Tensor, epoch: int,
-               record: dict | None) -> list[torch.Tensor]:
+    def _crops(
+        self, images: torch.Tensor, indices: torch.Tensor, epoch: int, record: dict | None
+    ) -> list[torch.Tensor]:
         idx = _check_indices(indices, images.shape[0]).to(self.device)
         x = images.to(self.device).float().div_(255.0)
         _, _, h, w = x.shape

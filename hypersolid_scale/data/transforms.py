@@ -74,9 +74,11 @@ def pil_mode(preset: MultiCropPreset) -> str:
 
 def build_eval_transform(preset: MultiCropPreset) -> Callable[[Image.Image], torch.Tensor]:
     """Deterministic: resize the short side to eval_resize, center-crop global_crop_size, normalise."""
-    return T.Compose([
-        T.Resize(preset.eval_resize, interpolation=T.InterpolationMode.BICUBIC),
-        T.CenterCrop(preset.global_crop_size),
-        T.ToTensor(),
-        T.Normalize(mean=list(preset.mean), std=list(preset.std)),
-    ])
+    return T.Compose(
+        [
+            T.Resize(preset.eval_resize, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(preset.global_crop_size),
+            T.ToTensor(),
+            T.Normalize(mean=list(preset.mean), std=list(preset.std)),
+        ]
+    )

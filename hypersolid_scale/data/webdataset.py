@@ -103,8 +103,9 @@ class _Corrupt(Exception):
     """A sample that does not decode (the pipeline's handler skips and reports it)."""
 
     def __init__(self, sample: Sample, cause: Exception) -> None:
-        super().__init__(f"skipping sample {sample.get('__key__')!r} of {sample.get('__url__')!r}: "
-                         f"{type(cause).__name__}: {cause}")
+        super().__init__(
+            f"skipping sample {sample.get('__key__')!r} of {sample.get('__url__')!r}: {type(cause).__name__}: {cause}"
+        )
         self.url = str(sample.get("__url__"))
 
 
@@ -115,18 +116,33 @@ class _ShardStream(IterableDataset):
     found since the previous item ("" when nothing), for the main process to count and warn about.
     """
 
-    def __init__(self, shards: list[str], *, rank: int, world_size: int, seed: int, epoch: int,
-                 num_batches: int, batch_size: int, skip_batches: int, shuffle_buffer: int,
-                 transform: Callable, mode: str, manifest: Manifest | None, verify: bool,
-                 verified: frozenset[str]) -> None:
+    def __init__(
+        self,
+        shards: list[str],
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        epoch: int,
+        num_batches: int,
+        batch_size: int,
+        skip_batches: int,
+        shuffle_buffer: int,
+        transform: Callable,
+        mode: str,
+        manifest: Manifest | None,
+        verify: bool,
+        verified: frozenset[str],
+    ) -> None:
         super().__init__()
         self.shards, self.rank, self.world_size, self.seed, self.epoch = shards, rank, world_size, seed, epoch
         self.num_batches, self.batch_size, self.skip_batches = num_batches, batch_size, skip_batches
         self.shuffle_buffer, self.transform, self.mode = shuffle_buffer, transform, mode
         self.manifest, self.verify, self.verified = manifest, verify, verified
 
-    def _cycles(self, stream: int, streams: int, rng: random.Random, reader: ShardReader,
-                decoded: dict[str, int]) -> Iterator[Sample]:
+    def _cycles(
+        self, stream: int, streams: int, rng: random.Random, reader: ShardReader, decoded: dict[str, int]
+    ) -> Iterator[Sample]:
         """Undecoded samples of this stream, cycling through its shards (reshuffled every cycle).
 
         The shuffle buffer is flushed at the end of every cycle, so a cycle yields each of its samples
@@ -146,11 +162,15 @@ class _ShardStream(IterableDataset):
                 produced += 1
                 yield sample
             if produced == 0:
-                raise DataError(f"shards {mine} hold no samples (rank {self.rank}, stream {stream}): they are "
-                                f"empty or damaged; {RECREATE}")
+                raise DataError(
+                    f"shards {mine} hold no samples (rank {self.rank}, stream {stream}): they are "
+                    f"empty or damaged; {RECREATE}"
+                )
             if decoded["tried"] > tried and decoded["good"] == good:  # would cycle forever
-                raise DataError(f"no sample of shards {mine} decodes to an image with a .cls label (rank "
-                                f"{self.rank}, stream {stream}): {RECREATE}")
+                raise DataError(
+                    f"no sample of shards {mine} decodes to an image with a .cls label (rank "
+                    f"{self.rank}, stream {stream}): {RECREATE}"
+                )
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], int, str]]:
         info = get_worker_info()
@@ -217,11 +237,23 @@ class WebDatasetLoader(ResumableEpochs):
     see the module docstring.
     """
 
-    def __init__(self, urls: str, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                 batch_size: int, num_workers: int, shuffle_buffer: int = 2000,
-                 num_samples: int | None = None, transform: Callable | None = None,
-                 manifest: str | None = None, verify_shards: bool = False,
-                 max_lost_fraction: float = 0.01) -> None:
+    def __init__(
+        self,
+        urls: str,
+        preset: MultiCropPreset,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
+        batch_size: int,
+        num_workers: int,
+        shuffle_buffer: int = 2000,
+        num_samples: int | None = None,
+        transform: Callable | None = None,
+        manifest: str | None = None,
+        verify_shards: bool = False,
+        max_lost_fraction: float = 0.01,
+    ) -> None:
         super().__init__()
         if not 0.0 <= max_lost_fraction <= 1.0:
             raise ValueError(f"max_lost_fraction must be in [0, 1], got {max_lost_fraction}")
@@ -230,9 +262,11 @@ class WebDatasetLoader(ResumableEpochs):
         total = self.manifest.total(self.shards) if self.manifest else None
         if total is None:
             if not all(is_local(s) for s in self.shards):
-                warnings.warn(f"no manifest lists every shard of {urls!r}: counting samples streams every "
-                              "shard once; set data.manifest to the conversion's manifest.json to skip that",
-                              stacklevel=1)
+                warnings.warn(
+                    f"no manifest lists every shard of {urls!r}: counting samples streams every "
+                    "shard once; set data.manifest to the conversion's manifest.json to skip that",
+                    stacklevel=1,
+                )
             total = count_samples(self.shards)
         if num_samples is not None:
             total = min(total, num_samples)
@@ -250,14 +284,26 @@ class WebDatasetLoader(ResumableEpochs):
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
         start = self._begin()
-        ds = _ShardStream(self.shards, rank=self.rank, world_size=self.world_size, seed=self.seed,
-                          epoch=self.epoch, num_batches=self._len, batch_size=self.batch_size,
-                          skip_batches=start, shuffle_buffer=self.shuffle_buffer, transform=self.transform,
-                          mode=pil_mode(self.preset), manifest=self.manifest, verify=self.verify_shards,
-                          verified=frozenset(self._verified))
+        ds = _ShardStream(
+            self.shards,
+            rank=self.rank,
+            world_size=self.world_size,
+            seed=self.seed,
+            epoch=self.epoch,
+            num_batches=self._len,
+            batch_size=self.batch_size,
+            skip_batches=start,
+            shuffle_buffer=self.shuffle_buffer,
+            transform=self.transform,
+            mode=pil_mode(self.preset),
+            manifest=self.manifest,
+            verify=self.verify_shards,
+            verified=frozenset(self._verified),
+        )
         gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
-        loader = DataLoader(ds, batch_size=self.batch_size, num_workers=self.num_workers,
-                            worker_init_fn=_seed_worker, generator=gen)
+        loader = DataLoader(
+            ds, batch_size=self.batch_size, num_workers=self.num_workers, worker_init_fn=_seed_worker, generator=gen
+        )
         per_epoch = self._len * self.batch_size
         lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
         for views, labels, events in _unwrapped(loader):
@@ -287,10 +333,12 @@ class WebDatasetLoader(ResumableEpochs):
         worst = sorted(((n, url, kinds) for url, (n, kinds) in lost.items() if n > 0), reverse=True)
         shards = "; ".join(f"{url}: {n:.0f} lost ({'/'.join(sorted(kinds))})" for n, url, kinds in worst[:10])
         more = f"; and {len(worst) - 10} more shards" if len(worst) > 10 else ""
-        return (f"rank {self.rank} lost {total:.0f} samples in epoch {self.epoch}, {total / per_epoch:.1%} of "
-                f"the {per_epoch} it reads per epoch, over data.max_lost_fraction={self.max_lost_fraction}. "
-                f"Shards: {shards}{more}. Repair or re-convert them (python -m hypersolid_scale.data.convert), "
-                f"or raise data.max_lost_fraction to train on what is left (1.0 never stops).")
+        return (
+            f"rank {self.rank} lost {total:.0f} samples in epoch {self.epoch}, {total / per_epoch:.1%} of "
+            f"the {per_epoch} it reads per epoch, over data.max_lost_fraction={self.max_lost_fraction}. "
+            f"Shards: {shards}{more}. Repair or re-convert them (python -m hypersolid_scale.data.convert), "
+            f"or raise data.max_lost_fraction to train on what is left (1.0 never stops)."
+        )
 
 
 # How a DataError's type and message end the traceback text that a DataLoader worker sends back.

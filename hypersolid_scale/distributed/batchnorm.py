@@ -64,24 +64,35 @@ class GlobalBatchNorm(_BatchNorm):
         (N, C, *) -> (N, C, *); N may differ between ranks.
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group: Any = None,
-                 input_dims: tuple[int, ...] | None = None, device: Any = None, dtype: Any = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        process_group: Any = None,
+        input_dims: tuple[int, ...] | None = None,
+        device: Any = None,
+        dtype: Any = None,
+        **kwargs: Any,
+    ) -> None:
         # kwargs: what newer torch versions add to nn.BatchNorm (e.g. ``bias=False``), passed through.
-        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype,
-                         **kwargs)
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype, **kwargs)
         self.process_group = process_group
         self.input_dims = input_dims
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
         if input.dim() < 2 or (self.input_dims is not None and input.dim() not in self.input_dims):
             allowed = "at least 2" if self.input_dims is None else " or ".join(str(d) for d in self.input_dims)
-            raise ValueError(f"GlobalBatchNorm expected a {allowed}-dimensional input (N, C, ...), got shape "
-                             f"{tuple(input.shape)}")
+            raise ValueError(
+                f"GlobalBatchNorm expected a {allowed}-dimensional input (N, C, ...), got shape {tuple(input.shape)}"
+            )
         if input.shape[1] != self.num_features:
-            raise ValueError(f"GlobalBatchNorm has {self.num_features} channels but the input has "
-                             f"{input.shape[1]} in dim 1 (shape {tuple(input.shape)})")
+            raise ValueError(
+                f"GlobalBatchNorm has {self.num_features} channels but the input has "
+                f"{input.shape[1]} in dim 1 (shape {tuple(input.shape)})"
+            )
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
@@ -95,12 +106,12 @@ class GlobalBatchNorm(_BatchNorm):
         running_mean = self.running_mean if keep_stats else None
         running_var = self.running_var if keep_stats else None
         if not (bn_training and self.training) or get_world_size(self.process_group) == 1:
-            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training, factor,
-                                self.eps)
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training, factor, self.eps)
         return self._global_batch_norm(input, running_mean, running_var, factor)
 
-    def _global_batch_norm(self, input: torch.Tensor, running_mean: torch.Tensor | None,
-                           running_var: torch.Tensor | None, factor: float) -> torch.Tensor:
+    def _global_batch_norm(
+        self, input: torch.Tensor, running_mean: torch.Tensor | None, running_var: torch.Tensor | None, factor: float
+    ) -> torch.Tensor:
         channels = input.shape[1]
         dims = [0, *range(2, input.dim())]  # every dim but the channels
         shape = [1, channels] + [1] * (input.dim() - 2)  # broadcast a (C,) vector against the input
@@ -111,17 +122,21 @@ class GlobalBatchNorm(_BatchNorm):
         # The wire carries float64: counts stay exact beyond 2^24 elements per channel (e.g. 4096 images of
         # 112 x 112), and the cross-rank sum of partial sums loses nothing.
         count = torch.tensor([float(local_count)], dtype=torch.float64, device=input.device)
-        totals = all_reduce_sum_differentiable(torch.cat([x.sum(dims).to(torch.float64), count]),
-                                               self.process_group)  # (C + 1,)
+        totals = all_reduce_sum_differentiable(
+            torch.cat([x.sum(dims).to(torch.float64), count]), self.process_group
+        )  # (C + 1,)
         n = totals[-1].detach()
         # One host read of the count per layer: free on CPU; CUDA runs use SyncBatchNorm (convert_batchnorm).
         if float(n) <= 1:
-            raise ValueError(f"GlobalBatchNorm needs more than 1 value per channel in training, got {int(n)} "
-                             f"over all ranks (input shape {tuple(input.shape)} here); use a larger batch")
+            raise ValueError(
+                f"GlobalBatchNorm needs more than 1 value per channel in training, got {int(n)} "
+                f"over all ranks (input shape {tuple(input.shape)} here); use a larger batch"
+            )
         mean = (totals[:channels] / n).to(acc)  # (C,)
         centred = x - mean.view(shape)
-        sq_sum = all_reduce_sum_differentiable((centred * centred).sum(dims).to(torch.float64),
-                                               self.process_group)  # (C,)
+        sq_sum = all_reduce_sum_differentiable(
+            (centred * centred).sum(dims).to(torch.float64), self.process_group
+        )  # (C,)
         var = (sq_sum / n).to(acc)  # biased: what normalises, as in nn.BatchNorm
         scale = torch.rsqrt(var + self.eps)
         if self.weight is not None:
@@ -132,8 +147,7 @@ class GlobalBatchNorm(_BatchNorm):
         if running_mean is not None and running_var is not None:
             with torch.no_grad():
                 unbiased = sq_sum.detach() / (n - 1)
-                running_mean.copy_(factor * mean.detach().to(running_mean.dtype)
-                                   + (1.0 - factor) * running_mean)
+                running_mean.copy_(factor * mean.detach().to(running_mean.dtype) + (1.0 - factor) * running_mean)
                 running_var.copy_(factor * unbiased.to(running_var.dtype) + (1.0 - factor) * running_var)
         return out.to(input.dtype)
 
@@ -155,11 +169,20 @@ def convert_global_batchnorm(module: nn.Module, process_group: Any = None) -> nn
     out = module
     if isinstance(module, _BatchNorm) and not isinstance(module, GlobalBatchNorm):
         if any(is_lazy(t) for t in (module.weight, module.running_mean) if t is not None):
-            raise ValueError(f"cannot convert {type(module).__name__} before its first forward (its shape is "
-                             "not known yet); run one batch through the model, then convert")
-        out = GlobalBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                              module.track_running_stats, process_group, input_dims=_input_dims(module),
-                              device="meta")  # placeholders: the original tensors replace them below
+            raise ValueError(
+                f"cannot convert {type(module).__name__} before its first forward (its shape is "
+                "not known yet); run one batch through the model, then convert"
+            )
+        out = GlobalBatchNorm(
+            module.num_features,
+            module.eps,
+            module.momentum,
+            module.affine,
+            module.track_running_stats,
+            process_group,
+            input_dims=_input_dims(module),
+            device="meta",
+        )  # placeholders: the original tensors replace them below
         if module.affine:
             out.weight, out.bias = module.weight, module.bias
         out.running_mean, out.running_var = module.running_mean, module.running_var

@@ -85,9 +85,11 @@ def all_reduce_packed(sums: torch.Tensor, maxes: torch.Tensor) -> tuple[torch.Te
     the host. Both inputs are 1-D tensors of the same dtype and device; the outputs are new tensors.
     """
     if sums.dim() != 1 or maxes.dim() != 1 or sums.dtype != maxes.dtype or sums.device != maxes.device:
-        raise ValueError(f"all_reduce_packed needs two 1-D tensors of one dtype and device, got "
-                         f"{tuple(sums.shape)} {sums.dtype} {sums.device} and {tuple(maxes.shape)} {maxes.dtype} "
-                         f"{maxes.device}")
+        raise ValueError(
+            f"all_reduce_packed needs two 1-D tensors of one dtype and device, got "
+            f"{tuple(sums.shape)} {sums.dtype} {sums.device} and {tuple(maxes.shape)} {maxes.dtype} "
+            f"{maxes.device}"
+        )
     if not is_distributed():
         return sums.detach().clone(), maxes.detach().clone()
     packed = torch.cat([sums.detach(), maxes.detach()])

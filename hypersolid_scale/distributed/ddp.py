@@ -17,8 +17,16 @@ class DDPEngine(Engine):
 
     kind: ClassVar[str] = "ddp"
 
-    def __init__(self, model: nn.Module, optimizer_fn: OptimizerFn, *, device: torch.device, bf16: bool,
-                 grad_clip: float, compile: bool) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer_fn: OptimizerFn,
+        *,
+        device: torch.device,
+        bf16: bool,
+        grad_clip: float,
+        compile: bool,
+    ) -> None:
         self.model = model.to(device)
         self.device, self.bf16, self.grad_clip = device, bf16, grad_clip
         self.optimizer = optimizer_fn(self.model.parameters())
@@ -33,8 +41,9 @@ class DDPEngine(Engine):
     def step(self) -> torch.Tensor | None:
         norm = None
         if self.grad_clip > 0:
-            norm = grad_norm_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip),
-                                    self.device)
+            norm = grad_norm_tensor(
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip), self.device
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm

@@ -24,8 +24,9 @@ from hypersolid_scale.distributed.process_group import ensure_process_group
 from hypersolid_scale.safety.errors import ConfigError
 
 
-def deepspeed_config(*, batch_size_per_gpu: int, zero_stage: int, grad_clip: float,
-                     bf16: bool = False) -> dict[str, Any]:
+def deepspeed_config(
+    *, batch_size_per_gpu: int, zero_stage: int, grad_clip: float, bf16: bool = False
+) -> dict[str, Any]:
     """DeepSpeed's JSON config, derived from ours (one source of truth for batch and clipping).
 
     No "bf16" section: DeepSpeed's bf16 mode casts the module's parameters to bf16 but leaves BatchNorm's
@@ -83,18 +84,30 @@ class DeepSpeedEngine(Engine):
 
     kind: ClassVar[str] = "deepspeed"
 
-    def __init__(self, model: nn.Module, optimizer_fn: OptimizerFn, *, device: torch.device, bf16: bool,
-                 grad_clip: float, zero_stage: int, batch_size_per_gpu: int, compile: bool) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer_fn: OptimizerFn,
+        *,
+        device: torch.device,
+        bf16: bool,
+        grad_clip: float,
+        zero_stage: int,
+        batch_size_per_gpu: int,
+        compile: bool,
+    ) -> None:
         import deepspeed  # optional dependency: only DeepSpeed runs need it
 
         ensure_process_group(device)
         self.zero_stage, self.bf16, self.device = zero_stage, bf16, device
-        self.config = deepspeed_config(batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage,
-                                       grad_clip=grad_clip, bf16=bf16)
+        self.config = deepspeed_config(
+            batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage, grad_clip=grad_clip, bf16=bf16
+        )
         model = model.to(device)
         self.optimizer = optimizer_fn(model.parameters())
         self.wrapped, self.ds_optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=self.optimizer, config=self.config, dist_init_required=False)
+            model=model, optimizer=self.optimizer, config=self.config, dist_init_required=False
+        )
         self.model = self.wrapped.module
         if compile:
             self.wrapped.compile()
@@ -141,5 +154,6 @@ class DeepSpeedEngine(Engine):
                 f"the checkpoint's optimizer state was saved with ZeRO stage {state['zero_stage']} on "
                 f"{len(state['shards'])} ranks; this run uses stage {self.zero_stage} on {world} ranks. "
                 "Resume with the same world size and dist.zero_stage, or pass checkpoint.resume=force to "
-                "restart the optimizer state from scratch")
+                "restart the optimizer state from scratch"
+            )
         self.ds_optimizer.load_state_dict(state["shards"], load_optimizer_states=True, load_from_fp32_weights=True)

@@ -86,9 +86,19 @@ def grad_norm_tensor(norm: Any, device: torch.device) -> torch.Tensor | None:
     return torch.full((), float(norm), device=device)
 
 
-def build_engine(model: nn.Module, optimizer_fn: OptimizerFn, *, engine: str, device: torch.device, bf16: bool,
-                 grad_clip: float, sync_bn: str | bool = "auto", compile: bool = False, zero_stage: int = 0,
-                 batch_size_per_gpu: int = 1) -> Engine:
+def build_engine(
+    model: nn.Module,
+    optimizer_fn: OptimizerFn,
+    *,
+    engine: str,
+    device: torch.device,
+    bf16: bool,
+    grad_clip: float,
+    sync_bn: str | bool = "auto",
+    compile: bool = False,
+    zero_stage: int = 0,
+    batch_size_per_gpu: int = 1,
+) -> Engine:
     """``optimizer_fn(params) -> torch.optim.Optimizer`` is called once the model sits on its device.
 
     ``sync_bn`` (auto | true | false, see :func:`convert_batchnorm`) converts the BatchNorms here, once,
@@ -104,5 +114,13 @@ def build_engine(model: nn.Module, optimizer_fn: OptimizerFn, *, engine: str, de
         return DDPEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip, compile=compile)
     from hypersolid_scale.distributed.deepspeed_engine import DeepSpeedEngine
 
-    return DeepSpeedEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip,
-                           zero_stage=zero_stage, batch_size_per_gpu=batch_size_per_gpu, compile=compile)
+    return DeepSpeedEngine(
+        model,
+        optimizer_fn,
+        device=device,
+        bf16=bf16,
+        grad_clip=grad_clip,
+        zero_stage=zero_stage,
+        batch_size_per_gpu=batch_size_per_gpu,
+        compile=compile,
+    )

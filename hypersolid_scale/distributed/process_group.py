@@ -46,8 +46,9 @@ def world_info_from_env(env: dict[str, str] | None = None) -> WorldInfo:
     # SLURM_NTASKS is set inside any allocation; only trust it under srun, where SLURM_STEP_ID exists too,
     # so that `python train.py` inside an salloc shell stays a single process.
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "SLURM_STEP_ID" in env:
-        return WorldInfo(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0")),
-                         "slurm")
+        return WorldInfo(
+            int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", "0")), "slurm"
+        )
     return WorldInfo(0, 1, 0, "single")
 
 
@@ -58,8 +59,9 @@ def first_host(nodelist: str) -> str:
     common ``prefix[a-b,c]`` forms.
     """
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.split()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.split()
         if out:
             return out[0]
     except (OSError, subprocess.SubprocessError):
@@ -79,8 +81,10 @@ def _slurm_rendezvous(env: dict[str, str]) -> None:
     if "MASTER_ADDR" not in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         if not nodelist:
-            raise ConfigError("running under srun but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set; "
-                              "export MASTER_ADDR=<first node> in the sbatch script")
+            raise ConfigError(
+                "running under srun but neither MASTER_ADDR nor SLURM_JOB_NODELIST is set; "
+                "export MASTER_ADDR=<first node> in the sbatch script"
+            )
         os.environ["MASTER_ADDR"] = first_host(nodelist)
     if "MASTER_PORT" not in env:
         # Derived from the job id so concurrent jobs on a shared node do not collide.
@@ -113,8 +117,9 @@ def _export_rank_env(info: WorldInfo) -> None:
     os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank))
 
 
-def init_distributed(device: str = "auto", transport: str = "auto",
-                     timeout_minutes: int = 30) -> tuple[WorldInfo, torch.device]:
+def init_distributed(
+    device: str = "auto", transport: str = "auto", timeout_minutes: int = 30
+) -> tuple[WorldInfo, torch.device]:
     """Create the default process group (if world size > 1) and pick this rank's device."""
     info = world_info_from_env()
     dev = resolve_device(device, info.local_rank)
@@ -142,8 +147,10 @@ def ensure_process_group(device: torch.device) -> None:
         return
     info = world_info_from_env()
     if info.world_size > 1:
-        raise RuntimeError(f"this is rank {info.rank} of {info.world_size} ({info.launcher}) but no process group "
-                           "exists; call init_distributed() before building the engine")
+        raise RuntimeError(
+            f"this is rank {info.rank} of {info.world_size} ({info.launcher}) but no process group "
+            "exists; call init_distributed() before building the engine"
+        )
     _export_rank_env(info)
     dist.init_process_group(resolve_transport("auto", device), store=dist.HashStore(), rank=0, world_size=1)
 

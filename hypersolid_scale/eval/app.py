@@ -54,20 +54,37 @@ ERROR_LOG = "errors.log"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="Evaluate a Hypersolid checkpoint or a published backbone (kNN, linear "
-                                            "probe, clustering, geometry, plots, qualitative figures).")
+    p = argparse.ArgumentParser(
+        description="Evaluate a Hypersolid checkpoint or a published backbone (kNN, linear "
+        "probe, clustering, geometry, plots, qualitative figures)."
+    )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="path to a step_*.pt file")
-    source.add_argument("--backbone", help="a published backbone, SOURCE:NAME with SOURCE torchvision, timm or "
-                                           "hypersolid (e.g. torchvision:resnet50), evaluated with --weights")
+    source.add_argument(
+        "--backbone",
+        help="a published backbone, SOURCE:NAME with SOURCE torchvision, timm or "
+        "hypersolid (e.g. torchvision:resnet50), evaluated with --weights",
+    )
     p.add_argument("--weights", help="--backbone's weights: a state dict, or a checkpoint holding one")
-    p.add_argument("--strip-prefix", action="append", default=[], metavar="PREFIX",
-                   help="--weights: also strip this prefix from the tensor names (repeatable)")
-    p.add_argument("--suite", default=None, help=f"comma-separated subset of {','.join(SUITES)} (default: "
-                                                 "eval.suites, which leaves out the slow qualitative suite)")
+    p.add_argument(
+        "--strip-prefix",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="--weights: also strip this prefix from the tensor names (repeatable)",
+    )
+    p.add_argument(
+        "--suite",
+        default=None,
+        help=f"comma-separated subset of {','.join(SUITES)} (default: "
+        "eval.suites, which leaves out the slow qualitative suite)",
+    )
     p.add_argument("--features", default=None, choices=FEATURES, help="default: eval.features (backbone)")
-    p.add_argument("--output-dir", default=None, help="default: <run_dir>/eval/<checkpoint name>, "
-                                                      "<dirname(weights)>/eval/<weights name>")
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        help="default: <run_dir>/eval/<checkpoint name>, <dirname(weights)>/eval/<weights name>",
+    )
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("overrides", nargs="*", help="data.key=value / eval.key=value / tracking.key=value")
@@ -113,8 +130,9 @@ def eval_datasets(cfg: Any, checkpoint: Path | None) -> tuple[Dataset, Dataset]:
         where = "given" if checkpoint is None else f"recorded in checkpoint {str(checkpoint)!r}"
         damaged = isinstance(err, DataError) and "hypersolid_scale.data.convert" in str(err)  # fix already named
         hint = "" if damaged else ". Pass data.path=... (and data.test_path=...) to point at that data on this machine"
-        raise cls(f"cannot open the evaluation data {where} "
-                  f"({cfg.data.describe()}, data.path={cfg.data.path!r}): {err}{hint}") from None
+        raise cls(
+            f"cannot open the evaluation data {where} ({cfg.data.describe()}, data.path={cfg.data.path!r}): {err}{hint}"
+        ) from None
 
 
 def sample_images(ds: Dataset, cfg: Any, n: int, seed: int) -> Images:
@@ -128,8 +146,13 @@ def sample_images(ds: Dataset, cfg: Any, n: int, seed: int) -> Images:
     while isinstance(base, Subset):
         base = base.dataset
     names = getattr(base, "classes", None)  # torchvision's ImageFolder; in-memory datasets show "class <k>"
-    return Images(torch.stack([x for x, _ in items]), torch.tensor([int(y) for _, y in items]),
-                  mean=list(preset.mean), std=list(preset.std), class_names=list(names) if names else None)
+    return Images(
+        torch.stack([x for x, _ in items]),
+        torch.tensor([int(y) for _, y in items]),
+        mean=list(preset.mean),
+        std=list(preset.std),
+        class_names=list(names) if names else None,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -151,8 +174,9 @@ def log_to_mlflow(report: dict[str, Any], src: Source, out_dir: Path) -> None:
     attached = False
     if ckpt.get("mlflow_run_id"):
         try:
-            tracker = make_tracker(tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=src.tags,
-                                   attach=True)
+            tracker = make_tracker(
+                tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=src.tags, attach=True
+            )
             attached = True
         except ValueError as err:
             print(f"[eval] training run not found ({err}); logging to a new MLflow run instead", file=sys.stderr)
@@ -166,8 +190,10 @@ def log_to_mlflow(report: dict[str, Any], src: Source, out_dir: Path) -> None:
         tracker.set_tags({"eval.skipped": ", ".join(report["skipped"])[:5000]})
     for r in report.get("dbscan", []):  # the sweep as a curve: x = eps in thousandths
         if r["nmi"] is not None:
-            tracker.log_metrics({"eval/dbscan_nmi_vs_eps": r["nmi"], "eval/dbscan_ari_vs_eps": r["ari"]},
-                                step=int(round(1000 * r["eps"])))
+            tracker.log_metrics(
+                {"eval/dbscan_nmi_vs_eps": r["nmi"], "eval/dbscan_ari_vs_eps": r["ari"]},
+                step=int(round(1000 * r["eps"])),
+            )
     # The figures keep their place under the output directory (the qualitative ones may sit in a subfolder).
     for path in (out_dir / "report.json", out_dir / "report.md", *map(Path, report.get("plots", []))):
         try:
@@ -191,14 +217,19 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
 
     args = parse_args(argv)
     if (args.backbone is None) != (args.weights is None) or (args.strip_prefix and args.backbone is None):
-        raise ConfigError("--weights and --strip-prefix go with --backbone, and --backbone needs --weights: pass "
-                          "--backbone SOURCE:NAME --weights FILE, or --checkpoint FILE alone")
+        raise ConfigError(
+            "--weights and --strip-prefix go with --backbone, and --backbone needs --weights: pass "
+            "--backbone SOURCE:NAME --weights FILE, or --checkpoint FILE alone"
+        )
     path = Path(args.checkpoint or args.weights)
     out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(path, external=bool(args.backbone))
     if on_output_dir is not None and (args.output_dir or path.is_file()):  # no folders for a mistyped path
         on_output_dir(out_dir)
-    src = (external_source(args.backbone, path, args.strip_prefix, args.overrides) if args.backbone
-           else checkpoint_source(path, args.overrides))
+    src = (
+        external_source(args.backbone, path, args.strip_prefix, args.overrides)
+        if args.backbone
+        else checkpoint_source(path, args.overrides)
+    )
     cfg = src.cfg
     ev: EvalConfig = cfg.eval
     if args.suite is not None:
@@ -207,8 +238,10 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         ev.features = args.features
     ev.validate()
     if args.backbone and (ev.features != "backbone" or "qualitative" in ev.suites):
-        raise ConfigError("--backbone has no projector and no figures of its own: evaluate its backbone features "
-                          "(drop --features projector) and leave the qualitative suite out of --suite")
+        raise ConfigError(
+            "--backbone has no projector and no figures of its own: evaluate its backbone features "
+            "(drop --features projector) and leave the qualitative suite out of --suite"
+        )
     info, device = init_distributed(device=args.device)
     try:
         src.model.to(device)
@@ -222,39 +255,62 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         embed_s = time.perf_counter() - t0
         if info.rank != 0:
             return 0
-        images = (sample_images(data["test"], cfg, ev.qualitative_images, ev.seed)
-                  if "qualitative" in ev.suites else None)
-        report = run_suites(splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=src.model,
-                            images=images)
+        images = (
+            sample_images(data["test"], cfg, ev.qualitative_images, ev.seed) if "qualitative" in ev.suites else None
+        )
+        report = run_suites(
+            splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=src.model, images=images
+        )
         report["timings_s"] = {**({"embed": embed_s} if splits else {}), **report["timings_s"]}
         sizes = {"n_train": len(data["train"]), "n_test": len(data["test"])}  # type: ignore[arg-type]
-        report["meta"] = {**src.meta, "dataset": cfg.data.describe(), "features": ev.features,
-                          "feature_dim": int(splits["train"][0].shape[1]) if splits else None, **sizes,
-                          "suites": list(ev.suites), "world_size": info.world_size}
+        report["meta"] = {
+            **src.meta,
+            "dataset": cfg.data.describe(),
+            "features": ev.features,
+            "feature_dim": int(splits["train"][0].shape[1]) if splits else None,
+            **sizes,
+            "suites": list(ev.suites),
+            "world_size": info.world_size,
+        }
         report["eval_config"] = asdict(ev)
         write_report(report, out_dir)
         if not args.no_mlflow and cfg.tracking.enabled:
             log_to_mlflow(report, src, out_dir)
             write_report(report, out_dir)  # now with the MLflow run id
-        title = (f"{src.label}, {cfg.data.describe()}, " + (f"{ev.features} features, " if splits else "")
-                 + f"n_train={sizes['n_train']}, n_test={sizes['n_test']})")
+        title = (
+            f"{src.label}, {cfg.data.describe()}, "
+            + (f"{ev.features} features, " if splits else "")
+            + f"n_train={sizes['n_train']}, n_test={sizes['n_test']})"
+        )
         print(format_table(report["metrics"], title=title, skipped=report["skipped"]))
         for name, png in report.get("qualitative", {}).items():
             print(f"[eval] qualitative {name}: {png}")
-        print(f"[eval] report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
-              + (f"; MLflow run {report['meta']['mlflow_run_id']}" if "mlflow_run_id" in report["meta"] else ""))
+        print(
+            f"[eval] report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
+            + (f"; MLflow run {report['meta']['mlflow_run_id']}" if "mlflow_run_id" in report["meta"] else "")
+        )
         if nothing_evaluated(report):
-            print(f"[eval] error: nothing could be evaluated: every metric of the suites {list(ev.suites)} was "
-                  f"skipped on this data (reasons above and in {out_dir / 'report.md'}); choose other suites or "
-                  "eval.* settings", file=sys.stderr)
+            print(
+                f"[eval] error: nothing could be evaluated: every metric of the suites {list(ev.suites)} was "
+                f"skipped on this data (reasons above and in {out_dir / 'report.md'}); choose other suites or "
+                "eval.* settings",
+                file=sys.stderr,
+            )
             return EXIT_NOTHING_EVALUATED
         return 0
     finally:
         cleanup()
 
 
-def _embed(src: Source, data: dict[str, Dataset], full: dict[str, Dataset], ev: EvalConfig,
-           device: torch.device, *, verbose: bool) -> dict[str, Split]:
+def _embed(
+    src: Source,
+    data: dict[str, Dataset],
+    full: dict[str, Dataset],
+    ev: EvalConfig,
+    device: torch.device,
+    *,
+    verbose: bool,
+) -> dict[str, Split]:
     """{split: (features, labels)} of the (capped) datasets, from the on-disk cache when it holds them."""
     cache_dir = Path(ev.cache_dir) if ev.cache_dir else src.home / "eval_cache"
     data_dict = asdict(src.cfg.data)
@@ -263,9 +319,17 @@ def _embed(src: Source, data: dict[str, Dataset], full: dict[str, Dataset], ev: 
         # A subset is drawn with eval.seed, so the seed joins the cache key (which holds the sample count).
         key = data_dict if ds is full[split] else {**data_dict, "eval_subset_seed": ev.seed}
         fp = embedding_fingerprint(src.weights_id, key, split, ev.features, len(ds))  # type: ignore[arg-type]
-        x, y, hit = cached_embeddings(src.model, ds, cache_dir=cache_dir, fingerprint=fp, batch_size=ev.batch_size,
-                                      device=device, which=ev.features, num_workers=ev.num_workers,
-                                      desc=f"embed {split}")
+        x, y, hit = cached_embeddings(
+            src.model,
+            ds,
+            cache_dir=cache_dir,
+            fingerprint=fp,
+            batch_size=ev.batch_size,
+            device=device,
+            which=ev.features,
+            num_workers=ev.num_workers,
+            desc=f"embed {split}",
+        )
         splits[split] = (x, y)
         if verbose:
             print(f"[eval] {split}: {tuple(x.shape)} {ev.features} features ({'cache' if hit else 'extracted'})")
@@ -276,8 +340,11 @@ def cli(argv: Sequence[str]) -> int:
     """``main`` for ``launch/eval.py``: bad input is one line and exit 2, a bug one line and exit 1; the
     traceback goes to ``<output dir>/errors.log`` once that directory is known (and to stderr with HS_DEBUG=1)."""
     log: list[Path] = []
-    return run_cli(lambda a: main(a, on_output_dir=lambda d: log.append(d / ERROR_LOG)), argv,
-                   log_file=lambda: log[-1] if log else None)
+    return run_cli(
+        lambda a: main(a, on_output_dir=lambda d: log.append(d / ERROR_LOG)),
+        argv,
+        log_file=lambda: log[-1] if log else None,
+    )
 
 
 if __name__ == "__main__":

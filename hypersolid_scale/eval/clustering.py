@@ -59,8 +59,15 @@ def _labels(labels: torch.Tensor | np.ndarray) -> np.ndarray:
     return (labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)).astype(np.int64)
 
 
-def kmeans(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *, k: int | None = None,
-           niter: int = 50, seed: int = 0, use_gpu: bool | None = None) -> dict[str, float]:
+def kmeans(
+    feats: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray,
+    *,
+    k: int | None = None,
+    niter: int = 50,
+    seed: int = 0,
+    use_gpu: bool | None = None,
+) -> dict[str, float]:
     """Spherical K-Means (FAISS) with ``k`` clusters (default: number of classes), scored against labels."""
     x, y = as_unit_float32(feats), _labels(labels)
     k = int(k if k is not None else len(np.unique(y)))
@@ -69,8 +76,17 @@ def kmeans(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, 
     gpu = use_gpu if use_gpu is not None else (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0)
     # FAISS warns below 39 points per centroid; small test sets are still valid inputs. It would also
     # subsample to 256 points per centroid: the paper clusters every point.
-    km = faiss.Kmeans(x.shape[1], k, niter=niter, seed=seed, spherical=True, gpu=bool(gpu), verbose=False,
-                      min_points_per_centroid=1, max_points_per_centroid=max(256, -(-x.shape[0] // k)))
+    km = faiss.Kmeans(
+        x.shape[1],
+        k,
+        niter=niter,
+        seed=seed,
+        spherical=True,
+        gpu=bool(gpu),
+        verbose=False,
+        min_points_per_centroid=1,
+        max_points_per_centroid=max(256, -(-x.shape[0] // k)),
+    )
     km.train(x)
     _, assign = km.index.search(x, 1)
     return {"k": k, **cluster_scores(y, assign[:, 0])}
@@ -82,8 +98,14 @@ def paper_eps(step: float = 0.005) -> list[float]:
     return [round(step * i, 6) for i in range(int(round(0.5 / step)) + 1)]
 
 
-def adaptive_eps(feats: torch.Tensor | np.ndarray, min_samples: int, quantiles: Sequence[float], *,
-                 seed: int = 0, device: torch.device | str = "cpu") -> list[float]:
+def adaptive_eps(
+    feats: torch.Tensor | np.ndarray,
+    min_samples: int,
+    quantiles: Sequence[float],
+    *,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> list[float]:
     """Eps values at which the given fractions of points are DBSCAN core points, for any embedding scale.
 
     A point is core at eps iff its (min_samples - 1)-th nearest other point lies within eps, so the
@@ -98,14 +120,21 @@ def adaptive_eps(feats: torch.Tensor | np.ndarray, min_samples: int, quantiles: 
     return sorted({round(float(e), 4) for e in np.quantile(kd, list(quantiles))})
 
 
-def density_graph(feats: torch.Tensor | np.ndarray, *, radius: float, k: int, max_edges: int | None = 20_000_000,
-                  device: torch.device | str = "cpu") -> NeighbourGraph:
+def density_graph(
+    feats: torch.Tensor | np.ndarray,
+    *,
+    radius: float,
+    k: int,
+    max_edges: int | None = 20_000_000,
+    device: torch.device | str = "cpu",
+) -> NeighbourGraph:
     """The neighbour graph both density clusterings read: pairs within ``radius``, ``k`` nearest neighbours."""
     return neighbour_graph(feats, k=k, radius=radius, max_edges=max_edges, device=device)
 
 
-def cosine_radius_graph(feats: torch.Tensor | np.ndarray, eps_max: float, *,
-                        max_edges: int = 20_000_000) -> tuple[sp.csr_matrix, float]:
+def cosine_radius_graph(
+    feats: torch.Tensor | np.ndarray, eps_max: float, *, max_edges: int = 20_000_000
+) -> tuple[sp.csr_matrix, float]:
     """Symmetric sparse (n, n) cosine distances of all pairs within ``eps_cap`` (self pairs on the diagonal).
 
     ``eps_cap`` is ``eps_max`` unless the graph would exceed ``max_edges`` entries, in which case it is the
@@ -150,10 +179,16 @@ def dbscan_from_graph(rows: np.ndarray, cols: np.ndarray, n: int, min_samples: i
     return labels
 
 
-def dbscan_sweep(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                 eps: Sequence[float], min_samples: int = 5, max_edges: int = 20_000_000,
-                 graph: NeighbourGraph | None = None,
-                 device: torch.device | str = "cpu") -> list[dict[str, float | str | None]]:
+def dbscan_sweep(
+    feats: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray,
+    *,
+    eps: Sequence[float],
+    min_samples: int = 5,
+    max_edges: int = 20_000_000,
+    graph: NeighbourGraph | None = None,
+    device: torch.device | str = "cpu",
+) -> list[dict[str, float | str | None]]:
     """DBSCAN (cosine distance) for each eps on all points, from one neighbour graph.
 
     Returns one dict per eps: ``{"eps", "nmi", "ari", "n_clusters", "noise_fraction", "edges"}``; an eps
@@ -170,12 +205,15 @@ def dbscan_sweep(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.nda
     fits = [e for e in eps if max(e, EPS_FLOOR) <= graph.radius]
     over = [e for e in eps if e not in fits]
     if over and graph.radius >= graph.requested_radius:
-        raise ValueError(f"the graph's radius {graph.radius} is below eps {max(over)}; "
-                         "build it with radius >= max(eps)")
+        raise ValueError(
+            f"the graph's radius {graph.radius} is below eps {max(over)}; build it with radius >= max(eps)"
+        )
     if not fits:  # typical of (nearly) collapsed embeddings, e.g. a randomly initialised network
-        raise NotApplicable(f"the DBSCAN graph exceeds dbscan_max_edges={max_edges} even at the smallest "
-                            f"eps of the sweep ({eps[0]}); raise eval.dbscan_max_edges or lower "
-                            "eval.cluster_max_samples to run it")
+        raise NotApplicable(
+            f"the DBSCAN graph exceeds dbscan_max_edges={max_edges} even at the smallest "
+            f"eps of the sweep ({eps[0]}); raise eval.dbscan_max_edges or lower "
+            "eval.cluster_max_samples to run it"
+        )
     reason = f"its neighbourhood graph exceeds dbscan_max_edges={max_edges}"
     if over:
         warnings.warn(f"DBSCAN eps={', '.join(map(str, over))} skipped: {reason}", SkippedWarning, stacklevel=2)
@@ -183,17 +221,25 @@ def dbscan_sweep(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.nda
     results: list[dict[str, float | str | None]] = []
     for e in eps:
         if e in over:
-            results.append({"eps": e, "nmi": None, "ari": None, "n_clusters": None, "noise_fraction": None,
-                            "skipped": reason})
+            results.append(
+                {"eps": e, "nmi": None, "ari": None, "n_clusters": None, "noise_fraction": None, "skipped": reason}
+            )
         else:
             pred = next(preds)
             results.append({"eps": e, **cluster_scores(y, pred), "edges": graph.directed_edges(max(e, EPS_FLOOR))})
     return results
 
 
-def hdbscan_cluster(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                    min_cluster_size: int = 10, min_samples: int | None = None, graph: NeighbourGraph | None = None,
-                    max_edges: int = 20_000_000, device: torch.device | str = "cpu") -> dict[str, float]:
+def hdbscan_cluster(
+    feats: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray,
+    *,
+    min_cluster_size: int = 10,
+    min_samples: int | None = None,
+    graph: NeighbourGraph | None = None,
+    max_edges: int = 20_000_000,
+    device: torch.device | str = "cpu",
+) -> dict[str, float]:
     """HDBSCAN (cosine distance, ``hdbscan`` package semantics, EOM selection) on all points.
 
     ``min_samples`` defaults to ``min_cluster_size`` as in the package. Without a ``graph``, one is built

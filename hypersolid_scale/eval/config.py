@@ -121,15 +121,25 @@ class EvalConfig:
         if not self.dbscan_eps or any(not 0.0 <= e <= 2.0 for e in self.dbscan_eps):
             raise ConfigError("eval.dbscan_eps must be a non-empty list of cosine distances in [0, 2]")
         if self.dbscan_eps_mode not in EPS_MODES:
-            raise ConfigError(f"eval.dbscan_eps_mode={self.dbscan_eps_mode!r} is unknown; "
-                              f"choose one of {list(EPS_MODES)}")
+            raise ConfigError(
+                f"eval.dbscan_eps_mode={self.dbscan_eps_mode!r} is unknown; choose one of {list(EPS_MODES)}"
+            )
         if not self.dbscan_eps_quantiles or any(not 0.0 < q < 1.0 for q in self.dbscan_eps_quantiles):
             raise ConfigError("eval.dbscan_eps_quantiles must be a non-empty list of fractions in (0, 1)")
         if self.kmeans_k is not None and self.kmeans_k < 2:
             raise ConfigError(f"eval.kmeans_k={self.kmeans_k} must be >= 2 (or null for #classes)")
-        for name in ("batch_size", "dbscan_min_samples", "hdbscan_min_cluster_size", "max_pairs",
-                     "interp_pairs", "kmeans_niter", "linear_max_iter", "monitor_max_train", "dbscan_max_edges",
-                     "qualitative_images"):
+        for name in (
+            "batch_size",
+            "dbscan_min_samples",
+            "hdbscan_min_cluster_size",
+            "max_pairs",
+            "interp_pairs",
+            "kmeans_niter",
+            "linear_max_iter",
+            "monitor_max_train",
+            "dbscan_max_edges",
+            "qualitative_images",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"eval.{name}={getattr(self, name)} must be >= 1")
         if self.hdbscan_min_samples is not None and self.hdbscan_min_samples < 1:
@@ -138,8 +148,10 @@ class EvalConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"eval.{name}={getattr(self, name)} must be >= 1 (or null for the whole split)")
         if self.qualitative_inversion_steps is not None and self.qualitative_inversion_steps < 1:
-            raise ConfigError(f"eval.qualitative_inversion_steps={self.qualitative_inversion_steps} must be >= 1 "
-                              "(or null for the renderer's default)")
+            raise ConfigError(
+                f"eval.qualitative_inversion_steps={self.qualitative_inversion_steps} must be >= 1 "
+                "(or null for the renderer's default)"
+            )
         if self.interp_steps < 3:
             raise ConfigError(f"eval.interp_steps={self.interp_steps} must be >= 3")
         if self.every_n_epochs < 0 or self.num_workers < 0:

@@ -39,8 +39,10 @@ def flat_ip_index(base: np.ndarray, use_gpu: bool | None = None) -> faiss.Index:
         use_gpu = gpu_available()
     if use_gpu:
         if not gpu_available():
-            raise ValueError("a GPU FAISS index was requested but faiss-gpu or CUDA is missing; "
-                             "install faiss-gpu (see pyproject extra 'gpu') or pass use_gpu=False")
+            raise ValueError(
+                "a GPU FAISS index was requested but faiss-gpu or CUDA is missing; "
+                "install faiss-gpu (see pyproject extra 'gpu') or pass use_gpu=False"
+            )
         index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
     index.add(base)
     return index
@@ -51,8 +53,9 @@ def chunks(n: int, size: int) -> Iterator[slice]:
         yield slice(start, min(start + size, n))
 
 
-def knn_search(base: np.ndarray, queries: np.ndarray, k: int, *, chunk: int = 4096,
-               use_gpu: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+def knn_search(
+    base: np.ndarray, queries: np.ndarray, k: int, *, chunk: int = 4096, use_gpu: bool | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` cosine neighbours of each query among ``base`` rows (both already unit-norm).
 
     Shape:

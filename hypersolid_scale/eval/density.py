@@ -48,8 +48,9 @@ EPS_FLOOR = 1e-6
 _TINY = np.finfo(np.float64).tiny
 
 
-def spanning_forest(n: int, a: np.ndarray, b: np.ndarray, w: np.ndarray, *,
-                    dedupe: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def spanning_forest(
+    n: int, a: np.ndarray, b: np.ndarray, w: np.ndarray, *, dedupe: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Edges (a, b, w) of a minimum spanning forest of the undirected weighted graph on ``n`` nodes.
 
     A sparse matrix sums repeated entries: with ``dedupe`` a pair listed more than once (in either
@@ -75,8 +76,10 @@ def _components(n: int, a: np.ndarray, b: np.ndarray) -> tuple[int, np.ndarray]:
 def _check_k(graph: NeighbourGraph, need: int, what: str) -> None:
     k = graph.knn_dist.shape[1] - 1
     if need > k and k < graph.n - 1:
-        raise ValueError(f"{what} needs the {need} nearest neighbours of every point; the graph holds k={k}. "
-                         f"Build it with neighbour_graph(..., k={need})")
+        raise ValueError(
+            f"{what} needs the {need} nearest neighbours of every point; the graph holds k={k}. "
+            f"Build it with neighbour_graph(..., k={need})"
+        )
 
 
 def dbscan_sweep_labels(graph: NeighbourGraph, min_samples: int, eps: list[float]) -> list[np.ndarray]:
@@ -92,7 +95,7 @@ def dbscan_sweep_labels(graph: NeighbourGraph, min_samples: int, eps: list[float
     core_d = graph.knn_dist[:, m] if min_samples <= n else np.full(n, np.inf, np.float32)
     w = np.maximum(graph.dist, np.maximum(core_d[graph.rows], core_d[graph.cols]))
     fa, fb, fw = spanning_forest(n, graph.rows, graph.cols, w)
-    nbr_i, nbr_d = graph.knn_idx[:, 1:m + 1], graph.knn_dist[:, 1:m + 1]
+    nbr_i, nbr_d = graph.knn_idx[:, 1 : m + 1], graph.knn_dist[:, 1 : m + 1]
     out = []
     for eps_i in eps:
         e = np.float32(max(eps_i, EPS_FLOOR))
@@ -135,8 +138,9 @@ def _prim(m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ea, eb, ew
 
 
-def reachability_tree(feats: np.ndarray, graph: NeighbourGraph, min_samples: int, *, max_components: int = 8192,
-                      device: str = "cpu") -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+def reachability_tree(
+    feats: np.ndarray, graph: NeighbourGraph, min_samples: int, *, max_components: int = 8192, device: str = "cpu"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """Minimum spanning tree (a, b, w) of the mutual-reachability distances over all pairs, and whether it is exact.
 
     ``feats`` are the points the graph was built from, ``min_samples`` the package's (clamped) value.
@@ -155,12 +159,15 @@ def reachability_tree(feats: np.ndarray, graph: NeighbourGraph, min_samples: int
         ka = np.repeat(np.arange(n), graph.knn_idx.shape[1] - 1)
         kb = graph.knn_idx[:, 1:].ravel()
         kw = np.maximum(graph.knn_dist[:, 1:].ravel(), np.maximum(core[ka], core[kb]))
-        fa, fb, fw = spanning_forest(n, np.r_[graph.rows[low], ka], np.r_[graph.cols[low], kb], np.r_[w[low], kw],
-                                     dedupe=True)
+        fa, fb, fw = spanning_forest(
+            n, np.r_[graph.rows[low], ka], np.r_[graph.cols[low], kb], np.r_[w[low], kw], dedupe=True
+        )
         n_comp, comp = _components(n, fa, fb)
         if n_comp > max_components:
-            raise NotApplicable(f"HDBSCAN: the neighbourhood graph splits into {n_comp} components, more than "
-                                f"max_components={max_components} can connect; raise eval.dbscan_max_edges")
+            raise NotApplicable(
+                f"HDBSCAN: the neighbourhood graph splits into {n_comp} components, more than "
+                f"max_components={max_components} can connect; raise eval.dbscan_max_edges"
+            )
     if n_comp > 1:
         x = as_unit_float32(feats)
         ca, cb, cw = _prim(component_minima(x, core, comp, n_comp, device=device))
@@ -176,8 +183,15 @@ def reachability_tree(feats: np.ndarray, graph: NeighbourGraph, min_samples: int
     return fa, fb, fw, exact
 
 
-def hdbscan_labels(feats: np.ndarray, graph: NeighbourGraph, *, min_cluster_size: int, min_samples: int | None = None,
-                   max_components: int = 8192, device: str = "cpu") -> tuple[np.ndarray, bool]:
+def hdbscan_labels(
+    feats: np.ndarray,
+    graph: NeighbourGraph,
+    *,
+    min_cluster_size: int,
+    min_samples: int | None = None,
+    max_components: int = 8192,
+    device: str = "cpu",
+) -> tuple[np.ndarray, bool]:
     """Labels of ``hdbscan.HDBSCAN(metric="precomputed")`` on the cosine distances, and whether the tree is exact.
 
     Mutual-reachability distances tie often (w = core(a) for every neighbour b of a closer than that),

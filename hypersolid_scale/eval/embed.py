@@ -37,9 +37,17 @@ def _encoder(model: nn.Module, which: str) -> Any:
 
 
 @torch.no_grad()
-def extract_embeddings(model: nn.Module, dataset: Dataset, *, batch_size: int, device: torch.device | str,
-                       which: str = "backbone", num_workers: int = 0,
-                       progress: bool = True, desc: str = "embed") -> tuple[torch.Tensor, torch.Tensor]:
+def extract_embeddings(
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    device: torch.device | str,
+    which: str = "backbone",
+    num_workers: int = 0,
+    progress: bool = True,
+    desc: str = "embed",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Features and labels of every sample of ``dataset``, in dataset order, on every rank.
 
     Shape:
@@ -52,8 +60,13 @@ def extract_embeddings(model: nn.Module, dataset: Dataset, *, batch_size: int, d
     if n < world:
         raise ValueError(f"the dataset has {n} samples, fewer than the {world} ranks; use fewer processes")
     start, stop = n * rank // world, n * (rank + 1) // world
-    loader = DataLoader(Subset(dataset, range(start, stop)), batch_size=batch_size, shuffle=False,
-                        num_workers=num_workers, pin_memory=device.type == "cuda")
+    loader = DataLoader(
+        Subset(dataset, range(start, stop)),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=device.type == "cuda",
+    )
     was_training = model.training
     model.eval()
     feats, labels = [], []
@@ -84,9 +97,18 @@ def embedding_fingerprint(checkpoint_fp: str, data: dict[str, Any], split: str, 
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def cached_embeddings(model: nn.Module, dataset: Dataset, *, cache_dir: str | os.PathLike, fingerprint: str,
-                      batch_size: int, device: torch.device | str, which: str = "backbone", num_workers: int = 0,
-                      desc: str = "embed") -> tuple[torch.Tensor, torch.Tensor, bool]:
+def cached_embeddings(
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    cache_dir: str | os.PathLike,
+    fingerprint: str,
+    batch_size: int,
+    device: torch.device | str,
+    which: str = "backbone",
+    num_workers: int = 0,
+    desc: str = "embed",
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """``extract_embeddings`` behind an on-disk cache ``<cache_dir>/emb_<fingerprint>.pt``.
 
     Every rank decides together (all ranks hit, or all extract), so a cache file visible to only some
@@ -98,8 +120,9 @@ def cached_embeddings(model: nn.Module, dataset: Dataset, *, cache_dir: str | os
         blob = torch.load(path, map_location="cpu", weights_only=True)
         if blob.get("fingerprint") == fingerprint:
             return blob["feats"], blob["labels"], True
-    feats, labels = extract_embeddings(model, dataset, batch_size=batch_size, device=device, which=which,
-                                       num_workers=num_workers, desc=desc)
+    feats, labels = extract_embeddings(
+        model, dataset, batch_size=batch_size, device=device, which=which, num_workers=num_workers, desc=desc
+    )
     if get_rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")

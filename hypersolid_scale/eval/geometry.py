@@ -105,8 +105,9 @@ def _class_sums(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return classes, np.asarray(one_hot @ x), np.bincount(inv, minlength=len(classes)).astype(np.float64)
 
 
-def class_centroids(feats: torch.Tensor | np.ndarray,
-                    labels: torch.Tensor | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def class_centroids(
+    feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean L2-normalised embedding of each class present: (classes (C,), centroids (C, d))."""
     x, y = as_unit_float32(feats).astype(np.float64), _np(labels, np.int64)
     classes, sums, counts = _class_sums(x, y)
@@ -141,8 +142,9 @@ def feature_correlation(feats: torch.Tensor | np.ndarray) -> float:
     return float((np.abs(corr).sum() - np.abs(np.diag(corr)).sum()) / (k * (k - 1)))
 
 
-def pair_similarities(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                      max_pairs: int = 2_000_000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def pair_similarities(
+    feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *, max_pairs: int = 2_000_000, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Cosine similarities of same-class (positive) and different-class (negative) distinct pairs.
 
     Positives: all pairs inside each class when they number at most ``max_pairs`` in total, otherwise all
@@ -165,8 +167,11 @@ def pair_similarities(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | n
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if n_pos(mid) <= max_pairs else (lo, mid - 1)
-    pos = [_upper_cos(x[members[_subset(len(members), lo, rng)]])
-           for members in (np.flatnonzero(y == c) for c in classes) if len(members) >= 2]
+    pos = [
+        _upper_cos(x[members[_subset(len(members), lo, rng)]])
+        for members in (np.flatnonzero(y == c) for c in classes)
+        if len(members) >= 2
+    ]
     sub = _subset(len(y), subset_size(max_pairs), rng)
     iu = np.triu_indices(len(sub), k=1)
     neg = _upper_cos(x[sub])[y[sub][iu[0]] != y[sub][iu[1]]]
@@ -187,11 +192,16 @@ def sensitivity_index(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 SELECTIVITY_BINS: tuple[tuple[str, int, float], ...] = (
-    ("0", 0, 0), ("1-5", 1, 5), ("6-20", 6, 20), ("21plus", 21, math.inf))
+    ("0", 0, 0),
+    ("1-5", 1, 5),
+    ("6-20", 6, 20),
+    ("21plus", 21, math.inf),
+)
 
 
-def dimension_selectivity(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                          z: float = 1.0) -> dict[str, float]:
+def dimension_selectivity(
+    feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *, z: float = 1.0
+) -> dict[str, float]:
     """Percent of dimensions activated by 0, 1–5, 6–20 and 21+ classes (keys "0", "1-5", "6-20", "21plus").
 
     Activation rule: class c activates dimension k when its class-mean activation is more than ``z``
@@ -208,8 +218,9 @@ def dimension_selectivity(feats: torch.Tensor | np.ndarray, labels: torch.Tensor
     return {name: float(100.0 * np.mean((n_classes >= lo) & (n_classes <= hi))) for name, lo, hi in SELECTIVITY_BINS}
 
 
-def embedding_metrics(feats: torch.Tensor | np.ndarray, *, max_pairs: int = 2_000_000,
-                      seed: int = 0) -> dict[str, float]:
+def embedding_metrics(
+    feats: torch.Tensor | np.ndarray, *, max_pairs: int = 2_000_000, seed: int = 0
+) -> dict[str, float]:
     """The geometry metrics that need no labels (anisotropy, ranks, sparsity, angles, correlation)."""
     return {
         "anisotropy": anisotropy(feats),
@@ -221,8 +232,14 @@ def embedding_metrics(feats: torch.Tensor | np.ndarray, *, max_pairs: int = 2_00
     }
 
 
-def class_metrics(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                  max_pairs: int = 2_000_000, seed: int = 0, selectivity_z: float = 1.0) -> dict[str, float]:
+def class_metrics(
+    feats: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray,
+    *,
+    max_pairs: int = 2_000_000,
+    seed: int = 0,
+    selectivity_z: float = 1.0,
+) -> dict[str, float]:
     """The geometry metrics defined by the classes: d', same/different-class cosines, centroid rank,
     dimension selectivity. ``NotApplicable`` when the labels cannot form positive and negative pairs."""
     pos, neg = pair_similarities(feats, labels, max_pairs=max_pairs, seed=seed)
@@ -237,8 +254,16 @@ def class_metrics(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.nd
     return out
 
 
-def geometry_metrics(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                     max_pairs: int = 2_000_000, seed: int = 0, selectivity_z: float = 1.0) -> dict[str, float]:
+def geometry_metrics(
+    feats: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray,
+    *,
+    max_pairs: int = 2_000_000,
+    seed: int = 0,
+    selectivity_z: float = 1.0,
+) -> dict[str, float]:
     """Every metric of the paper's geometry table, plus dimension selectivity, as one flat dict."""
-    return {**embedding_metrics(feats, max_pairs=max_pairs, seed=seed),
-            **class_metrics(feats, labels, max_pairs=max_pairs, seed=seed, selectivity_z=selectivity_z)}
+    return {
+        **embedding_metrics(feats, max_pairs=max_pairs, seed=seed),
+        **class_metrics(feats, labels, max_pairs=max_pairs, seed=seed, selectivity_z=selectivity_z),
+    }

@@ -30,10 +30,17 @@ def _labels_np(labels: torch.Tensor | np.ndarray, n: int, name: str) -> np.ndarr
     return y
 
 
-def knn_predict(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Tensor | np.ndarray,
-                test_feats: torch.Tensor | np.ndarray, *, ks: Sequence[int] = (20,),
-                temperature: float = 0.07, num_classes: int | None = None,
-                chunk: int = 4096, use_gpu: bool | None = None) -> dict[str, np.ndarray]:
+def knn_predict(
+    train_feats: torch.Tensor | np.ndarray,
+    train_labels: torch.Tensor | np.ndarray,
+    test_feats: torch.Tensor | np.ndarray,
+    *,
+    ks: Sequence[int] = (20,),
+    temperature: float = 0.07,
+    num_classes: int | None = None,
+    chunk: int = 4096,
+    use_gpu: bool | None = None,
+) -> dict[str, np.ndarray]:
     """Predicted labels of every test row for each K and vote.
 
     Returns ``{"k{K}_majority": (m,) int64, "k{K}_weighted": (m,) int64, ...}``.
@@ -51,8 +58,9 @@ def knn_predict(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Tens
     n_cls = int(num_classes if num_classes is not None else y_train.max() + 1)
     k_max = ks[-1]
     if k_max > base.shape[0]:
-        raise NotApplicable(f"largest K={k_max} exceeds the {base.shape[0]} training samples (the memory bank); "
-                            "lower knn_k")
+        raise NotApplicable(
+            f"largest K={k_max} exceeds the {base.shape[0]} training samples (the memory bank); lower knn_k"
+        )
 
     sims, idx = knn_search(base, queries, k_max, chunk=chunk, use_gpu=use_gpu)
     out = {f"k{k}_{vote}": np.empty(queries.shape[0], np.int64) for k in ks for vote in ("majority", "weighted")}
@@ -72,9 +80,14 @@ def knn_predict(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Tens
     return out
 
 
-def knn_accuracy(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Tensor | np.ndarray,
-                 test_feats: torch.Tensor | np.ndarray, test_labels: torch.Tensor | np.ndarray,
-                 ks: Sequence[int] = (20,), temperature: float = 0.07) -> dict[str, float]:
+def knn_accuracy(
+    train_feats: torch.Tensor | np.ndarray,
+    train_labels: torch.Tensor | np.ndarray,
+    test_feats: torch.Tensor | np.ndarray,
+    test_labels: torch.Tensor | np.ndarray,
+    ks: Sequence[int] = (20,),
+    temperature: float = 0.07,
+) -> dict[str, float]:
     """Top-1 kNN accuracy in percent for each K, majority and weighted votes.
 
     Returns ``{"knn_k{K}_majority": acc%, "knn_k{K}_weighted": acc%, ...}``.

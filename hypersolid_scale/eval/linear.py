@@ -28,8 +28,16 @@ def _to_tensor(x: torch.Tensor | np.ndarray, dtype: torch.dtype) -> torch.Tensor
     return x.detach().cpu().to(dtype) if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x), dtype=dtype)
 
 
-def _fit(x: torch.Tensor, y: torch.Tensor, n_cls: int, wd: float, optimizer: str, max_iter: int,
-         seed: int, init: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _fit(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    n_cls: int,
+    wd: float,
+    optimizer: str,
+    max_iter: int,
+    seed: int,
+    init: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Weights (C, d) and bias (C,) minimising the regularised mean cross-entropy on (x, y).
 
     ``init`` warm-starts from a nearby solution (the previous weight decay of a path, or the selected
@@ -47,8 +55,15 @@ def _fit(x: torch.Tensor, y: torch.Tensor, n_cls: int, wd: float, optimizer: str
         return F.cross_entropy(F.linear(xb, w, b), yb) + 0.5 * wd * (w * w).sum()  # (n, d) -> (n, C)
 
     if optimizer == "lbfgs":
-        opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, history_size=20,
-                                tolerance_grad=1e-6, tolerance_change=1e-9, line_search_fn="strong_wolfe")
+        opt = torch.optim.LBFGS(
+            [w, b],
+            lr=1.0,
+            max_iter=max_iter,
+            history_size=20,
+            tolerance_grad=1e-6,
+            tolerance_change=1e-9,
+            line_search_fn="strong_wolfe",
+        )
 
         def closure() -> torch.Tensor:
             opt.zero_grad()
@@ -64,7 +79,7 @@ def _fit(x: torch.Tensor, y: torch.Tensor, n_cls: int, wd: float, optimizer: str
         for _ in range(max_iter):
             perm = torch.randperm(x.shape[0], generator=gen).to(x.device)
             for start in range(0, x.shape[0], batch):
-                sel = perm[start:start + batch]
+                sel = perm[start : start + batch]
                 adam.zero_grad()
                 objective(x[sel], y[sel]).backward()
                 adam.step()
@@ -78,11 +93,19 @@ def _accuracy(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, b: torch.Tensor
     return float(100.0 * (F.linear(x, w, b).argmax(1) == y).float().mean())
 
 
-def linear_probe(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Tensor | np.ndarray,
-                 test_feats: torch.Tensor | np.ndarray, test_labels: torch.Tensor | np.ndarray, *,
-                 weight_decays: Sequence[float] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2), val_fraction: float = 0.1,
-                 optimizer: str = "lbfgs", max_iter: int = 200, seed: int = 0,
-                 device: torch.device | str | None = None) -> dict[str, float]:
+def linear_probe(
+    train_feats: torch.Tensor | np.ndarray,
+    train_labels: torch.Tensor | np.ndarray,
+    test_feats: torch.Tensor | np.ndarray,
+    test_labels: torch.Tensor | np.ndarray,
+    *,
+    weight_decays: Sequence[float] = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
+    val_fraction: float = 0.1,
+    optimizer: str = "lbfgs",
+    max_iter: int = 200,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+) -> dict[str, float]:
     """Top-1 test accuracy (%) of a logistic-regression probe, with the weight decay chosen on a held-out split.
 
     A single value in ``weight_decays`` skips the selection. Returns ``{"linear_top1": acc%,
@@ -124,9 +147,18 @@ def linear_probe(train_feats: torch.Tensor | np.ndarray, train_labels: torch.Ten
         torch.set_num_threads(threads)
 
 
-def _select_and_fit(x_tr: torch.Tensor, y_tr: torch.Tensor, x_te: torch.Tensor, y_te: torch.Tensor, n_cls: int,
-                    weight_decays: Sequence[float], val_fraction: float, optimizer: str, max_iter: int,
-                    seed: int) -> dict[str, float]:
+def _select_and_fit(
+    x_tr: torch.Tensor,
+    y_tr: torch.Tensor,
+    x_te: torch.Tensor,
+    y_te: torch.Tensor,
+    n_cls: int,
+    weight_decays: Sequence[float],
+    val_fraction: float,
+    optimizer: str,
+    max_iter: int,
+    seed: int,
+) -> dict[str, float]:
     out: dict[str, float] = {}
     wd = float(weight_decays[0])
     if len(weight_decays) > 1:
@@ -147,6 +179,7 @@ def _select_and_fit(x_tr: torch.Tensor, y_tr: torch.Tensor, x_te: torch.Tensor, 
     else:
         init = None
     w, b = _fit(x_tr, y_tr, n_cls, wd, optimizer, max_iter, seed, init)
-    out.update(linear_top1=_accuracy(x_te, y_te, w, b), linear_train_top1=_accuracy(x_tr, y_tr, w, b),
-               linear_weight_decay=wd)
+    out.update(
+        linear_top1=_accuracy(x_te, y_te, w, b), linear_train_top1=_accuracy(x_tr, y_tr, w, b), linear_weight_decay=wd
+    )
     return out

@@ -28,8 +28,14 @@ def _pairs(y: np.ndarray, n_pairs: int, same: bool, rng: np.random.Generator) ->
     raise NotApplicable(f"could not draw {n_pairs} {kind} pairs; the labels need >= 2 classes with >= 2 samples")
 
 
-def interpolation_profile(feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *,
-                          n_pairs: int = 200, n_steps: int = 21, seed: int = 0) -> dict[str, list[float]]:
+def interpolation_profile(
+    feats: torch.Tensor | np.ndarray,
+    labels: torch.Tensor | np.ndarray,
+    *,
+    n_pairs: int = 200,
+    n_steps: int = 21,
+    seed: int = 0,
+) -> dict[str, list[float]]:
     """Mean and std over pairs of the distance to the nearest real embedding along A→B paths.
 
     Returns ``{"t": (n_steps,), "pos_mean", "pos_std", "neg_mean", "neg_std"}`` as lists of floats;

@@ -102,8 +102,14 @@ def _lower_radius(dist: np.ndarray, budget_pairs: int, done_fraction: float) -> 
     return float(np.nextafter(np.partition(dist, allowed)[allowed], np.float32(-1.0)))
 
 
-def neighbour_graph(feats: torch.Tensor | np.ndarray, *, k: int, radius: float, max_edges: int | None = None,
-                    device: torch.device | str = "cpu") -> NeighbourGraph:
+def neighbour_graph(
+    feats: torch.Tensor | np.ndarray,
+    *,
+    k: int,
+    radius: float,
+    max_edges: int | None = None,
+    device: torch.device | str = "cpu",
+) -> NeighbourGraph:
     """Exact ``k`` nearest neighbours and all pairs within ``radius`` (cosine distance) in one pass.
 
     ``max_edges`` bounds the symmetric neighbourhood matrix (2 per pair + the n self pairs, 12 bytes
@@ -160,18 +166,31 @@ def neighbour_graph(feats: torch.Tensor | np.ndarray, *, k: int, radius: float, 
         done += int(torch.isfinite(s).sum()) if cs.start < rs.stop else s.numel()
         if budget is not None and radius >= 0 and n_kept > budget:
             radius = _lower_radius(np.concatenate([e[2] for e in kept]), budget, done / total)
-            kept = [(a_, b_, v_) for a_, b_, v_ in ((a_[v_ <= radius], b_[v_ <= radius], v_[v_ <= radius])
-                                                    for a_, b_, v_ in kept) if v_.size]
+            kept = [
+                (a_, b_, v_)
+                for a_, b_, v_ in ((a_[v_ <= radius], b_[v_ <= radius], v_[v_ <= radius]) for a_, b_, v_ in kept)
+                if v_.size
+            ]
             n_kept = sum(e[2].size for e in kept)
-    rows, cols, dist = (np.concatenate([e[i] for e in kept]) if kept else np.empty(0, t)
-                        for i, t in enumerate((np.int32, np.int32, np.float32)))
+    rows, cols, dist = (
+        np.concatenate([e[i] for e in kept]) if kept else np.empty(0, t)
+        for i, t in enumerate((np.int32, np.int32, np.float32))
+    )
     self_d, self_i = np.zeros((n, 1), np.float32), np.arange(n, dtype=np.int64)[:, None]
-    return NeighbourGraph(knn_dist=np.hstack([self_d, top_d[:, :k]]), knn_idx=np.hstack([self_i, top_i[:, :k]]),
-                          rows=rows, cols=cols, dist=dist, radius=radius, requested_radius=requested)
+    return NeighbourGraph(
+        knn_dist=np.hstack([self_d, top_d[:, :k]]),
+        knn_idx=np.hstack([self_i, top_i[:, :k]]),
+        rows=rows,
+        cols=cols,
+        dist=dist,
+        radius=radius,
+        requested_radius=requested,
+    )
 
 
-def knn_distance_sample(feats: torch.Tensor | np.ndarray, k: int, n_queries: int, seed: int = 0,
-                        device: torch.device | str = "cpu") -> np.ndarray:
+def knn_distance_sample(
+    feats: torch.Tensor | np.ndarray, k: int, n_queries: int, seed: int = 0, device: torch.device | str = "cpu"
+) -> np.ndarray:
     """Exact distance to the k-th nearest other point for ``n_queries`` seeded random points (all if fewer)."""
     x = torch.from_numpy(as_unit_float32(feats)).to(device)
     n = x.shape[0]
@@ -189,8 +208,13 @@ def knn_distance_sample(feats: torch.Tensor | np.ndarray, k: int, n_queries: int
     return top[:, -1].cpu().numpy()
 
 
-def component_minima(feats: torch.Tensor | np.ndarray, core: np.ndarray, comp: np.ndarray, n_comp: int,
-                     device: torch.device | str = "cpu") -> np.ndarray:
+def component_minima(
+    feats: torch.Tensor | np.ndarray,
+    core: np.ndarray,
+    comp: np.ndarray,
+    n_comp: int,
+    device: torch.device | str = "cpu",
+) -> np.ndarray:
     """(n_comp, n_comp) minimum over a in component i, b in component j of ``max(d(a, b), core[a], core[b])``.
 
     Points are sorted by component so that each block reduces to per-component extrema with two
@@ -220,8 +244,9 @@ def component_minima(feats: torch.Tensor | np.ndarray, core: np.ndarray, comp: n
     return out
 
 
-def closest_pair(feats: np.ndarray, core: np.ndarray, a_idx: np.ndarray, b_idx: np.ndarray,
-                 device: torch.device | str = "cpu") -> tuple[int, int, float]:
+def closest_pair(
+    feats: np.ndarray, core: np.ndarray, a_idx: np.ndarray, b_idx: np.ndarray, device: torch.device | str = "cpu"
+) -> tuple[int, int, float]:
     """(a, b, w): the pair of ``a_idx`` x ``b_idx`` with the smallest ``max(d(a, b), core[a], core[b])``."""
     best = (-1, -1, np.inf)
     xa_all, xb_all = torch.from_numpy(feats[a_idx]).to(device), torch.from_numpy(feats[b_idx]).to(device)

@@ -38,7 +38,7 @@ LAYOUT: list[tuple[str, str, str, str]] = [
 def _row(key: str, value: Any) -> tuple[str, str, str]:
     for prefix, section, label, fmt in LAYOUT:
         if key == prefix or (prefix.endswith("_") and key.startswith(prefix)):
-            name = key[len(prefix):] if prefix.endswith("_") else key
+            name = key[len(prefix) :] if prefix.endswith("_") else key
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
             # Counts (clusters, samples) print as integers whatever the section's float format.
             text = str(value) if not numeric or (isinstance(value, int) and "%" not in fmt) else fmt.format(value)
@@ -99,14 +99,21 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> tuple[Path, Pat
     lines += [f"| {s} | {m} | {v} |" for s, m, v in table_rows(report.get("metrics", {}))]
     sweep = report.get("dbscan", [])
     if sweep:
-        lines += ["", "## DBSCAN sweep (cosine distance)", "", "| eps | NMI | ARI | clusters | noise |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## DBSCAN sweep (cosine distance)",
+            "",
+            "| eps | NMI | ARI | clusters | noise |",
+            "|---|---|---|---|---|",
+        ]
         for r in sweep:
             if r.get("nmi") is None:
                 lines.append(f"| {r['eps']:.3f} | skipped: {r.get('skipped', '')} | | | |")
             else:
-                lines.append(f"| {r['eps']:.3f} | {r['nmi']:.4f} | {r['ari']:.4f} | {r['n_clusters']} | "
-                             f"{r['noise_fraction']:.2%} |")
+                lines.append(
+                    f"| {r['eps']:.3f} | {r['nmi']:.4f} | {r['ari']:.4f} | {r['n_clusters']} | "
+                    f"{r['noise_fraction']:.2%} |"
+                )
     if report.get("skipped"):
         lines += ["", "## Skipped", "", "| metric | reason |", "|---|---|"]
         lines += [f"| {name} | {why.replace('|', '/')} |" for name, why in report["skipped"].items()]

@@ -34,9 +34,11 @@ def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module,
 
     for ov in overrides:
         if "=" not in ov or not ov.startswith(OVERRIDABLE):
-            raise ConfigError(f"override {ov!r} is not allowed here: write section.key=value with a section among "
-                              f"{[s.rstrip('.') for s in OVERRIDABLE]} (the model must stay the one checkpoint "
-                              f"{str(path)!r} was trained as; evaluate another checkpoint for another model)")
+            raise ConfigError(
+                f"override {ov!r} is not allowed here: write section.key=value with a section among "
+                f"{[s.rstrip('.') for s in OVERRIDABLE]} (the model must stay the one checkpoint "
+                f"{str(path)!r} was trained as; evaluate another checkpoint for another model)"
+            )
     ckpt = load_checkpoint(path)
     try:
         model, _ = build_model_from_checkpoint({**ckpt, "path": str(path)})  # "path": named in its errors
@@ -53,10 +55,14 @@ def load_model(path: str | Path, overrides: list[str]) -> tuple[torch.nn.Module,
         raise ConfigError(f"bad override in {overrides}: {str(err).splitlines()[0]}") from None
     except ValueError as err:  # config's contract: its message names the key and what it accepts
         if overrides:
-            raise ConfigError(f"the overrides {overrides} do not fit the config of checkpoint {str(path)!r}: "
-                              f"{err}. Correct or drop the override") from None
-        raise ConfigError(f"the config of checkpoint {str(path)!r} is refused by this version: {err}. Evaluate it "
-                          "with the hypersolid_scale version that trained it") from None
+            raise ConfigError(
+                f"the overrides {overrides} do not fit the config of checkpoint {str(path)!r}: "
+                f"{err}. Correct or drop the override"
+            ) from None
+        raise ConfigError(
+            f"the config of checkpoint {str(path)!r} is refused by this version: {err}. Evaluate it "
+            "with the hypersolid_scale version that trained it"
+        ) from None
     return model, cfg, ckpt
 
 
@@ -83,15 +89,29 @@ def checkpoint_source(checkpoint: Path, overrides: list[str]) -> Source:
 
     model, cfg, ckpt = load_model(checkpoint, overrides)
     if in_channels(cfg.data) != cfg.model.in_channels:
-        raise ConfigError(f"{cfg.data.describe()} has {in_channels(cfg.data)}-channel images but the "
-                          f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
-                          "training data")
+        raise ConfigError(
+            f"{cfg.data.describe()} has {in_channels(cfg.data)}-channel images but the "
+            f"checkpoint's model takes {cfg.model.in_channels}; evaluate it on data like its "
+            "training data"
+        )
     run_dir = run_dir_of(checkpoint) or checkpoint.parent
-    meta = {"checkpoint": str(checkpoint), "step": int(ckpt["step"]), "epoch": int(ckpt["epoch"]),
-            "arch": cfg.model.arch}
-    return Source(model, cfg, checkpoint, run_dir, file_fingerprint(checkpoint), meta,
-                  label=f"{checkpoint} (step {ckpt['step']}, {cfg.model.arch}", ckpt=ckpt,
-                  tags={"eval.checkpoint": str(checkpoint.resolve()), "eval.step": int(ckpt["step"])})
+    meta = {
+        "checkpoint": str(checkpoint),
+        "step": int(ckpt["step"]),
+        "epoch": int(ckpt["epoch"]),
+        "arch": cfg.model.arch,
+    }
+    return Source(
+        model,
+        cfg,
+        checkpoint,
+        run_dir,
+        file_fingerprint(checkpoint),
+        meta,
+        label=f"{checkpoint} (step {ckpt['step']}, {cfg.model.arch}",
+        ckpt=ckpt,
+        tags={"eval.checkpoint": str(checkpoint.resolve()), "eval.step": int(ckpt["step"])},
+    )
 
 
 def external_source(backbone: str, weights: Path, strip_prefixes: list[str], overrides: list[str]) -> Source:
@@ -104,25 +124,49 @@ def external_source(backbone: str, weights: Path, strip_prefixes: list[str], ove
     allowed = OVERRIDABLE + (("model.",) if source == "hypersolid" else ())
     for ov in overrides:
         if "=" not in ov or not ov.startswith(allowed) or ov.startswith("model.arch="):
-            raise ConfigError(f"override {ov!r} is not allowed with --backbone: write section.key=value with a "
-                              f"section among {[s.rstrip('.') for s in allowed]} (model.* only for hypersolid: "
-                              "backbones; the architecture is --backbone's)")
+            raise ConfigError(
+                f"override {ov!r} is not allowed with --backbone: write section.key=value with a "
+                f"section among {[s.rstrip('.') for s in allowed]} (model.* only for hypersolid: "
+                "backbones; the architecture is --backbone's)"
+            )
     cfg = load_config(None, overrides)
     channels = in_channels(cfg.data)
     if not any(ov.startswith("model.in_channels=") for ov in overrides):
         cfg.model.in_channels = channels  # hypersolid: archs take the data's channels unless told otherwise
-    net, info = load_external_backbone(backbone, weights, data_channels=channels, model_cfg=cfg.model,
-                                       strip_prefixes=strip_prefixes)
+    net, info = load_external_backbone(
+        backbone, weights, data_channels=channels, model_cfg=cfg.model, strip_prefixes=strip_prefixes
+    )
     model = torch.nn.ModuleDict({"backbone": net})  # the embedding extraction reads model.backbone
     meta: dict[str, Any] = {
-        "backbone": backbone, "weights": str(weights), "arch": backbone, "loaded_tensors": info.loaded,
-        "dropped_keys": len(info.dropped), "dropped": info.dropped[:100], "missing_buffers": info.missing_buffers,
-        "strip_prefixes": list(strip_prefixes), "backbone_in_channels": info.in_channels}
+        "backbone": backbone,
+        "weights": str(weights),
+        "arch": backbone,
+        "loaded_tensors": info.loaded,
+        "dropped_keys": len(info.dropped),
+        "dropped": info.dropped[:100],
+        "missing_buffers": info.missing_buffers,
+        "strip_prefixes": list(strip_prefixes),
+        "backbone_in_channels": info.in_channels,
+    }
     if info.in_channels != channels:
-        meta["input"] = (f"the {channels}-channel images are repeated to the backbone's {info.in_channels} "
-                         "channels (after the dataset's eval transform and normalisation)")
-    ident = {"weights": file_fingerprint(weights), "backbone": backbone, "strip": list(strip_prefixes),
-             "model": to_dict(cfg)["model"] if source == "hypersolid" else None}
-    return Source(model, cfg, weights, weights.parent, hashlib.sha256(repr(ident).encode()).hexdigest(), meta,
-                  label=f"{weights} ({backbone}", kind="external",
-                  tags={"eval.backbone": backbone, "eval.weights": str(weights.resolve())})
+        meta["input"] = (
+            f"the {channels}-channel images are repeated to the backbone's {info.in_channels} "
+            "channels (after the dataset's eval transform and normalisation)"
+        )
+    ident = {
+        "weights": file_fingerprint(weights),
+        "backbone": backbone,
+        "strip": list(strip_prefixes),
+        "model": to_dict(cfg)["model"] if source == "hypersolid" else None,
+    }
+    return Source(
+        model,
+        cfg,
+        weights,
+        weights.parent,
+        hashlib.sha256(repr(ident).encode()).hexdigest(),
+        meta,
+        label=f"{weights} ({backbone}",
+        kind="external",
+        tags={"eval.backbone": backbone, "eval.weights": str(weights.resolve())},
+    )

@@ -43,9 +43,16 @@ def nothing_evaluated(report: dict[str, Any]) -> bool:
     return not report.get("metrics") and not report.get("plots")
 
 
-def run_suites(train: Split | None, test: Split | None, ev: EvalConfig, out_dir: str | Path,
-               device: torch.device | str = "cpu", *, model: torch.nn.Module | None = None,
-               images: Images | None = None) -> dict[str, Any]:
+def run_suites(
+    train: Split | None,
+    test: Split | None,
+    ev: EvalConfig,
+    out_dir: str | Path,
+    device: torch.device | str = "cpu",
+    *,
+    model: torch.nn.Module | None = None,
+    images: Images | None = None,
+) -> dict[str, Any]:
     """Run ``ev.suites`` on (feats, labels) of the train and test splits. Clustering, geometry and plots
     use the test split (the paper measures them on held-out embeddings). The qualitative suite renders
     ``images`` through ``model`` into PNGs in ``out_dir``; the splits may be None when only it runs.
@@ -80,9 +87,20 @@ def run_suites(train: Split | None, test: Split | None, ev: EvalConfig, out_dir:
             _knn(x_tr, y_tr, x_te, y_te, ev, metrics, skips)
     if "linear" in suites:
         with timed("linear"), skips.guard("linear"):
-            metrics.update(linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=ev.linear_weight_decays,
-                                        val_fraction=ev.linear_val_fraction, optimizer=ev.linear_optimizer,
-                                        max_iter=ev.linear_max_iter, seed=ev.seed, device=device))
+            metrics.update(
+                linear_probe(
+                    x_tr,
+                    y_tr,
+                    x_te,
+                    y_te,
+                    weight_decays=ev.linear_weight_decays,
+                    val_fraction=ev.linear_val_fraction,
+                    optimizer=ev.linear_optimizer,
+                    max_iter=ev.linear_max_iter,
+                    seed=ev.seed,
+                    device=device,
+                )
+            )
     if "cluster" in suites:
         _cluster(x_te, y_te, ev, report, skips, timed, device)
     if "geometry" in suites or "plots" in suites:
@@ -91,11 +109,15 @@ def run_suites(train: Split | None, test: Split | None, ev: EvalConfig, out_dir:
                 with skips.guard("geometry"):
                     metrics.update(geometry.embedding_metrics(x_te, max_pairs=ev.max_pairs, seed=ev.seed))
                 with skips.guard("geometry_classes"):
-                    metrics.update(geometry.class_metrics(x_te, y_te, max_pairs=ev.max_pairs, seed=ev.seed,
-                                                          selectivity_z=ev.selectivity_z))
+                    metrics.update(
+                        geometry.class_metrics(
+                            x_te, y_te, max_pairs=ev.max_pairs, seed=ev.seed, selectivity_z=ev.selectivity_z
+                        )
+                    )
             with skips.guard("interpolation"):
                 report["interpolation"] = neighborhood.interpolation_profile(
-                    x_te, y_te, n_pairs=ev.interp_pairs, n_steps=ev.interp_steps, seed=ev.seed)
+                    x_te, y_te, n_pairs=ev.interp_pairs, n_steps=ev.interp_steps, seed=ev.seed
+                )
                 if "geometry" in suites:
                     metrics.update(neighborhood.profile_summary(report["interpolation"]))
     if "plots" in suites:
@@ -110,38 +132,69 @@ def run_suites(train: Split | None, test: Split | None, ev: EvalConfig, out_dir:
     return report
 
 
-def _qualitative(model: torch.nn.Module, images: Images, ev: EvalConfig, out_dir: Path,
-                 device: torch.device | str, skips: SkipLog) -> dict[str, Path]:
+def _qualitative(
+    model: torch.nn.Module, images: Images, ev: EvalConfig, out_dir: Path, device: torch.device | str, skips: SkipLog
+) -> dict[str, Path]:
     """The qualitative figures of ``images``: {analysis: PNG path}; an analysis that does not apply to this
     architecture (attention maps of a CNN) is recorded as ``qualitative_<analysis>``."""
     # Imported here: only this opt-in suite needs the renderer and what it pulls in.
     from hypersolid_scale.eval.qualitative import render_qualitative
 
-    steps: dict[str, Any] = ({} if ev.qualitative_inversion_steps is None else
-                             {"inversion_steps": ev.qualitative_inversion_steps})
+    steps: dict[str, Any] = (
+        {} if ev.qualitative_inversion_steps is None else {"inversion_steps": ev.qualitative_inversion_steps}
+    )
     own = SkipLog()  # the renderer has warned once for each: record them under the suite's name, silently
     try:
-        return render_qualitative(model, images.x, images.labels.tolist(), out_dir, mean=images.mean,
-                                  std=images.std, class_names=images.class_names, seed=ev.seed, device=device,
-                                  skips=own, **steps)
+        return render_qualitative(
+            model,
+            images.x,
+            images.labels.tolist(),
+            out_dir,
+            mean=images.mean,
+            std=images.std,
+            class_names=images.class_names,
+            seed=ev.seed,
+            device=device,
+            skips=own,
+            **steps,
+        )
     finally:
         skips.reasons.update({f"qualitative_{name}": why for name, why in own.reasons.items()})
 
 
-def _knn(x_tr: torch.Tensor, y_tr: torch.Tensor, x_te: torch.Tensor, y_te: torch.Tensor, ev: EvalConfig,
-         metrics: dict[str, Any], skips: SkipLog) -> None:
+def _knn(
+    x_tr: torch.Tensor,
+    y_tr: torch.Tensor,
+    x_te: torch.Tensor,
+    y_te: torch.Tensor,
+    ev: EvalConfig,
+    metrics: dict[str, Any],
+    skips: SkipLog,
+) -> None:
     """kNN for every K the memory bank (the train split) can serve; the larger Ks are skipped together."""
     ks = sorted({int(k) for k in ev.knn_k})
     fit = [k for k in ks if k <= len(x_tr)]
-    skips.add({f"knn_k{k}": f"K={k} exceeds the {len(x_tr)} samples of the memory bank (train split); "
-                            "lower eval.knn_k" for k in ks if k not in fit})
+    skips.add(
+        {
+            f"knn_k{k}": f"K={k} exceeds the {len(x_tr)} samples of the memory bank (train split); lower eval.knn_k"
+            for k in ks
+            if k not in fit
+        }
+    )
     if fit:
         with skips.guard("knn"):
             metrics.update(knn_accuracy(x_tr, y_tr, x_te, y_te, ks=tuple(fit), temperature=ev.knn_temperature))
 
 
-def _cluster(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str, Any], skips: SkipLog,
-             timed: Callable[[str], AbstractContextManager[None]], device: torch.device | str) -> None:
+def _cluster(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    ev: EvalConfig,
+    report: dict[str, Any],
+    skips: SkipLog,
+    timed: Callable[[str], AbstractContextManager[None]],
+    device: torch.device | str,
+) -> None:
     """K-Means, the DBSCAN eps sweep and HDBSCAN on the test embeddings (all of them unless capped).
 
     DBSCAN and HDBSCAN share one exact neighbour graph, built (and timed) with DBSCAN.
@@ -156,13 +209,19 @@ def _cluster(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str,
     hd_ms = ev.hdbscan_min_samples if ev.hdbscan_min_samples is not None else ev.hdbscan_min_cluster_size
     graph = None
     with timed("dbscan"), skips.guard("dbscan"):
-        eps = (ev.dbscan_eps if ev.dbscan_eps_mode == "fixed" else
-               clustering.adaptive_eps(xc, ev.dbscan_min_samples, ev.dbscan_eps_quantiles, seed=ev.seed, device=device))
+        eps = (
+            ev.dbscan_eps
+            if ev.dbscan_eps_mode == "fixed"
+            else clustering.adaptive_eps(
+                xc, ev.dbscan_min_samples, ev.dbscan_eps_quantiles, seed=ev.seed, device=device
+            )
+        )
         # HDBSCAN reads the same graph unless it runs on a subsample of its own.
         k = max(ev.dbscan_min_samples - 1, hd_ms if len(hsub) == len(xc) else 0)
         graph = clustering.density_graph(xc, radius=max(eps), k=k, max_edges=ev.dbscan_max_edges, device=device)
-        sweep = clustering.dbscan_sweep(xc, yc, eps=eps, min_samples=ev.dbscan_min_samples,
-                                        max_edges=ev.dbscan_max_edges, graph=graph)
+        sweep = clustering.dbscan_sweep(
+            xc, yc, eps=eps, min_samples=ev.dbscan_min_samples, max_edges=ev.dbscan_max_edges, graph=graph
+        )
         report["dbscan"] = sweep
         # dbscan_sweep has already warned once about the radii it left out: record them without a second warning.
         skips.reasons.update({f"dbscan_eps{r['eps']:g}": str(r["skipped"]) for r in sweep if "skipped" in r})
@@ -171,15 +230,22 @@ def _cluster(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str,
             metrics.update({f"dbscan_best_{k}": v for k, v in best.items() if k != "edges"})
     with timed("hdbscan"), skips.guard("hdbscan"):
         shared = graph if len(hsub) == len(xc) else None
-        hd = clustering.hdbscan_cluster(xc[hsub], yc[hsub], min_cluster_size=ev.hdbscan_min_cluster_size,
-                                        min_samples=ev.hdbscan_min_samples, graph=shared,
-                                        max_edges=ev.dbscan_max_edges, device=device)
+        hd = clustering.hdbscan_cluster(
+            xc[hsub],
+            yc[hsub],
+            min_cluster_size=ev.hdbscan_min_cluster_size,
+            min_samples=ev.hdbscan_min_samples,
+            graph=shared,
+            max_edges=ev.dbscan_max_edges,
+            device=device,
+        )
         hd["n_samples"] = len(hsub)
         metrics.update({f"hdbscan_{k}": v for k, v in hd.items()})
 
 
-def _plots(x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str, Any], out_dir: Path,
-           skips: SkipLog) -> list[Path]:
+def _plots(
+    x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str, Any], out_dir: Path, skips: SkipLog
+) -> list[Path]:
     """The four PNGs of the paper's figures; each one whose input could not be computed is skipped."""
     paths: list[Path] = []
     with skips.guard("plot_similarity_density"):

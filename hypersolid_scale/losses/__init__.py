@@ -6,5 +6,12 @@ from hypersolid_scale.losses.config import LossConfig
 from hypersolid_scale.losses.hypersolid import HypersolidLoss
 from hypersolid_scale.losses.stats import PackedStats
 
-__all__ = ["Backend", "HypersolidLoss", "LossConfig", "PackedStats", "backend_names", "register_backend",
-           "topk_inner_product"]
+__all__ = [
+    "Backend",
+    "HypersolidLoss",
+    "LossConfig",
+    "PackedStats",
+    "backend_names",
+    "register_backend",
+    "topk_inner_product",
+]

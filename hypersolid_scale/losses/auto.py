@@ -32,8 +32,7 @@ class BackendSwitch:
 
     def __init__(self, to_neighbors: float = 0.05, to_tiled: float = 0.20, start: str = "tiled") -> None:
         if not 0.0 <= to_neighbors < to_tiled <= 1.0:
-            raise ValueError(f"auto thresholds need 0 <= to_neighbors < to_tiled <= 1, got {to_neighbors}, "
-                             f"{to_tiled}")
+            raise ValueError(f"auto thresholds need 0 <= to_neighbors < to_tiled <= 1, got {to_neighbors}, {to_tiled}")
         if start not in MODES:
             raise ValueError(f"start={start!r}; choose one of {', '.join(MODES)}")
         self.to_neighbors, self.to_tiled, self.mode = float(to_neighbors), float(to_tiled), start

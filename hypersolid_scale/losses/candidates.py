@@ -32,8 +32,9 @@ def topk_inner_product(
     """
     m, n = queries.shape[0], base.shape[0]
     if queries.dim() != 2 or base.dim() != 2 or queries.shape[1] != base.shape[1]:
-        raise ValueError(f"queries (m, D) and base (n, D) must share D; got {tuple(queries.shape)} and "
-                         f"{tuple(base.shape)}")
+        raise ValueError(
+            f"queries (m, D) and base (n, D) must share D; got {tuple(queries.shape)} and {tuple(base.shape)}"
+        )
     if not 1 <= k <= n:
         raise ValueError(f"k={k} must be between 1 and the number of base vectors ({n})")
     if tile < 1:

@@ -40,8 +40,19 @@ from hypersolid_scale.losses.stats import PackedStats
 
 _OBJECTIVE = ("alpha", "norm_weight", "pooling", "repel", "backend")  # the other LossConfig fields: backend options
 _BACKEND_OPTIONS = {f.name for f in fields(LossConfig)} - set(_OBJECTIVE)
-BASE_STATS = ("loss", "alignment", "repulsion", "normalization", "mean_norm", "active_pairs", "active_pos",
-              "active_neg", "active_fraction", "max_cos", "nonfinite")
+BASE_STATS = (
+    "loss",
+    "alignment",
+    "repulsion",
+    "normalization",
+    "mean_norm",
+    "active_pairs",
+    "active_pos",
+    "active_neg",
+    "active_fraction",
+    "max_cos",
+    "nonfinite",
+)
 # RepulsionStats fields summed across ranks (max_cos is reduced by maximum)
 _SUMMED = tuple(name for name in RepulsionStats.__dataclass_fields__ if name != "max_cos")
 
@@ -92,9 +103,7 @@ class HypersolidLoss(nn.Module):
         super().__init__()
         unknown = set(backend_options) - _BACKEND_OPTIONS
         if unknown:
-            raise ValueError(
-                f"unknown backend option(s) {sorted(unknown)}; valid options: {sorted(_BACKEND_OPTIONS)}"
-            )
+            raise ValueError(f"unknown backend option(s) {sorted(unknown)}; valid options: {sorted(_BACKEND_OPTIONS)}")
         self.cfg = LossConfig(
             alpha=alpha, norm_weight=norm_weight, pooling=pooling, repel=repel, backend=backend, **backend_options
         )
@@ -174,8 +183,15 @@ class HypersolidLoss(nn.Module):
 
             # One collective for every scalar the global loss and the telemetry need (sums, and max_cos).
             nonfinite = (~torch.isfinite(f.detach())).sum()
-            sums = torch.stack([align_sum.detach().double(), rep_sum.detach().double(), norm_sum.detach().double(),
-                                nonfinite.double(), *(getattr(st, name).double() for name in _SUMMED)])
+            sums = torch.stack(
+                [
+                    align_sum.detach().double(),
+                    rep_sum.detach().double(),
+                    norm_sum.detach().double(),
+                    nonfinite.double(),
+                    *(getattr(st, name).double() for name in _SUMMED),
+                ]
+            )
             tot, mx = all_reduce_packed(sums, st.max_cos.double().reshape(1))
             g = dict(zip(("align", "rep", "norm", "nonfinite", *_SUMMED), tot.unbind(0)))
 
@@ -194,10 +210,17 @@ class HypersolidLoss(nn.Module):
 
             active = g["active_pos"] + g["active_neg"]
             out = {
-                "loss": value, "alignment": alignment, "repulsion": repulsion, "normalization": normalization,
-                "mean_norm": mean_norm, "active_pairs": active, "active_pos": g["active_pos"],
-                "active_neg": g["active_neg"], "active_fraction": active / max(1, m_g * (m_g - 1)),
-                "max_cos": mx[0], "nonfinite": g["nonfinite"] + (~torch.isfinite(value)).double(),
+                "loss": value,
+                "alignment": alignment,
+                "repulsion": repulsion,
+                "normalization": normalization,
+                "mean_norm": mean_norm,
+                "active_pairs": active,
+                "active_pos": g["active_pos"],
+                "active_neg": g["active_neg"],
+                "active_fraction": active / max(1, m_g * (m_g - 1)),
+                "max_cos": mx[0],
+                "nonfinite": g["nonfinite"] + (~torch.isfinite(value)).double(),
             }
             out.update(self.backend.derive(g, m_g, value))
             packed = PackedStats(self.stat_names, torch.stack([out[name] for name in self.stat_names]))

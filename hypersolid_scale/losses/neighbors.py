@@ -92,13 +92,21 @@ class NeighborRepulsion:
             return faiss_gpu_ivf_search(xq, xb, k, nprobe=self.nprobe)
         if x_rows.is_cuda and not self._warned:
             self._warned = True
-            warnings.warn(f"method.hypersolid.index={self.index_kind} searches on the CPU (faiss-gpu "
-                          f"{'has no HNSW' if self.index_kind == 'hnsw' else 'is not installed'}): the embeddings "
-                          "are copied to the host every step. Use method.hypersolid.index=flat for an exact search "
-                          "on the GPU.",
-                          stacklevel=3)
-        scores, ids = faiss_search(np.ascontiguousarray(xq.cpu().numpy()), np.ascontiguousarray(xb.cpu().numpy()),
-                                   k, self.index_kind, nprobe=self.nprobe, ef_search=self.ef_search)
+            warnings.warn(
+                f"method.hypersolid.index={self.index_kind} searches on the CPU (faiss-gpu "
+                f"{'has no HNSW' if self.index_kind == 'hnsw' else 'is not installed'}): the embeddings "
+                "are copied to the host every step. Use method.hypersolid.index=flat for an exact search "
+                "on the GPU.",
+                stacklevel=3,
+            )
+        scores, ids = faiss_search(
+            np.ascontiguousarray(xq.cpu().numpy()),
+            np.ascontiguousarray(xb.cpu().numpy()),
+            k,
+            self.index_kind,
+            nprobe=self.nprobe,
+            ef_search=self.ef_search,
+        )
         return torch.from_numpy(scores).to(x_rows.device), torch.from_numpy(ids).to(x_rows.device)
 
     # ------------------------------------------------------------------ loss
@@ -110,8 +118,9 @@ class NeighborRepulsion:
             value, y, st = self._value_and_rows(x_rows.detach(), x_all, layout, alpha)
         return LinearizedRowSum.apply(x_rows, value, y), st
 
-    def _value_and_rows(self, xr: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
-                        ) -> tuple[torch.Tensor, torch.Tensor, RepulsionStats]:
+    def _value_and_rows(
+        self, xr: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+    ) -> tuple[torch.Tensor, torch.Tensor, RepulsionStats]:
         dev = xr.device
         st = RepulsionStats.zeros(dev)
         m, n, v = xr.shape[0], x_all.shape[0], layout.views
@@ -173,8 +182,9 @@ class NeighborRepulsion:
 
         sat = saturated.nonzero().squeeze(1)  # the one host read of this backend: it sizes the fallback
         if sat.numel() == m:  # every row (near collapse): the contiguous rows take tiled's fast blocks
-            v_sat, y_sat = blockwise_rows(xr, row_ids, x_all, layout, alpha, self.tile_size, st,
-                                          first_row=layout.offset)
+            v_sat, y_sat = blockwise_rows(
+                xr, row_ids, x_all, layout, alpha, self.tile_size, st, first_row=layout.offset
+            )
             value += v_sat
             y += y_sat
         elif sat.numel():
@@ -187,8 +197,9 @@ class NeighborRepulsion:
         return value, y, st
 
     @staticmethod
-    def _chunk_starts(xr: torch.Tensor, x_all: torch.Tensor, scores: torch.Tensor, neg: torch.Tensor,
-                      alpha: float, chunk: int) -> list[int] | range:
+    def _chunk_starts(
+        xr: torch.Tensor, x_all: torch.Tensor, scores: torch.Tensor, neg: torch.Tensor, alpha: float, chunk: int
+    ) -> list[int] | range:
         """First rows of the candidate chunks whose exact recomputation can change a result.
 
         On CUDA: every chunk (a data-dependent choice would be a host read). On the CPU reading a value costs
@@ -219,8 +230,17 @@ class NeighborRepulsion:
         hit.index_fill_(0, rows.nonzero().squeeze(1) // chunk, True)
         return (hit.nonzero().squeeze(1) * chunk).numpy().tolist()
 
-    def _recall(self, xr: torch.Tensor, x_all: torch.Tensor, row_ids: torch.Tensor, layout: PairLayout, alpha: float,
-                ids: torch.Tensor, saturated: torch.Tensor, st: RepulsionStats) -> None:
+    def _recall(
+        self,
+        xr: torch.Tensor,
+        x_all: torch.Tensor,
+        row_ids: torch.Tensor,
+        layout: PairLayout,
+        alpha: float,
+        ids: torch.Tensor,
+        saturated: torch.Tensor,
+        st: RepulsionStats,
+    ) -> None:
         """Found vs truly active (allowed) pairs on a strided sample of rows, into ``st`` (device tensors).
 
         Positives count as found (they come from the layout), and so do saturated rows (computed exactly).

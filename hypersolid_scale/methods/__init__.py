@@ -36,5 +36,13 @@ from hypersolid_scale.methods.base import EMAMethod, Method, count_global_views
 from hypersolid_scale.methods.config import MethodConfig
 from hypersolid_scale.methods.registry import build_method, get_method, method_names, register
 
-__all__ = ["EMAMethod", "Method", "MethodConfig", "build_method", "count_global_views", "get_method",
-           "method_names", "register"]
+__all__ = [
+    "EMAMethod",
+    "Method",
+    "MethodConfig",
+    "build_method",
+    "count_global_views",
+    "get_method",
+    "method_names",
+    "register",
+]

@@ -25,8 +25,10 @@ def count_global_views(views: list[torch.Tensor]) -> int:
         n += 1
     for i, v in enumerate(views[n:], start=n):
         if v.shape[:2] != views[0].shape[:2] or v.shape == views[0].shape:
-            raise ValueError(f"view {i} has shape {tuple(v.shape)}: views must be the global views "
-                             f"{tuple(views[0].shape)} first, then smaller local views with the same B and C")
+            raise ValueError(
+                f"view {i} has shape {tuple(v.shape)}: views must be the global views "
+                f"{tuple(views[0].shape)} first, then smaller local views with the same B and C"
+            )
     return n
 
 
@@ -101,8 +103,9 @@ class Method(nn.Module):
     projector_features: ClassVar[bool] = False
 
     @classmethod
-    def build(cls, section: Any, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int,
-              model_cfg: Any = None) -> Method:
+    def build(
+        cls, section: Any, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int, model_cfg: Any = None
+    ) -> Method:
         """The method from its config section; most take ``(feature_dim, section, steps_per_epoch)``."""
         return cls(feature_dim, section, steps_per_epoch)  # type: ignore[call-arg]
 
@@ -129,9 +132,11 @@ class Method(nn.Module):
         """What this method cannot be combined with in the run config ``cfg`` (a ``Config``, a layer above
         this package, hence untyped): one ConfigError naming the keys and the fix."""
         if cfg.eval.features != "backbone" and not cls.projector_features:
-            raise ConfigError(f"eval.features={cfg.eval.features!r} reads Hypersolid's projector, which a "
-                              f"method.name={cls.name} run does not train (its heads are the method's own); set "
-                              "eval.features=backbone")
+            raise ConfigError(
+                f"eval.features={cfg.eval.features!r} reads Hypersolid's projector, which a "
+                f"method.name={cls.name} run does not train (its heads are the method's own); set "
+                "eval.features=backbone"
+            )
         frozen = cls.frozen_by_schedule(getattr(cfg.method, cls.name))
         # ZeRO 1/2 reduce the gradients into DeepSpeed's own partitioned buffers, out of reach of the step where
         # a schedule drops the gradients of a frozen part.
@@ -140,7 +145,8 @@ class Method(nn.Module):
             raise ConfigError(
                 f"method.name={cls.name} with dist.engine=deepspeed and dist.zero_stage={cfg.dist.zero_stage}: "
                 f"{key}={frozen[1]} freezes part of the head by dropping its gradients before the optimizer step, "
-                f"which ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or {key}=0")
+                f"which ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or {key}=0"
+            )
         if cls.tells_views_by_size:
             # lightly's multi-crop convention: a local view is told from a global one by its size.
             preset = resolve_preset(cfg.data)
@@ -149,7 +155,8 @@ class Method(nn.Module):
                     f"method.name={cls.name} tells local views from global ones by their size, but the local crops "
                     f"({preset.local_crop_size} px) are not smaller than the global ones ({preset.global_crop_size} "
                     "px): every view would count as global; set a smaller data.local_crop_size (e.g. 18 for 32 px "
-                    "CIFAR) or data.num_local_views=0")
+                    "CIFAR) or data.num_local_views=0"
+                )
 
     @classmethod
     def run_tags(cls, section: Any) -> dict[str, Any]:
@@ -177,8 +184,10 @@ class Method(nn.Module):
         """The views this method consumes and how many of them are global."""
         n_global = count_global_views(views)
         if n_global < 2:
-            raise ValueError(f"{type(self).__name__} needs at least 2 global views of the same size, got "
-                             f"{n_global} (view shapes {[tuple(v.shape) for v in views]})")
+            raise ValueError(
+                f"{type(self).__name__} needs at least 2 global views of the same size, got "
+                f"{n_global} (view shapes {[tuple(v.shape) for v in views]})"
+            )
         if self.uses_local_views:
             return list(views), n_global
         return list(views[:2]), 2

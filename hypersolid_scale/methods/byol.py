@@ -34,8 +34,15 @@ class BYOL(EMAMethod):
     separate_views = True
 
     @classmethod
-    def build(cls, section: BYOLConfig, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int,
-              model_cfg: object = None) -> BYOL:
+    def build(
+        cls,
+        section: BYOLConfig,
+        *,
+        backbone: nn.Module,
+        feature_dim: int,
+        steps_per_epoch: int,
+        model_cfg: object = None,
+    ) -> BYOL:
         return cls(feature_dim, section, backbone, steps_per_epoch)
 
     def __init__(self, feature_dim: int, cfg: BYOLConfig, backbone: nn.Module, steps_per_epoch: int = 1) -> None:

@@ -43,8 +43,10 @@ MethodConfig: Any = _method_config_class()
 
 # Where a key of an earlier version's ``loss`` section lives now: ``loss.name`` -> ``method.name``,
 # ``loss.<method>.*`` -> ``method.<method>.*``, any other ``loss.<key>`` -> ``method.hypersolid.<key>``.
-MOVED_NOTE = ("the config section 'loss' is now 'method': loss.name -> method.name, loss.<key> -> "
-              "method.hypersolid.<key>, loss.<method>.<key> -> method.<method>.<key>")
+MOVED_NOTE = (
+    "the config section 'loss' is now 'method': loss.name -> method.name, loss.<key> -> "
+    "method.hypersolid.<key>, loss.<method>.<key> -> method.<method>.<key>"
+)
 
 
 def move_loss_section(d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -66,6 +68,11 @@ def move_loss_section(d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     if hypersolid:
         moved[DEFAULT_METHOD] = hypersolid
     present: dict[str, Any] = d["method"] if isinstance(d.get("method"), dict) else {}
-    merged = {**moved, **{k: ({**moved[k], **v} if isinstance(v, dict) and isinstance(moved.get(k), dict) else v)
-                          for k, v in present.items()}}
+    merged = {
+        **moved,
+        **{
+            k: ({**moved[k], **v} if isinstance(v, dict) and isinstance(moved.get(k), dict) else v)
+            for k, v in present.items()
+        },
+    }
     return {**{k: v for k, v in d.items() if k != "loss"}, "method": merged}, True

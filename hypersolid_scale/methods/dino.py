@@ -35,10 +35,21 @@ class DINOConfig:
     momentum_base: float = 0.996  # DINO paper: teacher EMA from 0.996 to 1 with a cosine schedule
     momentum_end: float = 1.0  # DINO paper
 
-    KINDS = {"hidden_dim": "pos_int", "bottleneck_dim": "pos_int", "out_dim": "pos_int", "batch_norm": "bool",
-             "norm_last_layer": "bool", "freeze_last_layer_epochs": "nonneg_int", "warmup_teacher_temp": "pos_float",
-             "teacher_temp": "pos_float", "warmup_teacher_temp_epochs": "nonneg_int", "student_temp": "pos_float",
-             "center_momentum": "unit", "momentum_base": "unit", "momentum_end": "unit"}
+    KINDS = {
+        "hidden_dim": "pos_int",
+        "bottleneck_dim": "pos_int",
+        "out_dim": "pos_int",
+        "batch_norm": "bool",
+        "norm_last_layer": "bool",
+        "freeze_last_layer_epochs": "nonneg_int",
+        "warmup_teacher_temp": "pos_float",
+        "teacher_temp": "pos_float",
+        "warmup_teacher_temp_epochs": "nonneg_int",
+        "student_temp": "pos_float",
+        "center_momentum": "unit",
+        "momentum_base": "unit",
+        "momentum_end": "unit",
+    }
 
 
 @register
@@ -52,8 +63,15 @@ class DINO(EMAMethod):
     tells_views_by_size = True
 
     @classmethod
-    def build(cls, section: DINOConfig, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int,
-              model_cfg: object = None) -> DINO:
+    def build(
+        cls,
+        section: DINOConfig,
+        *,
+        backbone: nn.Module,
+        feature_dim: int,
+        steps_per_epoch: int,
+        model_cfg: object = None,
+    ) -> DINO:
         return cls(feature_dim, section, backbone, steps_per_epoch)
 
     @classmethod
@@ -63,17 +81,28 @@ class DINO(EMAMethod):
 
     def __init__(self, feature_dim: int, cfg: DINOConfig, backbone: nn.Module, steps_per_epoch: int = 1) -> None:
         super().__init__(backbone, cfg.momentum_base, cfg.momentum_end, steps_per_epoch)
+
         def new_head() -> DINOProjectionHead:
-            return DINOProjectionHead(feature_dim, cfg.hidden_dim, cfg.bottleneck_dim, cfg.out_dim,
-                                      batch_norm=cfg.batch_norm, freeze_last_layer=cfg.freeze_last_layer_epochs,
-                                      norm_last_layer=cfg.norm_last_layer)
+            return DINOProjectionHead(
+                feature_dim,
+                cfg.hidden_dim,
+                cfg.bottleneck_dim,
+                cfg.out_dim,
+                batch_norm=cfg.batch_norm,
+                freeze_last_layer=cfg.freeze_last_layer_epochs,
+                norm_last_layer=cfg.norm_last_layer,
+            )
 
         self.head = new_head()
         self.teacher_head = make_teacher(self.head, new_head())  # weight_norm'd heads cannot be deep-copied
-        self.criterion = DINOLoss(output_dim=cfg.out_dim, warmup_teacher_temp=cfg.warmup_teacher_temp,
-                                  teacher_temp=cfg.teacher_temp,
-                                  warmup_teacher_temp_epochs=cfg.warmup_teacher_temp_epochs,
-                                  student_temp=cfg.student_temp, center_momentum=cfg.center_momentum)
+        self.criterion = DINOLoss(
+            output_dim=cfg.out_dim,
+            warmup_teacher_temp=cfg.warmup_teacher_temp,
+            teacher_temp=cfg.teacher_temp,
+            warmup_teacher_temp_epochs=cfg.warmup_teacher_temp_epochs,
+            student_temp=cfg.student_temp,
+            center_momentum=cfg.center_momentum,
+        )
 
     def student_teacher_pairs(self, backbone: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
         return [(backbone, self.teacher_backbone), (self.head, self.teacher_head)]
@@ -82,8 +111,9 @@ class DINO(EMAMethod):
         views, n_global = self.select_views(views)
         student = project(self.head, encode(backbone, views, separate=False), separate=False)
         with torch.no_grad():
-            teacher = project(self.teacher_head, encode(self.teacher_backbone, views[:n_global], separate=False),
-                              separate=False)
+            teacher = project(
+                self.teacher_head, encode(self.teacher_backbone, views[:n_global], separate=False), separate=False
+            )
         # Updates the center from the teacher outputs (after using the previous center).
         loss = self.criterion(teacher, student, epoch=self.epoch)
         return loss, {"loss": loss.detach()}

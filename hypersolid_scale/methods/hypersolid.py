@@ -32,16 +32,32 @@ class Hypersolid(Method):
     stats_reduced = True
     projector_features = True
 
-    def __init__(self, feature_dim: int, model_cfg: ModelConfig, loss_cfg: LossConfig, steps_per_epoch: int = 1,
-                 *, check_finite: bool = False, same_rows_per_rank: bool = True) -> None:
+    def __init__(
+        self,
+        feature_dim: int,
+        model_cfg: ModelConfig,
+        loss_cfg: LossConfig,
+        steps_per_epoch: int = 1,
+        *,
+        check_finite: bool = False,
+        same_rows_per_rank: bool = True,
+    ) -> None:
         super().__init__(steps_per_epoch)
         self.projector = Projector(feature_dim, model_cfg.proj_hidden_dim, model_cfg.proj_dim, model_cfg.proj_layers)
-        self.criterion = HypersolidLoss.from_config(loss_cfg, check_finite=check_finite,
-                                                    same_rows_per_rank=same_rows_per_rank)
+        self.criterion = HypersolidLoss.from_config(
+            loss_cfg, check_finite=check_finite, same_rows_per_rank=same_rows_per_rank
+        )
 
     @classmethod
-    def build(cls, section: LossConfig, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int,
-              model_cfg: ModelConfig | None = None) -> Hypersolid:
+    def build(
+        cls,
+        section: LossConfig,
+        *,
+        backbone: nn.Module,
+        feature_dim: int,
+        steps_per_epoch: int,
+        model_cfg: ModelConfig | None = None,
+    ) -> Hypersolid:
         return cls(feature_dim, model_cfg if model_cfg is not None else ModelConfig(), section, steps_per_epoch)
 
     @classmethod
@@ -59,5 +75,7 @@ class Hypersolid(Method):
         return loss, dict(zip(packed.names, packed.values.unbind()))
 
     def epoch_terms(self, mean: dict[str, float]) -> str:
-        return (f"loss {mean['loss']:.4f} | align {mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | "
-                f"active pairs {mean['active_pairs']:.0f}")
+        return (
+            f"loss {mean['loss']:.4f} | align {mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | "
+            f"active pairs {mean['active_pairs']:.0f}"
+        )

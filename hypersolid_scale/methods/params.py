@@ -44,5 +44,7 @@ def check_section(prefix: str, section: object) -> None:
             raise ConfigError(f"{prefix}.{f.name}={value!r} is not allowed; it must be {KINDS[kinds[f.name]]}")
     base, end = getattr(section, "momentum_base", None), getattr(section, "momentum_end", None)
     if base is not None and end is not None and base > end:
-        raise ConfigError(f"{prefix}.momentum_base={base} must be <= {prefix}.momentum_end={end} (the teacher's "
-                          "EMA momentum rises from base to end)")
+        raise ConfigError(
+            f"{prefix}.momentum_base={base} must be <= {prefix}.momentum_end={end} (the teacher's "
+            "EMA momentum rises from base to end)"
+        )

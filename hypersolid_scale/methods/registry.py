@@ -71,5 +71,6 @@ def build_method(cfg: Any, backbone: Any, feature_dim: int, *, steps_per_epoch: 
     cls = get_method(cfg.name)
     section = getattr(cfg, cfg.name)
     cls.validate_section(section)
-    return cls.build(section, backbone=backbone, feature_dim=feature_dim, steps_per_epoch=steps_per_epoch,
-                     model_cfg=model_cfg)
+    return cls.build(
+        section, backbone=backbone, feature_dim=feature_dim, steps_per_epoch=steps_per_epoch, model_cfg=model_cfg
+    )

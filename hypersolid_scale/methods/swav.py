@@ -34,9 +34,18 @@ class SwaVConfig:
     queue_length: int = 0  # lightly default (off); SwaV paper: 3840 for batches of 256, split across ranks
     queue_start_epoch: int = 15  # SwaV paper: the queue joins the assignment from epoch 15
 
-    KINDS = {"hidden_dim": "pos_int", "out_dim": "pos_int", "n_prototypes": "pos_int", "temperature": "pos_float",
-             "sinkhorn_iterations": "pos_int", "sinkhorn_epsilon": "pos_float",
-             "freeze_prototypes_steps": "nonneg_int", "queue_length": "nonneg_int", "queue_start_epoch": "nonneg_int"}
+    KINDS = {
+        "hidden_dim": "pos_int",
+        "out_dim": "pos_int",
+        "n_prototypes": "pos_int",
+        "temperature": "pos_float",
+        "sinkhorn_iterations": "pos_int",
+        "sinkhorn_epsilon": "pos_float",
+        "freeze_prototypes_steps": "nonneg_int",
+        "queue_length": "nonneg_int",
+        "queue_start_epoch": "nonneg_int",
+    }
+
 
 QUEUED_VIEWS = 2  # the SwaV paper keeps one queue per global view, and uses 2 global views
 
@@ -71,16 +80,22 @@ class SwaV(Method):
         super().check_run(cfg)
         if cfg.method.swav.queue_length > 0 and get_world_size() > 1 and cfg.dist.engine == "ddp":
             # DDP broadcasts every buffer from rank 0 before each forward, the per-rank queue included.
-            raise ConfigError("method.swav.queue_length > 0 keeps a queue per rank, which DistributedDataParallel "
-                              "overwrites with rank 0's at every step; set method.swav.queue_length=0 or run in one "
-                              "process")
+            raise ConfigError(
+                "method.swav.queue_length > 0 keeps a queue per rank, which DistributedDataParallel "
+                "overwrites with rank 0's at every step; set method.swav.queue_length=0 or run in one "
+                "process"
+            )
 
     def __init__(self, feature_dim: int, cfg: SwaVConfig, steps_per_epoch: int = 1) -> None:
         super().__init__(steps_per_epoch)
         self.projector = SwaVProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim)
         self.prototypes = SwaVPrototypes(cfg.out_dim, cfg.n_prototypes, n_steps_frozen_prototypes=0)
-        self.criterion = SwaVLoss(temperature=cfg.temperature, sinkhorn_iterations=cfg.sinkhorn_iterations,
-                                  sinkhorn_epsilon=cfg.sinkhorn_epsilon, sinkhorn_gather_distributed=True)
+        self.criterion = SwaVLoss(
+            temperature=cfg.temperature,
+            sinkhorn_iterations=cfg.sinkhorn_iterations,
+            sinkhorn_epsilon=cfg.sinkhorn_epsilon,
+            sinkhorn_gather_distributed=True,
+        )
         self.freeze_prototypes_steps = cfg.freeze_prototypes_steps
         self.queue_start_epoch = cfg.queue_start_epoch
         per_rank = cfg.queue_length // get_world_size()
@@ -102,8 +117,10 @@ class SwaV(Method):
     @torch.no_grad()
     def _queue_logits(self, global_z: list[torch.Tensor]) -> list[torch.Tensor] | None:
         if len(global_z) != len(self.queues):
-            raise ValueError(f"the SwaV queue holds {len(self.queues)} global views, got {len(global_z)}; "
-                             "use 2 global views or method.swav.queue_length=0")
+            raise ValueError(
+                f"the SwaV queue holds {len(self.queues)} global views, got {len(global_z)}; "
+                "use 2 global views or method.swav.queue_length=0"
+            )
         # Read the queue, then push this batch (lightly's memory bank returns the bank before the update).
         banks = [queue(z, update=True)[1].t() for queue, z in zip(self.queues, global_z)]  # (queue, out_dim)
         if self.epoch < self.queue_start_epoch:
@@ -120,8 +137,7 @@ class SwaV(Method):
         return list(self.queues)
 
     def get_extra_state(self) -> dict[str, Any]:
-        return {**super().get_extra_state(),
-                "queues": [(q.bank.clone(), q.bank_ptr.clone()) for q in self._banks()]}
+        return {**super().get_extra_state(), "queues": [(q.bank.clone(), q.bank_ptr.clone()) for q in self._banks()]}
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         super().set_extra_state(state)
@@ -129,7 +145,9 @@ class SwaV(Method):
             raise ValueError(f"the state holds {len(state['queues'])} SwaV queues, this model {len(self.queues)}")
         for q, (bank, ptr) in zip(self._banks(), state["queues"]):
             if bank.shape != q.bank.shape:
-                raise ValueError(f"SwaV queue of shape {tuple(bank.shape)} in the state, {tuple(q.bank.shape)} "
-                                 "here: resume with the same method.swav.queue_length and world size")
+                raise ValueError(
+                    f"SwaV queue of shape {tuple(bank.shape)} in the state, {tuple(q.bank.shape)} "
+                    "here: resume with the same method.swav.queue_length and world size"
+                )
             q.bank.copy_(bank)
             q.bank_ptr.copy_(ptr)

@@ -24,8 +24,15 @@ class VICRegConfig:
     cov_coeff: float = 1.0  # VICReg paper nu (covariance); lightly nu_param
     eps: float = 1e-4  # VICReg paper epsilon inside the standard deviation; lightly default
 
-    KINDS = {"hidden_dim": "pos_int", "out_dim": "pos_int", "num_layers": "layers", "sim_coeff": "nonneg_float",
-             "std_coeff": "nonneg_float", "cov_coeff": "nonneg_float", "eps": "pos_float"}
+    KINDS = {
+        "hidden_dim": "pos_int",
+        "out_dim": "pos_int",
+        "num_layers": "layers",
+        "sim_coeff": "nonneg_float",
+        "std_coeff": "nonneg_float",
+        "cov_coeff": "nonneg_float",
+        "eps": "pos_float",
+    }
 
 
 @register
@@ -41,8 +48,13 @@ class VICReg(Method):
     def __init__(self, feature_dim: int, cfg: VICRegConfig, steps_per_epoch: int = 1) -> None:
         super().__init__(steps_per_epoch)
         self.head = VICRegProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim, cfg.num_layers)
-        self.criterion = VICRegLoss(lambda_param=cfg.sim_coeff, mu_param=cfg.std_coeff, nu_param=cfg.cov_coeff,
-                                    gather_distributed=True, eps=cfg.eps)
+        self.criterion = VICRegLoss(
+            lambda_param=cfg.sim_coeff,
+            mu_param=cfg.std_coeff,
+            nu_param=cfg.cov_coeff,
+            gather_distributed=True,
+            eps=cfg.eps,
+        )
 
     def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         views, _ = self.select_views(views)

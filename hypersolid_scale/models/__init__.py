@@ -2,12 +2,12 @@
 name) and the projector MLP."""
 
 from hypersolid_scale.models.backbones import (
-                                               Backbone,
-                                               backbone_names,
-                                               build_backbone,
-                                               get_backbone,
-                                               register_backbone,
-                                               unregister_backbone,
+    Backbone,
+    backbone_names,
+    build_backbone,
+    get_backbone,
+    register_backbone,
+    unregister_backbone,
 )
 from hypersolid_scale.models.backbones.small_cnn import SmallCNN
 from hypersolid_scale.models.backbones.vit import ViTBackbone

@@ -54,8 +54,15 @@ class ModelConfig:
         """Raise ValueError naming the bad field and the fix. Called on construction and by build_model
         (fields may be changed after construction, e.g. by config overrides)."""
         backbone = get_backbone(self.arch)  # ValueError listing the registered names
-        for name in ("in_channels", "small_cnn_width", "img_size", "patch_size", "proj_layers",
-                     "proj_hidden_dim", "proj_dim"):
+        for name in (
+            "in_channels",
+            "small_cnn_width",
+            "img_size",
+            "patch_size",
+            "proj_layers",
+            "proj_hidden_dim",
+            "proj_dim",
+        ):
             value = getattr(self, name)
             # bool is an int subclass; reject it so `in_channels: true` in YAML does not become 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

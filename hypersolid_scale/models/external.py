@@ -57,8 +57,10 @@ def parse_backbone(spec: str) -> tuple[str, str]:
     """``"torchvision:resnet50"`` -> ``("torchvision", "resnet50")``; a ``ConfigError`` for anything else."""
     source, sep, name = spec.partition(":")
     if not sep or source not in SOURCES or not name:
-        raise ConfigError(f"--backbone {spec!r} is not SOURCE:NAME with SOURCE one of {list(SOURCES)}; write e.g. "
-                          "--backbone torchvision:resnet50, timm:vit_tiny_patch16_224 or hypersolid:resnet18")
+        raise ConfigError(
+            f"--backbone {spec!r} is not SOURCE:NAME with SOURCE one of {list(SOURCES)}; write e.g. "
+            "--backbone torchvision:resnet50, timm:vit_tiny_patch16_224 or hypersolid:resnet18"
+        )
     return source, name
 
 
@@ -72,8 +74,7 @@ def _torchvision(name: str) -> tuple[nn.Module, int]:
     import torchvision
 
     if name not in torchvision.models.list_models(torchvision.models):
-        raise _unknown("torchvision", name, torchvision.models.list_models(torchvision.models),
-                       "torchvision:resnet50")
+        raise _unknown("torchvision", name, torchvision.models.list_models(torchvision.models), "torchvision:resnet50")
     net = torchvision.models.get_model(name, weights=None)
     if isinstance(getattr(net, "fc", None), nn.Linear):  # ResNet, ResNeXt, Wide ResNet, RegNet
         dim = net.fc.in_features
@@ -82,8 +83,10 @@ def _torchvision(name: str) -> tuple[nn.Module, int]:
         dim = int(net.hidden_dim)
         net.heads = nn.Identity()
     else:
-        raise ConfigError(f"torchvision:{name} has no fc or heads classifier to remove; use a torchvision ResNet "
-                          f"or ViT, or timm:{name} (timm returns pooled features for every model)")
+        raise ConfigError(
+            f"torchvision:{name} has no fc or heads classifier to remove; use a torchvision ResNet "
+            f"or ViT, or timm:{name} (timm returns pooled features for every model)"
+        )
     return net, dim
 
 
@@ -142,8 +145,9 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     """The tensors of a weights file, by name (container keys unwrapped); a ``CheckpointError`` if unreadable."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"weights file {str(path)!r} does not exist; pass --weights with the path of a "
-                              ".pt/.pth file")
+        raise CheckpointError(
+            f"weights file {str(path)!r} does not exist; pass --weights with the path of a .pt/.pth file"
+        )
     try:
         obj: Any = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError... for foreign files
@@ -158,9 +162,11 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     tensors = _flatten(obj) if isinstance(obj, Mapping) else {}
     if not tensors:
         what = sorted(map(str, obj))[:8] if isinstance(obj, Mapping) else type(obj).__name__
-        raise CheckpointError(f"weights file {str(path)!r} holds no state dict (found {what}); pass a file saved "
-                              "with torch.save(model.state_dict(), path), or a checkpoint with a 'state_dict' or "
-                              "'model' entry")
+        raise CheckpointError(
+            f"weights file {str(path)!r} holds no state dict (found {what}); pass a file saved "
+            "with torch.save(model.state_dict(), path), or a checkpoint with a 'state_dict' or "
+            "'model' entry"
+        )
     return tensors
 
 
@@ -183,11 +189,15 @@ def _why_unreadable(path: Path, err: Exception) -> str:
         with open(path, "rb") as f:
             if f.read(4) == b"PK\x03\x04":
                 return "the file is cut short (an interrupted copy or download); copy it again"
-        return ("it is not a PyTorch file (random bytes, text, or another format); pass a file saved with "
-                "torch.save(model.state_dict(), path)")
+        return (
+            "it is not a PyTorch file (random bytes, text, or another format); pass a file saved with "
+            "torch.save(model.state_dict(), path)"
+        )
     if isinstance(err, pickle.UnpicklingError):
-        return ("it holds Python objects besides tensors (a whole pickled model?); load it where it was made and "
-                "save model.state_dict() with torch.save, then pass that file")
+        return (
+            "it holds Python objects besides tensors (a whole pickled model?); load it where it was made and "
+            "save model.state_dict() with torch.save, then pass that file"
+        )
     return f"the archive is damaged ({type(err).__name__}); copy the file again"
 
 
@@ -206,12 +216,13 @@ def _rename(key: str, targets: Mapping[str, Any], prefixes: Sequence[str], child
         p = next((p for p in prefixes if key.startswith(p) and len(key) > len(p)), None)
         if p is None:
             break
-        key = key[len(p):]
+        key = key[len(p) :]
     return key
 
 
-def match_state_dict(net: nn.Module, tensors: Mapping[str, torch.Tensor], strip_prefixes: Sequence[str] = ()
-                     ) -> tuple[dict[str, torch.Tensor], LoadInfo, dict[str, list[str]]]:
+def match_state_dict(
+    net: nn.Module, tensors: Mapping[str, torch.Tensor], strip_prefixes: Sequence[str] = ()
+) -> tuple[dict[str, torch.Tensor], LoadInfo, dict[str, list[str]]]:
     """(state dict for ``net``, what was loaded/dropped, mismatches by kind: missing/unexpected/shape)."""
     target = net.state_dict()
     prefixes = (*strip_prefixes, *KNOWN_PREFIXES)
@@ -224,8 +235,9 @@ def match_state_dict(net: nn.Module, tensors: Mapping[str, torch.Tensor], strip_
         name = _rename(key, target, prefixes, children)
         if name in target:
             if tuple(value.shape) != tuple(target[name].shape):
-                bad["shape"].append(f"{name} {tuple(value.shape)} in the file, {tuple(target[name].shape)} in "
-                                    "the model")
+                bad["shape"].append(
+                    f"{name} {tuple(value.shape)} in the file, {tuple(target[name].shape)} in the model"
+                )
             else:
                 matched[name] = value
         elif name.split(".", 1)[0] in top:
@@ -250,7 +262,7 @@ def _suggest_prefix(net: nn.Module, tensors: Mapping[str, torch.Tensor]) -> str 
         for depth in (1, 2):
             if len(parts) > depth:
                 p = ".".join(parts[:depth]) + "."
-                if p not in KNOWN_PREFIXES and _rename(key[len(p):], target, KNOWN_PREFIXES, children) in target:
+                if p not in KNOWN_PREFIXES and _rename(key[len(p) :], target, KNOWN_PREFIXES, children) in target:
                     counts[p] = counts.get(p, 0) + 1
     best = max(counts, key=lambda p: counts[p], default=None)
     return best if best is not None and counts[best] >= len(target) // 2 else None
@@ -259,16 +271,27 @@ def _suggest_prefix(net: nn.Module, tensors: Mapping[str, torch.Tensor]) -> str 
 def _guess_arch(tensors: Mapping[str, torch.Tensor]) -> str | None:
     """A ``--backbone`` the file's names and shapes look like (torchvision ResNets, timm ViTs), or None."""
     names = [re.sub(r"^(?:(?:module|_orig_mod|model|backbone|encoder)\.)+", "", k) for k in tensors]
-    depth = [1 + max((int(m.group(1)) for n in names if (m := re.match(rf"layer{i}\.(\d+)\.", n))), default=-1)
-             for i in range(1, 5)]
+    depth = [
+        1 + max((int(m.group(1)) for n in names if (m := re.match(rf"layer{i}\.(\d+)\.", n))), default=-1)
+        for i in range(1, 5)
+    ]
     if all(depth):
         bottleneck = any(re.search(r"\.conv3\.weight$", n) for n in names)
-        arch = {(2, 2, 2, 2, False): "resnet18", (3, 4, 6, 3, False): "resnet34", (3, 4, 6, 3, True): "resnet50",
-                (3, 4, 23, 3, True): "resnet101", (3, 8, 36, 3, True): "resnet152"}.get(
-            (depth[0], depth[1], depth[2], depth[3], bottleneck))
+        arch = {
+            (2, 2, 2, 2, False): "resnet18",
+            (3, 4, 6, 3, False): "resnet34",
+            (3, 4, 6, 3, True): "resnet50",
+            (3, 4, 23, 3, True): "resnet101",
+            (3, 8, 36, 3, True): "resnet152",
+        }.get((depth[0], depth[1], depth[2], depth[3], bottleneck))
         stem = next((v for k, v in zip(names, tensors.values()) if k == "conv1.weight"), None)
-        if (arch and stem is not None and stem.shape[-1] == 3 and arch in backbone_names()
-                and get_backbone(arch).small_stem):
+        if (
+            arch
+            and stem is not None
+            and stem.shape[-1] == 3
+            and arch in backbone_names()
+            and get_backbone(arch).small_stem
+        ):
             return f"hypersolid:{arch} model.small_stem=true"  # the 32 px (CIFAR) stem
         return f"torchvision:{arch}" if arch else None
     first = next((v for k, v in zip(names, tensors.values()) if k == "features.0.weight"), None)
@@ -281,15 +304,26 @@ def _guess_arch(tensors: Mapping[str, torch.Tensor]) -> str | None:
     return None
 
 
-def load_into(net: nn.Module, tensors: Mapping[str, torch.Tensor], *, path: str | Path, backbone: str,
-              strip_prefixes: Sequence[str] = ()) -> LoadInfo:
+def load_into(
+    net: nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    path: str | Path,
+    backbone: str,
+    strip_prefixes: Sequence[str] = (),
+) -> LoadInfo:
     """Load the file's tensors into ``net``; a one-line ``CheckpointError`` when they do not fit."""
     state, info, bad = match_state_dict(net, tensors, strip_prefixes)
     if any(bad.values()):
-        parts = [f"{len(v)} {kind} ({'; '.join(v[:_SHOWN])}{', ...' if len(v) > _SHOWN else ''})"
-                 for kind, v in (("backbone tensors missing from the file", bad["missing"]),
-                                 ("tensors the model does not have", bad["unexpected"]),
-                                 ("of another shape", bad["shape"])) if v]
+        parts = [
+            f"{len(v)} {kind} ({'; '.join(v[:_SHOWN])}{', ...' if len(v) > _SHOWN else ''})"
+            for kind, v in (
+                ("backbone tensors missing from the file", bad["missing"]),
+                ("tensors the model does not have", bad["unexpected"]),
+                ("of another shape", bad["shape"]),
+            )
+            if v
+        ]
         tries = []
         guess = _guess_arch(tensors)
         if guess and not guess.startswith(backbone + " ") and guess != backbone:
@@ -298,15 +332,22 @@ def load_into(net: nn.Module, tensors: Mapping[str, torch.Tensor], *, path: str 
         if prefix and prefix not in strip_prefixes:
             tries.append(f"--strip-prefix {prefix} (the tensors of the network seem to sit under it)")
         tries.append("another --backbone (the architecture the weights were trained as)")
-        raise CheckpointError(f"weights file {str(path)!r} does not fit --backbone {backbone}: "
-                              f"{', '.join(parts)}; use {' or '.join(tries)}")
+        raise CheckpointError(
+            f"weights file {str(path)!r} does not fit --backbone {backbone}: "
+            f"{', '.join(parts)}; use {' or '.join(tries)}"
+        )
     net.load_state_dict(state, strict=False)  # only num_batches_tracked may be left out (checked above)
     return info
 
 
-def load_external_backbone(backbone: str, weights: str | Path, *, data_channels: int,
-                           model_cfg: ModelConfig | None = None,
-                           strip_prefixes: Sequence[str] = ()) -> tuple[nn.Module, LoadInfo]:
+def load_external_backbone(
+    backbone: str,
+    weights: str | Path,
+    *,
+    data_channels: int,
+    model_cfg: ModelConfig | None = None,
+    strip_prefixes: Sequence[str] = (),
+) -> tuple[nn.Module, LoadInfo]:
     """(network in eval mode returning pooled features of ``data_channels``-channel images, LoadInfo)."""
     source, name = parse_backbone(backbone)
     net, dim, channels = build_external(source, name, model_cfg)
@@ -315,7 +356,9 @@ def load_external_backbone(backbone: str, weights: str | Path, *, data_channels:
     info.feature_dim, info.in_channels = dim, channels
     if channels != data_channels:
         if data_channels != 1:
-            raise ConfigError(f"--backbone {backbone} takes {channels}-channel images but the data has "
-                              f"{data_channels}; evaluate it on {channels}-channel data")
+            raise ConfigError(
+                f"--backbone {backbone} takes {channels}-channel images but the data has "
+                f"{data_channels}; evaluate it on {channels}-channel data"
+            )
         net = ChannelRepeat(net, channels)
     return net.eval(), info

@@ -79,8 +79,13 @@ def _write_log(log_file: Path | None, text: str) -> None:
 
 # How the collectives report that another rank is gone (gloo, NCCL, the TCP store), as opposed to a failure
 # of this rank's own; matched on the text because errors.py sits below torch.distributed.
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "NCCL communicator was aborted",
-              "remote process exited or there was a network error", "Broken pipe")
+_PEER_GONE = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+    "remote process exited or there was a network error",
+    "Broken pipe",
+)
 
 
 def _peer_gone(err: BaseException) -> bool:
@@ -122,8 +127,9 @@ def report(err: UserError) -> None:
     err.reported = True
 
 
-def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
-            log_file: Callable[[], Path | None] | None = None) -> int:
+def run_cli(
+    main: Callable[[Sequence[str]], int], argv: Sequence[str], *, log_file: Callable[[], Path | None] | None = None
+) -> int:
     """Run ``main(argv)`` and turn exceptions into one line on stderr and an exit code.
 
     ``log_file`` is called after a failure and returns where the traceback goes (None: nowhere), so an
@@ -150,13 +156,17 @@ def run_cli(main: Callable[[Sequence[str]], int], argv: Sequence[str], *,
             report(err)
             return EXIT_BAD_INPUT
         if _peer_gone(err):  # not this rank's failure: point at the one that is, and leave torchrun's root cause
-            line = (f"error: stopped because another rank stopped first; its error line above (and the launcher's "
-                    f"report) says why{where}")
+            line = (
+                f"error: stopped because another rank stopped first; its error line above (and the launcher's "
+                f"report) says why{where}"
+            )
             print(f"{prefix}{line}", file=sys.stderr)
             _tell_launcher(f"{prefix}{line}", later=1)
             return EXIT_INTERNAL
-        line = (f"error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
-                f"rerun with {DEBUG_ENV}=1 for the traceback{where})")
+        line = (
+            f"error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
+            f"rerun with {DEBUG_ENV}=1 for the traceback{where})"
+        )
         print(f"{prefix}{line}", file=sys.stderr)
         _tell_launcher(f"{prefix}{line}")
         return EXIT_INTERNAL

@@ -57,8 +57,11 @@ def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None, *, alw
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         err = ctypes.get_errno()
-        print(f"warning: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(err)}); this worker will not stop when "
-              "its launcher is killed", file=sys.stderr)
+        print(
+            f"warning: prctl(PR_SET_PDEATHSIG) failed ({os.strerror(err)}); this worker will not stop when "
+            "its launcher is killed",
+            file=sys.stderr,
+        )
         return True
     now = os.getppid()
     if now != parent:

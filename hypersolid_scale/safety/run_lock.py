@@ -106,8 +106,10 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> RunLock:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = lock_path(run_dir)
     if run_dir in _HELD:
-        raise RunDirLocked(f"run_dir {run_dir} is already locked by this process (pid {os.getpid()}); "
-                           "a process trains one run at a time")
+        raise RunDirLocked(
+            f"run_dir {run_dir} is already locked by this process (pid {os.getpid()}); "
+            "a process trains one run at a time"
+        )
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -120,7 +122,9 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> RunLock:
         raise RunDirLocked(
             f"run_dir {run_dir} is in use by another training ({holder}); wait for it to finish, stop it "
             "(kill the pid above; a killed holder's lock is released automatically), or pass another "
-            "run_dir=...", holder) from None
+            "run_dir=...",
+            holder,
+        ) from None
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"host={socket.gethostname()} pid={os.getpid()} since={since}\n".encode(), 0)

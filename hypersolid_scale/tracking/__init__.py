@@ -39,7 +39,17 @@ from hypersolid_scale.tracking.recovery import close_abandoned_runs, sync_spool
 from hypersolid_scale.tracking.tracker import MlflowTracker, Tracker, make_tracker
 
 __all__ = [
-    "MAX_KEY_LENGTH", "MAX_PARAM_VALUE_LENGTH", "MAX_TAG_VALUE_LENGTH", "MlflowTracker", "Tracker",
-    "TrackingConfig", "TrackingError", "close_abandoned_runs", "default_run_name", "git_commit", "make_tracker",
-    "sync_spool", "validate_config",
+    "MAX_KEY_LENGTH",
+    "MAX_PARAM_VALUE_LENGTH",
+    "MAX_TAG_VALUE_LENGTH",
+    "MlflowTracker",
+    "Tracker",
+    "TrackingConfig",
+    "TrackingError",
+    "close_abandoned_runs",
+    "default_run_name",
+    "git_commit",
+    "make_tracker",
+    "sync_spool",
+    "validate_config",
 ]

@@ -24,8 +24,10 @@ def require_mlflow() -> Any:
     try:
         import mlflow
     except ImportError as err:
-        raise ImportError("tracking.enabled=true needs MLflow, which is not installed: `pip install mlflow`, "
-                          "or turn tracking off with tracking.enabled=false") from err
+        raise ImportError(
+            "tracking.enabled=true needs MLflow, which is not installed: `pip install mlflow`, "
+            "or turn tracking off with tracking.enabled=false"
+        ) from err
     return mlflow
 
 
@@ -72,15 +74,19 @@ def _unreachable_cause(err: BaseException) -> str | None:
 
 def start_error(uri: str, err: BaseException) -> TrackingError:
     """The one error make_tracker raises when the store cannot start a run, with the fixes in its message."""
-    alternatives = ("log to a file in the run directory instead by leaving tracking.tracking_uri unset "
-                    "(or tracking.tracking_uri=sqlite:///ABSOLUTE/PATH/mlflow.db), or turn tracking off with "
-                    "tracking.enabled=false")
+    alternatives = (
+        "log to a file in the run directory instead by leaving tracking.tracking_uri unset "
+        "(or tracking.tracking_uri=sqlite:///ABSOLUTE/PATH/mlflow.db), or turn tracking off with "
+        "tracking.enabled=false"
+    )
     cause = _unreachable_cause(err)
     if cause is not None:
         return TrackingError(
             f"could not start an MLflow run: the tracking server {uri} is unreachable ({cause}). Start the "
             f"server (e.g. `mlflow server --host HOST --port PORT`) or fix tracking.tracking_uri, "
-            f"{alternatives}")
+            f"{alternatives}"
+        )
     first_line = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
-    return TrackingError(f"could not start an MLflow run at {uri}: {first_line}. Fix tracking.tracking_uri, "
-                         f"{alternatives}")
+    return TrackingError(
+        f"could not start an MLflow run at {uri}: {first_line}. Fix tracking.tracking_uri, {alternatives}"
+    )

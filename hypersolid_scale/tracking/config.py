@@ -34,11 +34,14 @@ class TrackingConfig:
 def validate_config(cfg: TrackingConfig) -> None:
     """Raise ConfigError (a ValueError) naming the key and the fix for a value that cannot work."""
     if not cfg.experiment or not cfg.experiment.strip():
-        raise ConfigError("tracking.experiment is empty; give the MLflow experiment a name, e.g. "
-                          "tracking.experiment=hypersolid")
+        raise ConfigError(
+            "tracking.experiment is empty; give the MLflow experiment a name, e.g. tracking.experiment=hypersolid"
+        )
     if cfg.parent_run_id is not None and not re.fullmatch(r"[0-9a-f]{32}", str(cfg.parent_run_id)):
-        raise ConfigError(f"tracking.parent_run_id={cfg.parent_run_id!r} is not an MLflow run id (32 hex digits); "
-                          "copy it from the parent run's page, or leave it out")
+        raise ConfigError(
+            f"tracking.parent_run_id={cfg.parent_run_id!r} is not an MLflow run id (32 hex digits); "
+            "copy it from the parent run's page, or leave it out"
+        )
     if cfg.log_every_n_steps < 1:
         raise ConfigError(f"tracking.log_every_n_steps={cfg.log_every_n_steps}; it must be >= 1")
     if cfg.sync_every_s < 0:

@@ -14,8 +14,9 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
     """The commit checked out at ``path`` (default: this package's checkout), or None outside git."""
     cwd = Path(path) if path is not None else Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                             timeout=10, check=True)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     sha = out.stdout.strip()

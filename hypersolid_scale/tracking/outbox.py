@@ -21,8 +21,12 @@ log = logging.getLogger(__name__)
 
 # Errors that mean "this record will never be accepted", as opposed to "the server is not there".
 PERMANENT_ERRORS = {
-    "INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE", "RESOURCE_DOES_NOT_EXIST",
-    "RESOURCE_ALREADY_EXISTS", "MALFORMED_REQUEST",
+    "INVALID_PARAMETER_VALUE",
+    "BAD_REQUEST",
+    "INVALID_STATE",
+    "RESOURCE_DOES_NOT_EXIST",
+    "RESOURCE_ALREADY_EXISTS",
+    "MALFORMED_REQUEST",
 }
 _MAX_BACKOFF_S = 60.0
 
@@ -52,8 +56,9 @@ class Outbox:
         now = time.monotonic()
         if not pending:
             return True
-        if not force and (now < self._retry_at or (
-                self.online and now - self._last_sync < self.sync_every_s and len(pending) < 1000)):
+        if not force and (
+            now < self._retry_at or (self.online and now - self._last_sync < self.sync_every_s and len(pending) < 1000)
+        ):
             return False
         sent = 0
         while pending:
@@ -106,8 +111,12 @@ class Outbox:
             else:
                 self.client.set_terminated(self.run_id, batch[0]["status"], end_time=batch[0]["time"])
         else:
-            metrics = [Metric(k, v, r["time"], r["step"]) for r in batch if r["kind"] == "metrics"
-                       for k, v in r["values"].items()]
+            metrics = [
+                Metric(k, v, r["time"], r["step"])
+                for r in batch
+                if r["kind"] == "metrics"
+                for k, v in r["values"].items()
+            ]
             params = [Param(k, v) for r in batch if r["kind"] == "params" for k, v in r["values"].items()]
             tags = [RunTag(k, v) for r in batch if r["kind"] == "tags" for k, v in r["values"].items()]
             self.client.log_batch(self.run_id, metrics=metrics, params=params, tags=tags)
@@ -115,8 +124,9 @@ class Outbox:
     def _send_one_by_one(self, batch: list[dict]) -> bool:
         """After a refusal, send each value alone and drop (with a warning) only those refused."""
         for record in batch:
-            items = [{**record, "values": {k: v}} for k, v in record["values"].items()] \
-                if "values" in record else [record]
+            items = (
+                [{**record, "values": {k: v}} for k, v in record["values"].items()] if "values" in record else [record]
+            )
             for item in items:
                 try:
                     self._send([item])
@@ -127,14 +137,23 @@ class Outbox:
                     reason = (record["kind"], getattr(err, "error_code", type(err).__name__))
                     if reason not in self._refusals_warned:  # once per kind of refusal, not per record
                         self._refusals_warned.add(reason)
-                        log.warning("MLflow refused a %s record for run %s; dropped: %s",
-                                    record["kind"], self.run_id, str(err).splitlines()[0])
+                        log.warning(
+                            "MLflow refused a %s record for run %s; dropped: %s",
+                            record["kind"],
+                            self.run_id,
+                            str(err).splitlines()[0],
+                        )
         return True
 
     def went_offline(self, err: Exception, now: float) -> None:
         if self.online:
-            log.warning("tracking server %s is unreachable (%s); training goes on, records are kept in %s "
-                        "and sent when it is back", self.uri, str(err).splitlines()[0][:200], self.spool.path)
+            log.warning(
+                "tracking server %s is unreachable (%s); training goes on, records are kept in %s "
+                "and sent when it is back",
+                self.uri,
+                str(err).splitlines()[0][:200],
+                self.spool.path,
+            )
         self.online = False
         self._retry_at = now + self._backoff
         self._backoff = min(self._backoff * 2, _MAX_BACKOFF_S)

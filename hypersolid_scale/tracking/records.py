@@ -31,10 +31,17 @@ def now_ms() -> int:
 def check_key(key: str, what: str) -> str:
     key = str(key)
     # MLflow stores names as file paths too, so they must be normalised relative paths ("a/b", not "a//b").
-    if not key or len(key) > MAX_KEY_LENGTH or not _VALID_KEY.match(key) \
-            or posixpath.normpath(key) != key or key.startswith(("/", "..")):
-        raise ValueError(f"invalid {what} name {key!r}: use 1-{MAX_KEY_LENGTH} characters among letters, "
-                         "digits, '_', '-', '.', ' ', ':' and '/', as a relative path without '//' or '..'")
+    if (
+        not key
+        or len(key) > MAX_KEY_LENGTH
+        or not _VALID_KEY.match(key)
+        or posixpath.normpath(key) != key
+        or key.startswith(("/", ".."))
+    ):
+        raise ValueError(
+            f"invalid {what} name {key!r}: use 1-{MAX_KEY_LENGTH} characters among letters, "
+            "digits, '_', '-', '.', ' ', ':' and '/', as a relative path without '//' or '..'"
+        )
     return key
 
 
@@ -45,7 +52,7 @@ def truncate(value: Any, limit: int) -> str:
 
 def chunks(items: dict[str, Any], size: int) -> list[dict[str, Any]]:
     keys = list(items)
-    return [{k: items[k] for k in keys[i:i + size]} for i in range(0, len(keys), size)]
+    return [{k: items[k] for k in keys[i : i + size]} for i in range(0, len(keys), size)]
 
 
 def check_step(step: Any) -> int:

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def _spools(directory: Path) -> list[tuple[str, Path]]:
-    return [(p.stem[len("spool-"):], p) for p in sorted(directory.glob("spool-*.jsonl"))]
+    return [(p.stem[len("spool-") :], p) for p in sorted(directory.glob("spool-*.jsonl"))]
 
 
 def sync_spool(run_dir: str | os.PathLike, tracking_uri: str | None = None) -> tuple[int, int]:
@@ -35,8 +35,10 @@ def sync_spool(run_dir: str | os.PathLike, tracking_uri: str | None = None) -> t
         try:
             spool = Spool(path.parent, run_id, uri)
         except SpoolBusy:
-            raise TrackingError(f"{path} is open in a running tracker (MLflow run {run_id}); it sends its own "
-                                "records: sync after that process has ended") from None
+            raise TrackingError(
+                f"{path} is open in a running tracker (MLflow run {run_id}); it sends its own "
+                "records: sync after that process has ended"
+            ) from None
         before = len(spool.pending)
         if before:
             Outbox(make_client(uri), uri, run_id, spool, 0.0).sync(force=True)
@@ -78,10 +80,15 @@ def close_abandoned_runs(directory: Path, keep: set[str]) -> list[str]:
                 log.warning("could not reach %s to end run %s: %s", header["uri"], run_id, err)
                 done = False
             closed.append(run_id)
-            log.warning("MLflow run %s was left RUNNING by a process that ended without closing it (killed "
-                        "before its first checkpoint?): it is marked KILLED%s", run_id,
-                        "" if done else f"; {len(spool.pending)} records wait in {path} for `python -m "
-                        f"hypersolid_scale.tracking sync {directory.parent}`")
+            log.warning(
+                "MLflow run %s was left RUNNING by a process that ended without closing it (killed "
+                "before its first checkpoint?): it is marked KILLED%s",
+                run_id,
+                ""
+                if done
+                else f"; {len(spool.pending)} records wait in {path} for `python -m "
+                f"hypersolid_scale.tracking sync {directory.parent}`",
+            )
         finally:
             spool.close()
     return closed

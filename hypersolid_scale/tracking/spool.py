@@ -76,8 +76,12 @@ class Spool:
         except SpoolBusy:
             if exclusive:
                 raise
-            log.warning("%s is held by another open tracker of run %s (a live process, or a tracker of this "
-                        "process that was never closed); both append to it", self.path, run_id)
+            log.warning(
+                "%s is held by another open tracker of run %s (a live process, or a tracker of this "
+                "process that was never closed); both append to it",
+                self.path,
+                run_id,
+            )
         try:
             self._load(self._read_mark())
             self._file = open(self.path, "ab")
@@ -162,6 +166,7 @@ class Spool:
 # ---------------------------------------------------------------------------------------------------
 # Reading a spool without opening it
 # ---------------------------------------------------------------------------------------------------
+
 
 def read_header(path: Path) -> dict | None:
     """The spool's header record, or None when it has no readable one."""

@@ -46,7 +46,9 @@ class Tracker:
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None: ...
     def log_figure(self, figure: Any, artifact_file: str) -> None: ...
     def set_tags(self, tags: Mapping[str, Any]) -> None: ...
-    def flush(self) -> bool: return True
+    def flush(self) -> bool:
+        return True
+
     def close(self, status: str | None = "FINISHED") -> None: ...
 
 
@@ -60,8 +62,15 @@ class MlflowTracker(Tracker):
 
     tracking_uri: str  # always set here
 
-    def __init__(self, cfg: TrackingConfig, run_dir: Path, resume_run_id: str | None,
-                 tags: Mapping[str, Any] | None, *, attach: bool = False):
+    def __init__(
+        self,
+        cfg: TrackingConfig,
+        run_dir: Path,
+        resume_run_id: str | None,
+        tags: Mapping[str, Any] | None,
+        *,
+        attach: bool = False,
+    ):
         run_dir = Path(run_dir).resolve()
         self.tracking_uri = cfg.tracking_uri or f"sqlite:///{run_dir}/mlflow.db"
         self._client = make_client(self.tracking_uri)
@@ -77,8 +86,10 @@ class MlflowTracker(Tracker):
                 self._client.get_run(resume_run_id)
             except Exception as err:  # noqa: BLE001
                 if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
-                    raise ConfigError(f"MLflow run {resume_run_id} does not exist in {self.tracking_uri}; "
-                                      "resume with the tracking URI the run was started with") from None
+                    raise ConfigError(
+                        f"MLflow run {resume_run_id} does not exist in {self.tracking_uri}; "
+                        "resume with the tracking URI the run was started with"
+                    ) from None
                 server_down = err  # the run id is known: go on offline, send when the server is back
         else:
             self.run_id = self._create_run(cfg, run_dir)
@@ -104,7 +115,7 @@ class MlflowTracker(Tracker):
         artifact_root = None
         if self.tracking_uri.startswith("sqlite:///"):
             # Without this MLflow puts artifacts in ./mlruns of whatever directory we were started from.
-            db_dir = Path(self.tracking_uri[len("sqlite:///"):]).resolve().parent
+            db_dir = Path(self.tracking_uri[len("sqlite:///") :]).resolve().parent
             artifact_root = (db_dir / "mlartifacts").as_uri()
         try:
             experiment = self._client.get_experiment_by_name(cfg.experiment)
@@ -128,8 +139,10 @@ class MlflowTracker(Tracker):
 
     def _append(self, record: dict) -> None:
         if self._closed:
-            raise RuntimeError(f"MLflow run {self.run_id}: the tracker is closed; create a new one with "
-                               "make_tracker(..., resume_run_id=run_id) to log more")
+            raise RuntimeError(
+                f"MLflow run {self.run_id}: the tracker is closed; create a new one with "
+                "make_tracker(..., resume_run_id=run_id) to log more"
+            )
         self._outbox.spool.append(record)
 
     def log_params(self, params: Mapping[str, Any]) -> None:
@@ -150,8 +163,12 @@ class MlflowTracker(Tracker):
             kept = {k: v for k, v in values.items() if (k, step) not in self._logged}
             if len(kept) < len(values) and not self._skip_noted:
                 self._skip_noted = True
-                log.info("run %s: not logging again the steps an earlier process of this run logged (from "
-                         "step %d on, redone after the resume)", self.run_id, step)
+                log.info(
+                    "run %s: not logging again the steps an earlier process of this run logged (from "
+                    "step %d on, redone after the resume)",
+                    self.run_id,
+                    step,
+                )
             values = kept
         now = now_ms()
         for chunk in chunks(values, BATCH_LIMITS["metrics"]):
@@ -213,18 +230,32 @@ class MlflowTracker(Tracker):
         self._closed = True
         self._outbox.spool.close()
         if self._outbox.refused:
-            log.warning("MLflow refused %d logged values of run %s (see the warnings above); they remain in %s",
-                        self._outbox.refused, self.run_id, self._outbox.spool.path)
+            log.warning(
+                "MLflow refused %d logged values of run %s (see the warnings above); they remain in %s",
+                self._outbox.refused,
+                self.run_id,
+                self._outbox.spool.path,
+            )
         if not done:
-            log.warning("%d tracking records are not in MLflow yet (%s unreachable); they are kept in %s and "
-                        "sent by `python -m hypersolid_scale.tracking sync %s` or when this run resumes",
-                        len(self._outbox.spool.pending), self.tracking_uri, self._outbox.spool.path,
-                        self._dir.parent)
+            log.warning(
+                "%d tracking records are not in MLflow yet (%s unreachable); they are kept in %s and "
+                "sent by `python -m hypersolid_scale.tracking sync %s` or when this run resumes",
+                len(self._outbox.spool.pending),
+                self.tracking_uri,
+                self._outbox.spool.path,
+                self._dir.parent,
+            )
 
 
-def make_tracker(cfg: TrackingConfig, run_dir: str | os.PathLike, *, rank: int,
-                 resume_run_id: str | None = None, tags: Mapping[str, Any] | None = None,
-                 attach: bool = False) -> Tracker:
+def make_tracker(
+    cfg: TrackingConfig,
+    run_dir: str | os.PathLike,
+    *,
+    rank: int,
+    resume_run_id: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+    attach: bool = False,
+) -> Tracker:
     """The run's tracker: an MLflow one on rank 0 (continuing ``resume_run_id`` if given), else a no-op.
 
     ``attach``: log into ``resume_run_id`` without marking it RUNNING (an evaluation of a training's checkpoint;

@@ -19,13 +19,21 @@ def save(run: Run, step: int, tracker: Tracker) -> None:
     """
     run.guard.check()  # never a checkpoint after a non-finite step
     tracker.flush()  # the metrics up to this step are durable before the checkpoint that claims them
-    state = ckpt_lib.run_state(cfg=run.cfg, engine=run.engine, loader=run.loader, step=step, rank=run.info.rank,
-                               world_size=run.info.world_size, mlflow_run_id=tracker.run_id,
-                               tracking_uri=tracker.tracking_uri)
+    state = ckpt_lib.run_state(
+        cfg=run.cfg,
+        engine=run.engine,
+        loader=run.loader,
+        step=step,
+        rank=run.info.rank,
+        world_size=run.info.world_size,
+        mlflow_run_id=tracker.run_id,
+        tracking_uri=tracker.tracking_uri,
+    )
     keep = run.cfg.checkpoint.keep_last
     # Rank 0 writes; the agreement is also the barrier after the write.
-    on_every_rank(lambda: state is not None and ckpt_lib.save_checkpoint(run.cfg.run_dir, state, keep_last=keep),
-                  run.info.rank)
+    on_every_rank(
+        lambda: state is not None and ckpt_lib.save_checkpoint(run.cfg.run_dir, state, keep_last=keep), run.info.rank
+    )
 
 
 class Checkpointer:

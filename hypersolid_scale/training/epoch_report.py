@@ -33,10 +33,22 @@ def knn_monitor(run: Run) -> dict[str, float]:
     model = run.engine.model
     model.eval()
     try:
-        tr_f, tr_y = extract_embeddings(model, cap(train_ds, ev.monitor_max_train), batch_size=ev.batch_size,
-                                        device=run.device, which=ev.features, progress=False)
-        te_f, te_y = extract_embeddings(model, cap(test_ds, ev.monitor_max_train), batch_size=ev.batch_size,
-                                        device=run.device, which=ev.features, progress=False)
+        tr_f, tr_y = extract_embeddings(
+            model,
+            cap(train_ds, ev.monitor_max_train),
+            batch_size=ev.batch_size,
+            device=run.device,
+            which=ev.features,
+            progress=False,
+        )
+        te_f, te_y = extract_embeddings(
+            model,
+            cap(test_ds, ev.monitor_max_train),
+            batch_size=ev.batch_size,
+            device=run.device,
+            which=ev.features,
+            progress=False,
+        )
     finally:
         model.train()
     if run.info.rank != 0:

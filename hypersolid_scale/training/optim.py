@@ -26,8 +26,9 @@ class OptimConfig:
     grad_clip: float = 0.0  # max global grad norm; 0 disables clipping
 
 
-def build_optimizer(name: str, params: Any, *, lr: float, weight_decay: float, momentum: float,
-                    betas: tuple[float, float]) -> torch.optim.Optimizer:
+def build_optimizer(
+    name: str, params: Any, *, lr: float, weight_decay: float, momentum: float, betas: tuple[float, float]
+) -> torch.optim.Optimizer:
     """AdamW (paper default) or SGD with momentum (paper: needs momentum ~0.99 to learn)."""
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
@@ -40,8 +41,9 @@ def optimizer_factory(o: OptimConfig) -> Any:
     """``params -> optimizer`` for the engine, which decides which parameters (and groups) it passes."""
 
     def make(params: Any) -> torch.optim.Optimizer:
-        return build_optimizer(o.name, params, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
-                               betas=(o.betas[0], o.betas[1]))
+        return build_optimizer(
+            o.name, params, lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum, betas=(o.betas[0], o.betas[1])
+        )
 
     return make
 

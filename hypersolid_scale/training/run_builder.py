@@ -91,11 +91,12 @@ def on_every_rank(build_part: Callable[[], T], rank: int) -> T:
 
 def _train_loader(cfg: Config, info: WorldInfo, device: torch.device) -> Any:
     try:
-        return build_train_loader(cfg.data, rank=info.rank, world_size=info.world_size, seed=cfg.seed,
-                                  device=device)
+        return build_train_loader(cfg.data, rank=info.rank, world_size=info.world_size, seed=cfg.seed, device=device)
     except (FileNotFoundError, NotADirectoryError, PermissionError) as err:
-        raise DataError(f"cannot read the training data (data.path={cfg.data.path}): {err}. Fix data.path, or "
-                        "prepare the data first (README, section Data)") from None
+        raise DataError(
+            f"cannot read the training data (data.path={cfg.data.path}): {err}. Fix data.path, or "
+            "prepare the data first (README, section Data)"
+        ) from None
 
 
 class MethodModel(nn.Module):
@@ -151,8 +152,10 @@ class Run:
 
 def _steps_per_epoch(cfg: Config, loader: Any, info: WorldInfo) -> int:
     if len(loader) < 1:
-        raise ConfigError(f"the training set gives no full batch of data.batch_size_per_gpu="
-                          f"{cfg.data.batch_size_per_gpu} per rank on {info.world_size} rank(s); lower the batch size")
+        raise ConfigError(
+            f"the training set gives no full batch of data.batch_size_per_gpu="
+            f"{cfg.data.batch_size_per_gpu} per rank on {info.world_size} rank(s); lower the batch size"
+        )
     return len(loader)
 
 
@@ -178,8 +181,10 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     """Model, engine (DDP | DeepSpeed) + optimizer, loss, loader and schedule. Collective under torchrun."""
     channels = in_channels(cfg.data)
     if cfg.model.in_channels != channels:
-        raise ConfigError(f"model.in_channels={cfg.model.in_channels} but the data has {channels} channel(s) "
-                          f"(data.dataset={cfg.data.dataset!r}); set model.in_channels={channels}")
+        raise ConfigError(
+            f"model.in_channels={cfg.model.in_channels} but the data has {channels} channel(s) "
+            f"(data.dataset={cfg.data.dataset!r}); set model.in_channels={channels}"
+        )
     bf16 = resolve_bf16(cfg.dist.bf16, device)
     get_method(cfg.method.name).check_run(cfg)  # again, now that the world size is known
     # The method's epoch schedules need the loader's length, so the loader comes first; it must not move the
@@ -189,9 +194,18 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     steps_per_epoch = _steps_per_epoch(cfg, loader, info)
     model = _method_model(cfg, steps_per_epoch)  # identical on every rank: the seed was set just before
     o = cfg.optim
-    engine = build_engine(model, _trainable_only(optimizer_factory(o)), engine=cfg.dist.engine, device=device,
-                          bf16=bf16, grad_clip=o.grad_clip, sync_bn=cfg.dist.sync_bn, compile=cfg.dist.compile,
-                          zero_stage=cfg.dist.zero_stage, batch_size_per_gpu=cfg.data.batch_size_per_gpu)
+    engine = build_engine(
+        model,
+        _trainable_only(optimizer_factory(o)),
+        engine=cfg.dist.engine,
+        device=device,
+        bf16=bf16,
+        grad_clip=o.grad_clip,
+        sync_bn=cfg.dist.sync_bn,
+        compile=cfg.dist.compile,
+        zero_stage=cfg.dist.zero_stage,
+        batch_size_per_gpu=cfg.data.batch_size_per_gpu,
+    )
     total = cfg.epochs * steps_per_epoch
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)

@@ -63,7 +63,8 @@ class NonFiniteGuard:
         raise NonFiniteLossError(
             f"non-finite loss at step {step} ({what}). Training stopped before any checkpoint was written after "
             f"that step: the newest checkpoint in {self.run_dir}/checkpoints is the last good state. Lower "
-            "optim.lr, set optim.grad_clip, or use dist.bf16=false")
+            "optim.lr, set optim.grad_clip, or use dist.bf16=false"
+        )
 
 
 class StopVote:
@@ -127,8 +128,11 @@ class EpochMeter:
         """Mean timings since the last call (call right after a host transfer, i.e. once the GPU caught up)."""
         now = time.perf_counter()
         steps, elapsed = max(1, self.window_steps), max(now - self.t_window, 1e-9)
-        out = {"images_per_s": global_batch * steps / elapsed, "step_time_s": elapsed / steps,
-               "data_time_s": self.window_data_s / steps}
+        out = {
+            "images_per_s": global_batch * steps / elapsed,
+            "step_time_s": elapsed / steps,
+            "data_time_s": self.window_data_s / steps,
+        }
         self.t_window, self.window_steps, self.window_data_s = now, 0, 0.0
         return out
 
@@ -138,7 +142,7 @@ class EpochMeter:
         values = torch.cat([self.sum / max(1, self.summed), self.losses[: min(self.n, self.losses.numel())]]).tolist()
         mean = dict(zip(self.names, values[: len(self.names)]))
         mean["images_per_s"] = global_batch * self.n / max(time.perf_counter() - self.t_epoch, 1e-9)
-        return mean, values[len(self.names):]
+        return mean, values[len(self.names) :]
 
 
 def loggable(values: dict[str, float]) -> dict[str, float]:

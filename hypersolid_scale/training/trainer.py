@@ -66,8 +66,18 @@ from hypersolid_scale.training.step_bookkeeping import (
     loggable,
 )
 
-__all__ = ["EXIT_PREEMPTED", "EXIT_RUN_DIR_LOCKED", "NonFiniteLossError", "Run", "build", "main",
-           "seed_everything", "train", "train_loop", "train_step"]
+__all__ = [
+    "EXIT_PREEMPTED",
+    "EXIT_RUN_DIR_LOCKED",
+    "NonFiniteLossError",
+    "Run",
+    "build",
+    "main",
+    "seed_everything",
+    "train",
+    "train_loop",
+    "train_step",
+]
 
 EXIT_RUN_DIR_LOCKED = EXIT_BAD_INPUT  # another live training holds run_dir/.lock; nothing was read or written
 
@@ -113,9 +123,11 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
 def check_batch(run: Run, rows: int, step: int) -> None:
     if rows != run.cfg.data.batch_size_per_gpu:
         # The losses' all_gathers trust equal per-rank batches (no size exchange): a short batch is a bug.
-        raise RuntimeError(f"rank {run.info.rank} got a batch of {rows} images at step {step}, expected "
-                           f"data.batch_size_per_gpu={run.cfg.data.batch_size_per_gpu}; the training loader must "
-                           "yield full batches only")
+        raise RuntimeError(
+            f"rank {run.info.rank} got a batch of {rows} images at step {step}, expected "
+            f"data.batch_size_per_gpu={run.cfg.data.batch_size_per_gpu}; the training loader must "
+            "yield full batches only"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -132,8 +144,10 @@ def _lock_run_dir(cfg: Config, info: WorldInfo) -> tuple[RunLock | None, str | N
         except RunDirLocked as err:
             refusal = str(err)
         except OSError as err:  # unwritable run_dir, or a filesystem without flock (Lustre without -o flock)
-            refusal = (f"cannot lock run_dir {cfg.run_dir} ({err}); use a writable run_dir on a filesystem "
-                       "with flock support (local disk, NFSv4, Lustre mounted with -o flock, GPFS)")
+            refusal = (
+                f"cannot lock run_dir {cfg.run_dir} ({err}); use a writable run_dir on a filesystem "
+                "with flock support (local disk, NFSv4, Lustre mounted with -o flock, GPFS)"
+            )
     return lock, broadcast_object(refusal)  # type: ignore[return-value]
 
 
@@ -179,16 +193,34 @@ def _resume_or_start(cfg: Config, info: WorldInfo, device: torch.device) -> int:
     seed_everything(cfg.seed, cfg.deterministic)
     ckpt = ckpt_lib.resolve_resume(cfg)
     run = build(cfg, info, device)
-    step, epoch = (0, 0) if ckpt is None else ckpt_lib.restore_run_state(
-        ckpt, engine=run.engine, loader=run.loader, rank=info.rank, world_size=info.world_size,
-        steps_per_epoch=run.steps_per_epoch, force=cfg.checkpoint.resume == "force")
+    step, epoch = (
+        (0, 0)
+        if ckpt is None
+        else ckpt_lib.restore_run_state(
+            ckpt,
+            engine=run.engine,
+            loader=run.loader,
+            rank=info.rank,
+            world_size=info.world_size,
+            steps_per_epoch=run.steps_per_epoch,
+            force=cfg.checkpoint.resume == "force",
+        )
+    )
     # The tracker first: a tracking server that is down stops the run before anything is written.
-    tags = {"world_size": info.world_size, "transport": run.transport, "engine": cfg.dist.engine,
-            "device": device.type, "launcher": info.launcher, "method": cfg.method.name, "bf16": run.bf16,
-            **get_method(cfg.method.name).run_tags(cfg.method.section())}
+    tags = {
+        "world_size": info.world_size,
+        "transport": run.transport,
+        "engine": cfg.dist.engine,
+        "device": device.type,
+        "launcher": info.launcher,
+        "method": cfg.method.name,
+        "bf16": run.bf16,
+        **get_method(cfg.method.name).run_tags(cfg.method.section()),
+    }
     resume_id = ckpt.get("mlflow_run_id") if ckpt else None
-    tracker = on_every_rank(lambda: make_tracker(cfg.tracking, cfg.run_dir, rank=info.rank, resume_run_id=resume_id,
-                                                 tags=tags), info.rank)
+    tracker = on_every_rank(
+        lambda: make_tracker(cfg.tracking, cfg.run_dir, rank=info.rank, resume_run_id=resume_id, tags=tags), info.rank
+    )
     return _start(run, tracker, ckpt, step, epoch)
 
 
@@ -208,9 +240,12 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
         raise
     if info.rank == 0:
         where = f"resumed from {ckpt['path']} at step {step}" if ckpt else "starting from scratch"
-        print(f"[hypersolid] {info.world_size} process(es), {cfg.dist.engine}/{run.transport}, "
-              f"device={run.device.type}, bf16={run.bf16}, {run.steps_per_epoch} steps/epoch, "
-              f"{run.total_steps} steps total; {where}", flush=True)
+        print(
+            f"[hypersolid] {info.world_size} process(es), {cfg.dist.engine}/{run.transport}, "
+            f"device={run.device.type}, bf16={run.bf16}, {run.steps_per_epoch} steps/epoch, "
+            f"{run.total_steps} steps total; {where}",
+            flush=True,
+        )
     return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
 
 
@@ -222,8 +257,14 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
     """
     cfg, device, rank0 = run.cfg, run.device, run.info.rank == 0
     global_batch = cfg.data.batch_size_per_gpu * run.info.world_size
-    bar = tqdm(total=run.total_steps, initial=step, disable=not (rank0 and cfg.progress), dynamic_ncols=True,
-               desc="train", unit="step")
+    bar = tqdm(
+        total=run.total_steps,
+        initial=step,
+        disable=not (rank0 and cfg.progress),
+        dynamic_ncols=True,
+        desc="train",
+        unit="step",
+    )
     history: list[tuple[int, float]] = []
     status = "FAILED"
     monitor_enabled = cfg.eval.every_n_epochs > 0
@@ -245,8 +286,14 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                     values = stats.to_dict()  # the logging step's one host transfer
                     run.guard.check()
                     values = {**loggable(values), **meter.window(global_batch)}
-                    tracker.log_metrics({**{f"train/{k}": v for k, v in values.items()},
-                                         "train/epoch": epoch, "train/mem_gb": memory_gb(device)}, step=step)
+                    tracker.log_metrics(
+                        {
+                            **{f"train/{k}": v for k, v in values.items()},
+                            "train/epoch": epoch,
+                            "train/mem_gb": memory_gb(device),
+                        },
+                        step=step,
+                    )
                     bar.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_s']:.0f}", ep=epoch)
                 bar.update(1)
                 checkpoint(step)
@@ -263,21 +310,24 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                 history.extend(zip(range(step - meter.n + 1, step + 1), losses))
                 loader_stats = summed_loader_stats(run)  # collective: every rank, before rank 0 logs
                 if rank0:
-                    bar.write(f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
-                              f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - meter.t_epoch:.0f} s")
+                    bar.write(
+                        f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
+                        f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - meter.t_epoch:.0f} s"
+                    )
                     tracker.log_metrics({f"loader/{k}": v for k, v in loader_stats.items()}, step=step)
             if not preempted and step < run.total_steps:
                 preempted = stop.now(stop_requested())  # before a monitor that may take minutes
             # max_steps reached mid-epoch, or the last epoch done: a last look at the representation, then stop.
             finished = not epoch_done or step >= run.total_steps or epoch + 1 >= cfg.epochs
-            if monitor_enabled and not preempted and (
-                    not epoch_done or (epoch + 1) % cfg.eval.every_n_epochs == 0):
+            if monitor_enabled and not preempted and (not epoch_done or (epoch + 1) % cfg.eval.every_n_epochs == 0):
                 monitor_enabled = log_monitor(run, tracker, bar, epoch, step) or not epoch_done
             checkpoint(step, epoch_end=epoch if epoch_done else None, stopping=preempted or finished)
             if preempted:
                 if rank0:
-                    bar.write(f"[hypersolid] preempted: checkpoint at step {step} written; exiting with "
-                              f"{EXIT_PREEMPTED} (requeue)")
+                    bar.write(
+                        f"[hypersolid] preempted: checkpoint at step {step} written; exiting with "
+                        f"{EXIT_PREEMPTED} (requeue)"
+                    )
                 status = "KILLED"
                 return EXIT_PREEMPTED
             if finished:
@@ -294,15 +344,20 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
 
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
     parser = argparse.ArgumentParser(
-        description="Hypersolid self-supervised pre-training (run under torchrun or srun for several processes).")
+        description="Hypersolid self-supervised pre-training (run under torchrun or srun for several processes)."
+    )
     parser.add_argument("--config", default=None, help="YAML config (configs/*.yaml); defaults if omitted")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. optim.lr=1e-3")
     args = parser.parse_args(argv)
     return args.config, args.overrides
 
 
-def main(argv: list[str] | None = None, *, early_signals: Sequence[int] = (),
-         on_config: Callable[[Config], None] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    early_signals: Sequence[int] = (),
+    on_config: Callable[[Config], None] | None = None,
+) -> int:
     """Parse, validate (before any work), train. Returns the process exit code.
 
     ``early_signals``: preemption signals received before this call, as a list that may still grow until

@@ -59,8 +59,12 @@ def load_light(path: str) -> tuple[str, list[list[str]]]:
     except (OSError, yaml.YAMLError) as err:
         raise ValueError(f"cannot read sweep file {path!r}: {err}") from None
     runs = data.get("runs") if isinstance(data, dict) else None
-    if not isinstance(data, dict) or "base" not in data or not isinstance(runs, list) or not all(
-            isinstance(r, list) and all(isinstance(o, str) and "\n" not in o for o in r) for r in runs):
+    if (
+        not isinstance(data, dict)
+        or "base" not in data
+        or not isinstance(runs, list)
+        or not all(isinstance(r, list) and all(isinstance(o, str) and "\n" not in o for o in r) for r in runs)
+    ):
         return load(path)  # let the full loader explain what is wrong
     return str(data["base"]), [list(r) for r in runs]
 
@@ -68,8 +72,10 @@ def load_light(path: str) -> tuple[str, list[list[str]]]:
 def run_args(path: str, index: int, validate: bool = True) -> list[str]:
     base, runs = load(path) if validate else load_light(path)
     if not 0 <= index < len(runs):
-        raise ValueError(f"array index {index} is out of range for {path!r}, which has {len(runs)} runs; "
-                         f"submit with --array=0-{len(runs) - 1}")
+        raise ValueError(
+            f"array index {index} is out of range for {path!r}, which has {len(runs)} runs; "
+            f"submit with --array=0-{len(runs) - 1}"
+        )
     return ["--config", base, *runs[index]]
 
 
@@ -95,10 +101,16 @@ def init_tracking(uri: str, experiment: str, artifact_dir: str) -> str:
 
 
 def submit(path: str, rest: list[str]) -> int:
-    sbatch_opts, overrides = (rest[: rest.index("--")], rest[rest.index("--") + 1:]) if "--" in rest else (rest, [])
+    sbatch_opts, overrides = (rest[: rest.index("--")], rest[rest.index("--") + 1 :]) if "--" in rest else (rest, [])
     _, runs = load(path)
-    cmd = ["sbatch", f"--array=0-{len(runs) - 1}", *sbatch_opts, str(REPO / "launch/slurm/sweep.sbatch"), path,
-           *overrides]
+    cmd = [
+        "sbatch",
+        f"--array=0-{len(runs) - 1}",
+        *sbatch_opts,
+        str(REPO / "launch/slurm/sweep.sbatch"),
+        path,
+        *overrides,
+    ]
     print(" ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=os.getcwd())
 

@@ -37,8 +37,9 @@ class Format:
     name: str = ""
     needs_path: bool = True  # data.path is required
 
-    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                     device: torch.device) -> Any:
+    def train_loader(
+        self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
+    ) -> Any:
         """An iterable of `(views, labels)` batches with set_epoch/state_dict/load_state_dict (common.py)."""
         raise NotImplementedError
 
@@ -89,8 +90,10 @@ class FileFormat(Format):
         assert cfg.path is not None
         found = self.in_root(cfg.path, "test") or self.sibling(cfg.path, "test")
         if found is None:
-            raise ConfigError(f"no held-out split found next to data.path={cfg.path!r}: set data.test_path, or "
-                              "data.eval_split=holdout to carve one out of the training data")
+            raise ConfigError(
+                f"no held-out split found next to data.path={cfg.path!r}: set data.test_path, or "
+                "data.eval_split=holdout to carve one out of the training data"
+            )
         return found
 
     def eval_train_path(self, cfg: DataConfig) -> str:
@@ -104,9 +107,11 @@ class FileFormat(Format):
             return path
         labelled = self.sibling(path, "train")
         if labelled is None or is_unlabeled(labelled):
-            raise ConfigError(f"data.path={cfg.path!r} holds no labels (the conversion manifest says so) and no "
-                              "labelled 'train' split lies next to it: set data.eval_train_path to labelled data "
-                              "of the same dataset for evaluation")
+            raise ConfigError(
+                f"data.path={cfg.path!r} holds no labels (the conversion manifest says so) and no "
+                "labelled 'train' split lies next to it: set data.eval_train_path to labelled data "
+                "of the same dataset for evaluation"
+            )
         return labelled
 
     def eval_dataset(self, cfg: DataConfig, preset: MultiCropPreset, split: str) -> Dataset:

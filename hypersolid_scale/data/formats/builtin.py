@@ -22,14 +22,20 @@ class BuiltinFormat(Format):
     name = "builtin"
     needs_path = False
 
-    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                     device: torch.device) -> Any:
+    def train_loader(
+        self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
+    ) -> Any:
         from hypersolid_scale.data.loaders import ArrayPILDataset, InMemoryMultiCropLoader, MapStyleMultiCropLoader
         from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
 
         split = load_builtin(cfg.builtin_name(), "train", cfg.path)
-        common = dict(rank=rank, world_size=world_size, seed=seed, batch_size=cfg.batch_size_per_gpu,
-                      max_samples=cfg.max_train_samples)
+        common = dict(
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            batch_size=cfg.batch_size_per_gpu,
+            max_samples=cfg.max_train_samples,
+        )
         if cfg.augment in ("auto", "tensor"):
             return InMemoryMultiCropLoader(split, preset, **common)  # type: ignore[arg-type]
         ds = ArrayPILDataset(split, pil_mode(preset), build_pil_multicrop(preset))

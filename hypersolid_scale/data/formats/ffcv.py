@@ -20,14 +20,25 @@ class FFCVFormat(FileFormat):
     layouts = ("{split}.beton",)
     layout_is_file = True
 
-    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                     device: torch.device) -> Any:
+    def train_loader(
+        self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
+    ) -> Any:
         from hypersolid_scale.data.ffcv import FFCVLoader
 
         assert cfg.path is not None
-        return FFCVLoader(self.split_path(cfg.path, "train"), preset, rank=rank, world_size=world_size, seed=seed,
-                          batch_size=cfg.batch_size_per_gpu, device=device, num_workers=cfg.num_workers,
-                          order=cfg.ffcv_order, os_cache=cfg.ffcv_os_cache, batches_ahead=cfg.ffcv_batches_ahead)
+        return FFCVLoader(
+            self.split_path(cfg.path, "train"),
+            preset,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            batch_size=cfg.batch_size_per_gpu,
+            device=device,
+            num_workers=cfg.num_workers,
+            order=cfg.ffcv_order,
+            os_cache=cfg.ffcv_os_cache,
+            batches_ahead=cfg.ffcv_batches_ahead,
+        )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
         from hypersolid_scale.data.ffcv import ffcv_eval_dataset

@@ -32,16 +32,23 @@ class ImageFolderFormat(FileFormat):
     name = "imagefolder"
     layouts = ("imagefolder/{split}", "folder/{split}", "{split}")  # folder/: outputs of earlier converters
 
-    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                     device: torch.device) -> Any:
+    def train_loader(
+        self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
+    ) -> Any:
         from hypersolid_scale.data.loaders import MapStyleMultiCropLoader
         from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
 
         assert cfg.path is not None
         ds = image_folder(self.split_path(cfg.path, "train"), pil_mode(preset), build_pil_multicrop(preset))
-        return MapStyleMultiCropLoader(ds, rank=rank, world_size=world_size, seed=seed,
-                                       batch_size=cfg.batch_size_per_gpu, num_workers=cfg.num_workers,
-                                       max_samples=cfg.max_train_samples)
+        return MapStyleMultiCropLoader(
+            ds,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            batch_size=cfg.batch_size_per_gpu,
+            num_workers=cfg.num_workers,
+            max_samples=cfg.max_train_samples,
+        )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
         from hypersolid_scale.data.transforms import build_eval_transform, pil_mode

@@ -19,23 +19,38 @@ class WebDatasetFormat(FileFormat):
     name = "webdataset"
     layouts = ("{split}",)
 
-    def train_loader(self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int,
-                     device: torch.device) -> Any:
+    def train_loader(
+        self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
+    ) -> Any:
         from hypersolid_scale.data.webdataset import WebDatasetLoader
 
         assert cfg.path is not None
-        return WebDatasetLoader(self.split_path(cfg.path, "train"), preset, rank=rank, world_size=world_size,
-                                seed=seed, batch_size=cfg.batch_size_per_gpu, num_workers=cfg.num_workers,
-                                shuffle_buffer=cfg.shuffle_buffer, num_samples=cfg.max_train_samples,
-                                manifest=cfg.manifest, verify_shards=cfg.verify_shards,
-                                max_lost_fraction=cfg.max_lost_fraction)
+        return WebDatasetLoader(
+            self.split_path(cfg.path, "train"),
+            preset,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            batch_size=cfg.batch_size_per_gpu,
+            num_workers=cfg.num_workers,
+            shuffle_buffer=cfg.shuffle_buffer,
+            num_samples=cfg.max_train_samples,
+            manifest=cfg.manifest,
+            verify_shards=cfg.verify_shards,
+            max_lost_fraction=cfg.max_lost_fraction,
+        )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
         from hypersolid_scale.data.shard_index import ShardIndexDataset
         from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
 
-        return ShardIndexDataset(path, mode=pil_mode(preset), transform=build_eval_transform(preset),
-                                 manifest=cfg.manifest, verify=cfg.verify_shards)
+        return ShardIndexDataset(
+            path,
+            mode=pil_mode(preset),
+            transform=build_eval_transform(preset),
+            manifest=cfg.manifest,
+            verify=cfg.verify_shards,
+        )
 
     def manifest(self, cfg: DataConfig) -> dict | None:
         if cfg.manifest:  # remote shards: the manifest named by data.manifest

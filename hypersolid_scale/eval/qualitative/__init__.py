@@ -79,20 +79,35 @@ def _minmax(x: np.ndarray) -> np.ndarray:
     return (x - x.min()) / span if span > 0 else np.zeros_like(x)
 
 
-def _render(name: str, model: nn.Module, images: torch.Tensor, shown: np.ndarray, out: Path,
-            row_labels: list[str] | None, seed: int, inversion_steps: int, inversion_size: int | None) -> Path:
+def _render(
+    name: str,
+    model: nn.Module,
+    images: torch.Tensor,
+    shown: np.ndarray,
+    out: Path,
+    row_labels: list[str] | None,
+    seed: int,
+    inversion_steps: int,
+    inversion_size: int | None,
+) -> Path:
     inputs = [Panel(img) for img in shown]
     size = (images.shape[-2], images.shape[-1])
     if name == "hypercolumns":
         rgb = hypercolumn_pca(model, images).cpu().numpy()
         joint = hypercolumn_pca(model, images, joint=True).cpu().numpy()
-        cols = {"input": inputs, "hypercolumn PCA": [Panel(x) for x in rgb],
-                "PCA over all images": [Panel(x) for x in joint]}
+        cols = {
+            "input": inputs,
+            "hypercolumn PCA": [Panel(x) for x in rgb],
+            "PCA over all images": [Panel(x) for x in joint],
+        }
     elif name == "gradcam":
         last = gradcam(model, images, stages="last").cpu().numpy()
         every = gradcam(model, images, stages="all").cpu().numpy()
-        cols = {"input": inputs, "Grad-CAM last stage": [Panel(s, heat=h) for s, h in zip(shown, last)],
-                "Grad-CAM all stages": [Panel(s, heat=h) for s, h in zip(shown, every)]}
+        cols = {
+            "input": inputs,
+            "Grad-CAM last stage": [Panel(s, heat=h) for s, h in zip(shown, last)],
+            "Grad-CAM all stages": [Panel(s, heat=h) for s, h in zip(shown, every)],
+        }
     elif name == "inversion":
         inv = invert_features(model, images, size=inversion_size, steps_per_scale=inversion_steps, seed=seed)
         # Contrast stretched per image: an inversion is faint (low contrast around the mean colour) and
@@ -150,6 +165,5 @@ def render_qualitative(
     written: dict[str, Path] = {}
     for name in chosen:
         with skips.guard(name):
-            written[name] = _render(name, model, images, shown, out, row_labels, seed, inversion_steps,
-                                    inversion_size)
+            written[name] = _render(name, model, images, shown, out, row_labels, seed, inversion_steps, inversion_size)
     return written

@@ -66,6 +66,7 @@ def capture_outputs(modules: list[tuple[str, nn.Module]]) -> Iterator[dict[str, 
     def hook_for(name: str) -> Callable[[nn.Module, object, torch.Tensor], None]:  # torch's hook signature
         def hook(_module: nn.Module, _inputs: object, output: torch.Tensor) -> None:
             seen[name] = output
+
         return hook
 
     handles = [m.register_forward_hook(hook_for(name)) for name, m in modules]

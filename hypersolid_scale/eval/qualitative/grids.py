@@ -40,15 +40,17 @@ def _show(ax: plt.Axes, panel: Panel) -> None:
     ax.imshow(panel.heat, cmap="jet", vmin=0.0, vmax=1.0, interpolation="nearest", alpha=0.5)
 
 
-def save_grid(columns: Mapping[str, Sequence[Panel]], path: str | Path, row_labels: Sequence[str] | None = None,
-              title: str = "") -> Path:
+def save_grid(
+    columns: Mapping[str, Sequence[Panel]], path: str | Path, row_labels: Sequence[str] | None = None, title: str = ""
+) -> Path:
     """Write a grid with one column per ``columns`` entry (its key is the column title) to ``path``."""
     titles = list(columns)
     rows = len(columns[titles[0]])
     if any(len(col) != rows for col in columns.values()):
         raise ValueError(f"every column needs {rows} panels, got {[len(c) for c in columns.values()]}")
-    fig, axes = plt.subplots(rows, len(titles), figsize=(PANEL_INCHES * len(titles), PANEL_INCHES * rows + 0.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        rows, len(titles), figsize=(PANEL_INCHES * len(titles), PANEL_INCHES * rows + 0.4), squeeze=False
+    )
     for c, name in enumerate(titles):
         for r, panel in enumerate(columns[name]):
             ax = axes[r, c]

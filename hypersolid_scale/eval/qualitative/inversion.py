@@ -79,13 +79,16 @@ def total_variation(x: torch.Tensor, reduction: Literal["sum", "mean"] = "sum") 
 def canvas_sizes(size: tuple[int, int], scales: Sequence[float], multiple: int = 1) -> list[tuple[int, int]]:
     """(H, W) of the canvas at each scale: ``scale * side`` rounded (halves up) to a positive multiple of
     ``multiple`` (a ViT's patch size)."""
+
     def side(s: float, full: int) -> int:
         return max(multiple, math.floor(s * full / multiple + 0.5) * multiple)
+
     return [(side(s, size[0]), side(s, size[1])) for s in scales]
 
 
-def _check_settings(steps_per_scale: int, scales: Sequence[float], lr: float, blur_every: int,
-                    blur_kernel: int, tv_reduction: str) -> None:
+def _check_settings(
+    steps_per_scale: int, scales: Sequence[float], lr: float, blur_every: int, blur_kernel: int, tv_reduction: str
+) -> None:
     if not isinstance(steps_per_scale, int) or steps_per_scale < 1:
         raise ValueError(f"steps_per_scale={steps_per_scale!r} must be a positive integer (the paper uses 4000)")
     if not scales or any(not 0.0 < s <= 1.0 for s in scales) or list(scales) != sorted(scales):
@@ -151,13 +154,14 @@ def invert_features(
                 x = torch.roll(canvas, shifts=shift, dims=(2, 3)) if max_shift else canvas
                 content = 1.0 - (F.normalize(net(x).float(), dim=1) * target).sum(dim=1)  # (N,)
                 objective = content + tv_weight * total_variation(canvas, tv_reduction)
-                grad, = torch.autograd.grad(objective.sum(), canvas)  # images are independent in eval mode
+                (grad,) = torch.autograd.grad(objective.sum(), canvas)  # images are independent in eval mode
                 canvas.grad = grad
                 opt.step()
                 if blur_every and (step + 1) % blur_every == 0:
                     with torch.no_grad():
-                        canvas.copy_(kornia.filters.gaussian_blur2d(
-                            canvas, (blur_kernel, blur_kernel), (blur_sigma, blur_sigma)))
+                        canvas.copy_(
+                            kornia.filters.gaussian_blur2d(canvas, (blur_kernel, blur_kernel), (blur_sigma, blur_sigma))
+                        )
                 result.objective.append(float(objective.detach().mean()))
                 result.content.append(float(content.detach().mean()))
     result.images = canvas.detach()

@@ -51,14 +51,17 @@ class AutoBackend(Backend):
                 "for an approximate index"
             )
 
-    def repulsion(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
-                  ) -> tuple[torch.Tensor, RepulsionStats]:
+    def repulsion(
+        self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+    ) -> tuple[torch.Tensor, RepulsionStats]:
         self.current = self.switch.choose()
         return self._sides[self.current].repulsion(x_rows, x_all, layout, alpha)
 
     def derive(self, sums: Mapping[str, torch.Tensor], rows: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {**search_stats(sums, rows),
-                "backend_neighbors": torch.full_like(loss, float(self.current == "neighbors"))}
+        return {
+            **search_stats(sums, rows),
+            "backend_neighbors": torch.full_like(loss, float(self.current == "neighbors")),
+        }
 
     def observe(self, packed: PackedStats) -> None:
         self.switch.observe(packed["saturated_fraction"])

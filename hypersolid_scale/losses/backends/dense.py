@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-
     from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
 
 import torch
@@ -22,6 +21,7 @@ class DenseBackend(Backend):
     name = "dense"
     order = 0
 
-    def repulsion(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
-                  ) -> tuple[torch.Tensor, RepulsionStats]:
+    def repulsion(
+        self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+    ) -> tuple[torch.Tensor, RepulsionStats]:
         return dense_repulsion(x_rows, x_all, layout, alpha)

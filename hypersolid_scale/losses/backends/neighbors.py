@@ -27,11 +27,14 @@ SEARCH_STATS = ("candidates", "saturated_rows", "saturated_fraction", "recall", 
 def search_stats(sums: Mapping[str, torch.Tensor], rows: int) -> dict[str, torch.Tensor]:
     """The values of :data:`SEARCH_STATS` from the RepulsionStats sums over ranks and M_g (``rows``)."""
     hits, total = sums["recall_hits"], sums["recall_total"]
-    return dict(candidates=sums["candidates"], saturated_rows=sums["saturated_rows"],
-                saturated_fraction=sums["saturated_rows"] / rows,
-                # global recall: found / truly active over every measuring rank's sample
-                recall=torch.where(total > 0, hits / total.clamp(min=1.0), torch.ones_like(total)),
-                recall_measured=sums["recall_measured"])
+    return dict(
+        candidates=sums["candidates"],
+        saturated_rows=sums["saturated_rows"],
+        saturated_fraction=sums["saturated_rows"] / rows,
+        # global recall: found / truly active over every measuring rank's sample
+        recall=torch.where(total > 0, hits / total.clamp(min=1.0), torch.ones_like(total)),
+        recall_measured=sums["recall_measured"],
+    )
 
 
 @register_backend
@@ -43,11 +46,18 @@ class NeighborsBackend(Backend):
     def __init__(self, cfg: LossConfig) -> None:
         super().__init__(cfg)
         c = cfg
-        self.neighbors = NeighborRepulsion(index=c.index, k=c.k, nprobe=c.nprobe, ef_search=c.ef_search,
-                                           recall_every=c.recall_every, tile_size=c.tile_size)
+        self.neighbors = NeighborRepulsion(
+            index=c.index,
+            k=c.k,
+            nprobe=c.nprobe,
+            ef_search=c.ef_search,
+            recall_every=c.recall_every,
+            tile_size=c.tile_size,
+        )
 
-    def repulsion(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
-                  ) -> tuple[torch.Tensor, RepulsionStats]:
+    def repulsion(
+        self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+    ) -> tuple[torch.Tensor, RepulsionStats]:
         return self.neighbors(x_rows, x_all, layout, alpha)
 
     def derive(self, sums: Mapping[str, torch.Tensor], rows: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:

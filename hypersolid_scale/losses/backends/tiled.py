@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-
     from hypersolid_scale.losses.config import LossConfig
     from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
 
@@ -28,6 +27,7 @@ class TiledBackend(Backend):
         super().__init__(cfg)
         self.saturation_k = saturation_k
 
-    def repulsion(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
-                  ) -> tuple[torch.Tensor, RepulsionStats]:
+    def repulsion(
+        self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
+    ) -> tuple[torch.Tensor, RepulsionStats]:
         return tiled_repulsion(x_rows, x_all, layout, alpha, self.cfg.tile_size, saturation_k=self.saturation_k)

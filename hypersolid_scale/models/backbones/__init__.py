@@ -60,8 +60,9 @@ _REGISTRY: dict[str, Backbone] = {}
 _discovered = False
 
 
-def register_backbone(name: str, *, small_stem: bool = False,
-                      check: Callable[[ModelConfig], None] | None = None) -> Callable[[Builder], Builder]:
+def register_backbone(
+    name: str, *, small_stem: bool = False, check: Callable[[ModelConfig], None] | None = None
+) -> Callable[[Builder], Builder]:
     """Decorator registering ``build(cfg) -> (module, feature_dim)`` as the backbone ``name`` (see `Backbone`
     for the options). Returns the builder unchanged, so one builder may be registered under several names."""
 

@@ -30,8 +30,11 @@ class SmallCNN(nn.Module):
         prev = in_channels
         for i, w in enumerate(widths):
             # bias=False: the following BatchNorm's shift makes a conv bias redundant.
-            layers += [nn.Conv2d(prev, w, kernel_size=3, padding=1, bias=False), nn.BatchNorm2d(w),
-                       nn.ReLU(inplace=True)]
+            layers += [
+                nn.Conv2d(prev, w, kernel_size=3, padding=1, bias=False),
+                nn.BatchNorm2d(w),
+                nn.ReLU(inplace=True),
+            ]
             if i < len(widths) - 1:
                 layers.append(nn.MaxPool2d(kernel_size=2, ceil_mode=True))
             prev = w
