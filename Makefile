@@ -1,6 +1,6 @@
 # hypersolid_scale — the two commands of the README:
 #   make demo   set up everything, prepare Fashion-MNIST, train 2 processes on the CPU, evaluate
-#   make test   set up everything, lint (ruff, mypy), run the whole test suite (slow end-to-end tests included)
+#   make test   set up everything, lint (ruff check and format, mypy), run the whole test suite (slow end-to-end tests included)
 # Both work on a fresh Debian machine as root: they install the apt packages, create .venv and install
 # the package with all extras. Setup is skipped when already done (stamp files in .venv/).
 
@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 # What ruff and mypy check (mypy reads the same list from pyproject.toml's [tool.mypy] files).
 LINT_PATHS := hypersolid_scale launch benchmarks
 
-.PHONY: setup apt venv lint format-check test test-fast demo bench clean
+.PHONY: setup apt venv lint test test-fast demo bench clean
 
 setup: apt venv
 
@@ -39,14 +39,12 @@ $(VENV)/.stamp-install: pyproject.toml
 	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation -e ".[all]"
 	@touch $@
 
-# Lint and types, configured in pyproject.toml; mypy keeps its cache in .mypy_cache (a warm run takes seconds).
+# Lint, format and types, configured in pyproject.toml (`ruff format $(LINT_PATHS)` fixes what the format
+# check finds); mypy keeps its cache in .mypy_cache (a warm run takes seconds).
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
-	$(VENV)/bin/mypy
-
-# The formatter's check ([tool.ruff.format]); not yet part of lint: the tree predates the formatter.
-format-check: setup
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
 
 test: setup lint
 	$(PY) -m pytest -v --timeout=1800 $(PYTEST_ARGS)
