@@ -1,11 +1,10 @@
 """Helpers for the evaluation application's tests: a tiny checkpoint (no training needed) and a run of
-``launch/eval.py`` as a subprocess, the way a user runs it."""
+``launch/eval.py`` in a process of its own, the way a user runs it."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from hypersolid_scale.checkpoint import save_checkpoint
 from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.models import build_model
+from _warm_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_EVAL = ROOT / "launch" / "eval.py"
@@ -41,11 +41,11 @@ def make_checkpoint(run_dir: Path, overrides: Sequence[str] = (), *, step: int =
 
 
 def run_launch_eval(*args: str, debug: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python launch/eval.py ARGS`` in a fresh process (HS_DEBUG set only with ``debug``)."""
+    """``python launch/eval.py ARGS`` in a process of its own, forked with the package imported (HS_DEBUG set
+    only with ``debug``)."""
     env = {k: v for k, v in os.environ.items() if k != "HS_DEBUG"}
     env.update(OMP_NUM_THREADS="1", **({"HS_DEBUG": "1"} if debug else {}))
-    return subprocess.run([sys.executable, str(LAUNCH_EVAL), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    return run_python([str(LAUNCH_EVAL), *args], env=env, timeout=timeout, cwd=ROOT)
 
 
 # A published backbone on digits, kept quick: kNN only, on a few hundred images.

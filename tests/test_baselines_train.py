@@ -20,6 +20,7 @@ from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.trainer import main
+from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()
@@ -49,9 +50,11 @@ def _args(method: str, *extra: str) -> list[str]:
 def _launch(run_dir: Path, args: list[str], nproc: int = 1) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd = [*(torchrun if nproc > 1 else [sys.executable]), str(REPO / "launch" / "train.py"), *args,
-           f"run_dir={run_dir}"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    cmd = [str(REPO / "launch" / "train.py"), *args, f"run_dir={run_dir}"]
+    if nproc > 1:
+        proc = subprocess.run([*torchrun, *cmd], env=env, capture_output=True, text=True, timeout=300)
+    else:  # python launch/train.py, forked with the package imported
+        proc = run_python(cmd, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout
 

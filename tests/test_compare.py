@@ -7,6 +7,7 @@ runs use the real trainer, evaluation and MLflow store (``--quick``), a failing 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import acquire_run_lock
 from _eval_helpers import one_error_line
+from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()
@@ -120,6 +122,10 @@ def test_the_figures_are_written(tmp_path):
 # -- the command ------------------------------------------------------------------------------------------
 
 def test_bad_input_is_one_error_line(tmp_path):
+    def _compare(*args: str) -> subprocess.CompletedProcess:  # nothing trains: forked with the package imported
+        return run_python([REPO / "launch" / "compare.py", *args], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          cwd=REPO)
+
     one_error_line(_compare("--methods", "simclr,moco", "--out", str(tmp_path / "a")), "moco", "choose from")
     one_error_line(_compare("--setting", "mnist", "--methods", "simclr", "--out", str(tmp_path / "b")),
                    "simclr_mnist.yaml does not exist", "quickstart")
@@ -155,10 +161,11 @@ def test_a_failing_training_is_named_and_the_others_still_run(tmp_path):
 
 @pytest.mark.slow
 def test_quick_comparison_end_to_end_then_resume(tmp_path):
-    # Its evaluations on 300 images per split, as the other end-to-end comparison tests' (the whole test split
-    # of --quick alone would take most of this test's time).
+    # One process per training (torchrun --nproc_per_node=1): its 9 trainings cost a third fewer interpreters;
+    # the 2-process trainings of a comparison are run by the two tests around this one. Its 9 evaluations on
+    # 300 images per split, as those tests' (--quick alone would take 1000).
     out = tmp_path / "cmp"
-    quick = ["--quick", "--eval-samples", "300", "--out", str(out)]
+    quick = ["--quick", "--nproc", "1", "--eval-samples", "300", "--out", str(out)]
     proc = _compare(*quick)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((out / "compare.json").read_text())["methods"]
@@ -166,7 +173,7 @@ def test_quick_comparison_end_to_end_then_resume(tmp_path):
     state = json.loads((out / "state.json").read_text())
     for method, row in got.items():
         seeds = 2 if method in ("hypersolid", "simclr") else 1
-        assert row["seeds"] == seeds and row["images_seen"] == 6 * 128 and len(row["train_s"]) == seeds
+        assert row["seeds"] == seeds and row["images_seen"] == 6 * 64 and len(row["train_s"]) == seeds
         for _label, key, _spec in table.METRICS:  # every column computed (or skipped with its reason)
             assert key in row["metrics"] or key in json.loads((out / "compare.json").read_text())["skipped"].get(
                 method, {}), (method, key)
@@ -180,7 +187,7 @@ def test_quick_comparison_end_to_end_then_resume(tmp_path):
     for png in ("dbscan_nmi_vs_eps.png", "metrics.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     md = (out / "compare.md").read_text()
-    assert "768 images seen per training" in md and md.count("| hypersolid |") == 2
+    assert "384 images seen per training" in md and md.count("| hypersolid |") == 2
 
     from mlflow import MlflowClient
 

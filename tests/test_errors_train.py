@@ -18,6 +18,7 @@ from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.models import build_model
 from hypersolid_scale.safety.errors import CheckpointError
 from _net import free_port
+from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch" / "train.py"
@@ -61,8 +62,8 @@ def _train(args: list[str], *, debug: bool = False, wrapper: str | None = None,
     env.pop("HS_DEBUG", None)
     if debug:
         env["HS_DEBUG"] = "1"
-    prefix = [sys.executable, "-c", wrapper] if wrapper else [sys.executable]
-    return subprocess.run([*prefix, str(LAUNCH), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    prefix = ["-c", wrapper] if wrapper else []
+    return run_python([*prefix, str(LAUNCH), *args], env=env, timeout=timeout)  # python [-c WRAPPER] LAUNCH ARGS
 
 
 def _error_line(proc: subprocess.CompletedProcess, *must: str) -> str:

@@ -17,6 +17,7 @@ from hypersolid_scale.safety.errors import UserError
 from hypersolid_scale.safety.run_lock import RunDirLocked, RunDirNotADirectory, acquire_run_lock, holds_lock, lock_path
 from test_train import _finish, _wait_for  # the trainer tests' subprocess helpers
 from _net import free_port
+from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -144,7 +145,9 @@ def test_second_trainer_refuses_and_the_first_finishes_intact(tmp_path: Path) ->
         tmp = ck.checkpoint_dir(run_dir) / f"step_00000008.pt.{first.pid}.tmp"  # as if mid-write
         tmp.write_bytes(b"being written")
         config_mtime = (run_dir / "config.yaml").stat().st_mtime_ns
-        rc, out = _finish(_launch(run_dir, extra))
+        # The second trainer, forked with the package imported (its imports are the first one's, just covered).
+        second = run_python([REPO / "launch" / "train.py", *TINY, f"run_dir={run_dir}", *extra], env=ENV)
+        rc, out = second.returncode, second.stdout + second.stderr
         assert rc == 2, out[-3000:]
         _refusal_line(out, first.pid)
         assert "[hypersolid]" not in out  # it neither resumed nor started

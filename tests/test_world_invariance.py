@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
+from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -49,10 +50,13 @@ def train(tmp_path_factory: pytest.TempPathFactory):
         # A distinct directory per distinct run: the trainer would otherwise resume the other run's checkpoint.
         run_dir = root / "-".join([engine, f"p{nproc}", *(e.replace("=", "_") for e in extra), tag]).rstrip("-")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(REPO / "launch" / "train.py"), "--config", str(REPO / "configs" / "quickstart.yaml"), *COMMON,
+        cmd = [str(REPO / "launch" / "train.py"), "--config", str(REPO / "configs" / "quickstart.yaml"), *COMMON,
                *ENGINES[engine], f"data.batch_size_per_gpu={2 * B // nproc}", f"run_dir={run_dir}", *extra]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if nproc == 1 and engine != "ddp":  # DeepSpeed's 1-process reference: plain python, forked warm
+            proc = run_python(cmd, env=env, timeout=300)
+        else:  # under torchrun (DDP's reference too: one torchrun job of a single process)
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+            proc = subprocess.run([*torchrun, *cmd], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
         state = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
         assert (state["step"], state["world_size"]) == (STEPS, nproc)

@@ -1,0 +1,182 @@
+"""``python launch/train.py ...`` (or ``python -c CODE ...``) without paying for the imports every time.
+
+Importing the package (torch, torchvision, lightly, the config stack) takes 5-15 s of CPU on a busy 2-core
+machine, and most tests of the launchers' one-line errors end well before their first training step. A
+server process imports the package once; each run is a fork of it that sets ``sys.argv``, the environment,
+the working directory and the standard streams, then runs the script as ``__main__`` and leaves like a fresh
+interpreter would: an uncaught exception's traceback is printed, ``sys.exit``'s code is the exit status, the
+non-daemon threads are waited for, the atexit handlers run and the standard streams are flushed (only the
+teardown of the modules, seconds with torch loaded, is skipped). What the test sees is a
+``subprocess.CompletedProcess`` with the exit code, stdout and stderr of that process.
+
+What a fork cannot show is the import phase of a fresh interpreter: the tests that start the launchers as
+real subprocesses (tests/test_train.py, test_run_lock.py, test_lifeline.py, the torchrun and DeepSpeed tests)
+keep covering it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# What launch/train.py, eval.py and compare.py import at their start, and what a training imports on its way
+# (data formats, MLflow and its SQL store, the plots, the evaluation's scikit-learn): imported once here. A
+# name missing here (moved, renamed) costs time only: the run imports what it needs.
+_PRELOAD = ("hypersolid_scale.training.trainer", "hypersolid_scale.safety.errors", "hypersolid_scale.safety.lifeline",
+            "hypersolid_scale.eval.app", "hypersolid_scale.compare.app", "hypersolid_scale.data.loaders",
+            "hypersolid_scale.data.formats.builtin", "hypersolid_scale.data.formats.imagefolder",
+            "hypersolid_scale.data.formats.webdataset", "hypersolid_scale.data.tensor_aug",
+            "hypersolid_scale.data.transforms", "hypersolid_scale.distributed.ddp", "hypersolid_scale.tracking",
+            "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "alembic", "sqlalchemy",
+            "matplotlib.pyplot", "sklearn.neighbors", "sklearn.cluster", "sklearn.linear_model", "kornia")
+
+
+def _serve() -> None:
+    """The server's loop: one JSON request per line on stdin, one JSON answer per line on stdout."""
+    import importlib
+
+    for name in _PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # moved or renamed: the runs import what they need themselves
+            pass
+    requests, answers = sys.stdin, sys.stdout
+    answers.write("ready\n")
+    answers.flush()
+    for line in requests:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(req)  # never returns: it ends with os._exit
+        answers.write(json.dumps({"pid": pid}) + "\n")
+        answers.flush()
+        _, status = os.waitpid(pid, 0)
+        answers.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+        answers.flush()
+
+
+def _child(req: dict) -> None:
+    os.setpgid(0, 0)  # its own group: a timed-out run is killed with whatever it started
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
+    sys.stdin = open(0, closefd=False)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    argv = req["argv"]
+    try:
+        if argv[0] == "-c":  # python -c CODE ARGS: sys.argv is ["-c", ARGS...], sys.path starts with ""
+            sys.argv = ["-c", *argv[2:]]
+            sys.path.insert(0, "")
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        else:  # python SCRIPT ARGS: sys.path starts with the script's folder
+            import runpy
+
+            sys.argv = list(argv)
+            sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as stop:  # what the interpreter does with it
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    # A fresh interpreter's exit, less the teardown of its thousands of modules (seconds with torch loaded):
+    # wait for the non-daemon threads, run the atexit handlers, flush the standard streams.
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code & 0xFF)
+
+
+class _Server:
+    def __init__(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        env.pop("HS_DEBUG", None)
+        self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=env, text=True, cwd=REPO)
+        assert self.proc.stdout.readline().strip() == "ready", "the warm Python server did not start"
+        self.lock = threading.Lock()
+
+    def run(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike | None,
+            timeout: float) -> subprocess.CompletedProcess:
+        with self.lock, tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            req = {"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()),
+                   "stdout": str(out), "stderr": str(err)}
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            pid = json.loads(self.proc.stdout.readline())["pid"]
+            timed_out = threading.Event()
+
+            def kill() -> None:
+                timed_out.set()
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it ended just now
+                    pass
+
+            timer = threading.Timer(timeout, kill)
+            timer.start()
+            try:
+                answer = self.proc.stdout.readline()
+            finally:
+                timer.cancel()
+            if not answer:
+                raise RuntimeError("the warm Python server died")
+            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        cmd = [sys.executable, *argv]
+        if timed_out.is_set():
+            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(cmd, json.loads(answer)["returncode"], stdout, stderr)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+_server: _Server | None = None
+
+
+def run_python(argv: Sequence[str | os.PathLike], *, env: Mapping[str, str], cwd: str | os.PathLike | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """Like ``subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)``:
+    ``argv`` is ``[SCRIPT, ARGS...]`` or ``["-c", CODE, ARGS...]``. ``env`` must hold ``OMP_NUM_THREADS=1``
+    (the server's torch was imported with it)."""
+    global _server
+    assert env.get("OMP_NUM_THREADS") == "1", "runs share the server's torch, imported with OMP_NUM_THREADS=1"
+    if _server is None or _server.proc.poll() is not None:
+        _server = _Server()
+        atexit.register(_server.close)
+    return _server.run(argv, env, cwd, timeout)
+
+
+if __name__ == "__main__":
+    del sys.path[0]  # this folder: the runs get the script's own (PYTHONPATH holds the repository)
+    _serve()
