@@ -37,6 +37,9 @@ $(VENV)/.stamp-install: pyproject.toml
 	# FFCV's build needs numpy and the build tools present (no build isolation).
 	$(PIP) install -q numpy cython pkgconfig
 	DS_BUILD_OPS=0 $(PIP) install -q --no-build-isolation -e ".[all]"
+	# DeepSpeed compiles its CPU shared-memory op at the first deepspeed.initialize (about a minute, cached in
+	# ~/.cache/torch_extensions): compile it here, with the install, not inside the first DeepSpeed run.
+	set -o pipefail; $(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" 2>&1 | tail -1
 	@touch $@
 
 # Lint, format and types, configured in pyproject.toml (`ruff format $(LINT_PATHS)` fixes what the format
