@@ -161,15 +161,19 @@ def test_a_failing_training_is_named_and_the_others_still_run(tmp_path):
 
 @pytest.mark.slow
 def test_quick_comparison_end_to_end_then_resume(tmp_path):
-    # One process per training (torchrun --nproc_per_node=1): its 9 trainings cost a third fewer interpreters;
-    # the 2-process trainings of a comparison are run by the two tests around this one. Its 9 evaluations on
+    # Two methods, not --quick's seven: every method trains through the one training step and is evaluated by
+    # the one evaluation (each baseline's training is tested in test_baselines_train.py); what this test adds
+    # is the comparison around them. Hypersolid with --quick's two seeds (mean and std), BYOL with one (no std,
+    # and the evaluation the second start redoes). One process per training (torchrun --nproc_per_node=1);
+    # the 2-process trainings of a comparison are run by the two tests around this one. The evaluations on
     # 300 images per split, as those tests' (--quick alone would take 1000).
     out = tmp_path / "cmp"
-    quick = ["--quick", "--nproc", "1", "--eval-samples", "300", "--out", str(out)]
+    methods = ["hypersolid", "byol"]
+    quick = ["--quick", "--methods", ",".join(methods), "--nproc", "1", "--eval-samples", "300", "--out", str(out)]
     proc = _compare(*quick)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((out / "compare.json").read_text())["methods"]
-    assert list(got) == list(METHODS)
+    assert list(got) == methods
     state = json.loads((out / "state.json").read_text())
     for method, row in got.items():
         seeds = 2 if method in ("hypersolid", "simclr") else 1
@@ -201,7 +205,7 @@ def test_quick_comparison_end_to_end_then_resume(tmp_path):
     assert {a.path for a in client.list_artifacts(state["parent_run_id"])} >= {
         "compare.md", "compare.json", "dbscan_nmi_vs_eps.png", "metrics.png"}
     assert sorted(r.info.run_name for r in children) == sorted(
-        f"{m}-seed{s}" for m in METHODS for s in range(2 if m in ("hypersolid", "simclr") else 1))
+        f"{m}-seed{s}" for m in methods for s in range(2 if m in ("hypersolid", "simclr") else 1))
     assert all("eval/knn_k20_weighted" in r.data.metrics and "train/loss" in r.data.metrics for r in children)
 
     # Again on the same directory, with one evaluation removed: only that one runs again.
