@@ -83,7 +83,9 @@ def _moved_from_init(state: dict, prefix: str = "") -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("method", "engine"), [("simclr", "zero0"), ("byol", "zero0"), ("byol", "zero2")])
+# SimCLR (the gathered negatives) under ZeRO 0, BYOL (the teacher DeepSpeed must leave alone) under ZeRO 2, the
+# partitioned case; both stages of BYOL are resumed below.
+@pytest.mark.parametrize(("method", "engine"), [("simclr", "zero0"), ("byol", "zero2")])
 def test_two_deepspeed_ranks_equal_one_process(train, method: str, engine: str) -> None:
     one, two = _final(train(method, engine, 1)), _final(train(method, engine, 2))
     assert (one["world_size"], two["world_size"], one["step"], two["step"]) == (1, 2, STEPS, STEPS)
