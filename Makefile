@@ -12,6 +12,8 @@ PIP := $(VENV)/bin/pip
 APT_PACKAGES := pkg-config libopencv-dev libturbojpeg0-dev dataset-fashion-mnist \
                 slurmctld slurmd slurm-client munge
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist); one file's tests stay in one process, in order (their shared fixtures).
+PYTEST_WORKERS ?= 2
 # What ruff and mypy check (mypy reads the same list from pyproject.toml's [tool.mypy] files).
 LINT_PATHS := hypersolid_scale launch benchmarks
 
@@ -50,7 +52,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup lint
-	$(PY) -m pytest -v --timeout=1800 --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -v -n $(PYTEST_WORKERS) --dist loadfile --timeout=1800 --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -104,23 +105,25 @@ def test_a_method_registered_at_run_time_builds_validates_and_trains_a_step(thro
 
 @pytest.mark.slow
 def test_a_copied_method_file_trains_with_no_other_change(tmp_path):
-    """Copy simclr.py under a new name: the config gains `method.simclr_copy.*`, launch/train.py trains it."""
-    src = REPO / "hypersolid_scale" / "methods" / "simclr.py"
-    copy = src.with_name("simclr_copy.py")
+    """Copy simclr.py under a new name: the config gains `method.simclr_copy.*`, launch/train.py trains it.
+
+    In a copy of the package, launch/ and configs/ (imported first through PYTHONPATH): the repository's own
+    package never holds the copy, so no other test running meanwhile discovers it."""
+    repo = tmp_path / "repo"
+    for part in ("hypersolid_scale", "launch", "configs"):
+        shutil.copytree(REPO / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    src = repo / "hypersolid_scale" / "methods" / "simclr.py"
     text = src.read_text()
     assert '"simclr"' in text
-    copy.write_text(text.replace('"simclr"', '"simclr_copy"'))
-    try:
-        run_dir = tmp_path / "run"
-        proc = subprocess.run(
-            [sys.executable, "launch/train.py", "--config", "configs/baselines/simclr_quickstart.yaml",
-             "method.name=simclr_copy", "method.simclr_copy.hidden_dim=32", "method.simclr_copy.out_dim=16",
-             "data.max_train_samples=256", "data.batch_size_per_gpu=32", "model.small_cnn_width=4", "max_steps=2",
-             "eval.every_n_epochs=0", "tracking.enabled=false", "progress=false", f"run_dir={run_dir}"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    finally:
-        copy.unlink()
+    src.with_name("simclr_copy.py").write_text(text.replace('"simclr"', '"simclr_copy"'))
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "launch/train.py", "--config", "configs/baselines/simclr_quickstart.yaml",
+         "method.name=simclr_copy", "method.simclr_copy.hidden_dim=32", "method.simclr_copy.out_dim=16",
+         "data.max_train_samples=256", "data.batch_size_per_gpu=32", "model.small_cnn_width=4", "max_steps=2",
+         "eval.every_n_epochs=0", "tracking.enabled=false", "progress=false", f"run_dir={run_dir}"],
+        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = torch.load(sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1], map_location="cpu", weights_only=True)
     assert ckpt["config"]["method"]["name"] == "simclr_copy" and ckpt["step"] == 2
     assert any(k.startswith("head.") for k in ckpt["method"]) and all(k.startswith("backbone.") for k in ckpt["model"])
