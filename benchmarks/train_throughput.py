@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hypersolid_scale.config.schema import load_config  # noqa: E402
+from hypersolid_scale.data.batch import plan_batch  # noqa: E402
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop  # noqa: E402
 from hypersolid_scale.distributed import WorldInfo, cleanup  # noqa: E402
@@ -343,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         meta["gpu"] = torch.cuda.get_device_name()
     ctxs = [
         prepare_setup(
-            setup, batches[setup] or int(load_config(ROOT / SETUPS[setup][0], []).data.batch_size_per_gpu), args, device
+            setup,
+            batches[setup] or plan_batch(load_config(ROOT / SETUPS[setup][0], []).data, world_size=1).micro_batch,
+            args,
+            device,
         )
         for setup in args.setups
     ]

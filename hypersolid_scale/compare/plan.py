@@ -1,9 +1,10 @@
 """What a comparison trains: one training per (method, seed), each from its setting's config, at one budget.
 
 The budget is matched in *images seen*: every training runs the same number of optimizer steps with the same
-global batch (``data.batch_size_per_gpu`` x processes), so each method sees the same images the same number
-of times. Methods differ in views per image (DINO and SwaV add local crops, as their papers do; Hypersolid's
-configs do too): a view is not an extra image, so it is reported next to the wall-clock, not equalised.
+global batch (``data.global_batch_size``, or ``data.batch_size_per_gpu`` x processes), so each method sees the
+same images the same number of times. Methods differ in views per image (DINO and SwaV add local crops, as their
+papers do; Hypersolid's configs do too): a view is not an extra image, so it is reported next to the wall-clock,
+not equalised.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hypersolid_scale.config.schema import Config, load_config
+from hypersolid_scale.data import plan_batch
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -112,13 +114,14 @@ def check_budget(trainings: list[Training], *, steps: int, nproc: int, out_dir: 
         cfg = load_config(t.config, training_overrides(t, steps=steps, run_dir=out_dir / "runs" / t.name))
         if cfg.method.name != t.method:
             raise ConfigError(f"{t.config} trains method.name={cfg.method.name}, not {t.method}; fix its method.name")
-        batches[t.method] = cfg.data.batch_size_per_gpu * nproc
+        split = plan_batch(cfg.data, world_size=nproc, accumulate_steps=cfg.optim.accumulate_steps)
+        batches[t.method] = split.global_batch
         views[t.method] = _views(cfg)
     if len(set(batches.values())) > 1:
         listed = ", ".join(f"{m} {b}" for m, b in batches.items())
         raise ConfigError(
             f"the methods' global batches differ ({listed}), so the same steps are not the same "
-            "images seen; give every config the same data.batch_size_per_gpu (or pass "
-            "data.batch_size_per_gpu=N to all of them)"
+            "images seen; give every config the same data.global_batch_size (or pass "
+            "data.global_batch_size=N to all of them)"
         )
     return Budget(steps=steps, global_batch=next(iter(batches.values())), views=views)

@@ -12,11 +12,13 @@ torch nor any format's reader (the converter runs without them).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hypersolid_scale.data import formats
+from hypersolid_scale.data.batch import BatchPlan, plan_batch
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.data.presets import PRESETS, MultiCropPreset, resolve_preset
 from hypersolid_scale.safety.errors import ConfigError
@@ -26,9 +28,11 @@ if TYPE_CHECKING:
     from torch.utils.data import Dataset
 
 __all__ = [
+    "BatchPlan",
     "DataConfig",
     "MultiCropPreset",
     "PRESETS",
+    "plan_batch",
     "build_train_loader",
     "build_eval_datasets",
     "num_classes",
@@ -37,9 +41,19 @@ __all__ = [
 ]
 
 
-def build_train_loader(cfg: DataConfig, *, rank: int, world_size: int, seed: int, device: torch.device) -> Any:
-    """Iterable over `(views, labels)` batches; views = [global_0, global_1, local_0, ...] (B, C, H, W)."""
+def build_train_loader(
+    cfg: DataConfig, *, rank: int, world_size: int, seed: int, device: torch.device, rank_batch: int | None = None
+) -> Any:
+    """Iterable over `(views, labels)` batches; views = [global_0, global_1, local_0, ...] (B, C, H, W).
+
+    ``rank_batch``: the images this rank reads per optimizer step (``BatchPlan.rank_batch``: its share of
+    the global batch, all its micro-batches); default: the config's batch split over ``world_size``.
+    """
     cfg.validate()
+    if rank_batch is None:
+        rank_batch = plan_batch(cfg, world_size=world_size).rank_batch
+    # The formats read one number: the rows of each batch they yield.
+    cfg = dataclasses.replace(cfg, batch_size_per_gpu=rank_batch, global_batch_size=None)
     preset = resolve_preset(cfg)
     return formats.get(cfg.format).train_loader(
         cfg, preset, rank=rank, world_size=world_size, seed=int(seed) + int(cfg.seed_offset), device=device

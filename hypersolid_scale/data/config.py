@@ -14,6 +14,7 @@ from hypersolid_scale.safety.errors import ConfigError
 AUGMENT_MODES = ("auto", "pil", "tensor")
 EVAL_SPLITS = ("test", "holdout")
 FFCV_ORDERS = ("random", "quasi_random", "sequential")
+DEFAULT_BATCH_SIZE_PER_GPU = 256  # when a config states neither batch key
 
 
 @dataclass
@@ -63,7 +64,11 @@ class DataConfig:
     augment: str = "auto"
 
     # --- loading ------------------------------------------------------------------------------------
-    batch_size_per_gpu: int = 256
+    # The batch, stated ONE way (hypersolid_scale/data/batch.py): the global batch (images per optimizer
+    # step over all processes; the per-GPU batch is global / (world size x optim.accumulate_steps)), or the
+    # images per GPU per forward pass (the global batch then grows with the GPU count). Neither: 256 per GPU.
+    global_batch_size: int | None = None
+    batch_size_per_gpu: int | None = None
     num_workers: int = 2
     # Added to the trainer's seed: changes the augmentation/order stream without touching model init.
     seed_offset: int = 0
@@ -78,6 +83,13 @@ class DataConfig:
     ffcv_order: str = "quasi_random"  # random | quasi_random (memory-friendly) | sequential
     ffcv_os_cache: bool = False  # True: memory-map the whole file (dataset fits in RAM)
     ffcv_batches_ahead: int = 3
+
+    def loader_batch(self) -> int:
+        """The rows of every batch a training loader yields: ``batch_size_per_gpu`` once ``build_train_loader``
+        has resolved the split (data/batch.py)."""
+        if self.batch_size_per_gpu is None:
+            raise ValueError("the batch is not resolved: build training loaders with build_train_loader")
+        return self.batch_size_per_gpu
 
     def builtin_name(self) -> str:
         """The builtin dataset this config names (fashion_mnist when data.dataset is unset)."""
@@ -110,7 +122,22 @@ class DataConfig:
             (self.augment in AUGMENT_MODES, f"data.augment={self.augment!r} is not one of {AUGMENT_MODES}"),
             (self.eval_split in EVAL_SPLITS, f"data.eval_split={self.eval_split!r} is not one of {EVAL_SPLITS}"),
             (self.ffcv_order in FFCV_ORDERS, f"data.ffcv_order={self.ffcv_order!r} is not one of {FFCV_ORDERS}"),
-            (self.batch_size_per_gpu >= 1, f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}"),
+            (
+                self.batch_size_per_gpu is None or self.batch_size_per_gpu >= 1,
+                f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}",
+            ),
+            (
+                self.global_batch_size is None or self.global_batch_size >= 1,
+                f"data.global_batch_size must be >= 1, got {self.global_batch_size}",
+            ),
+            (
+                self.global_batch_size is None or self.batch_size_per_gpu is None,
+                (
+                    f"data.global_batch_size={self.global_batch_size} and data.batch_size_per_gpu="
+                    f"{self.batch_size_per_gpu} are both set: state the batch one way (global_batch_size, which "
+                    "stays the same on any GPU count, or batch_size_per_gpu); drop the other"
+                ),
+            ),
             (self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}"),
             (
                 0.0 <= self.max_lost_fraction <= 1.0,

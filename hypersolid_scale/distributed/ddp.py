@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar, cast
 
 import torch
@@ -31,12 +32,21 @@ class DDPEngine(Engine):
         self.device, self.bf16, self.grad_clip = device, bf16, grad_clip
         self.optimizer = optimizer_fn(self.model.parameters())
         wrapped: nn.Module = self.model
+        self.ddp: DistributedDataParallel | None = None
         if get_world_size() > 1:
-            wrapped = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+            wrapped = self.ddp = DistributedDataParallel(
+                self.model, device_ids=[device.index] if device.type == "cuda" else None
+            )
         self.wrapped = cast(nn.Module, torch.compile(wrapped)) if compile else wrapped  # an OptimizedModule
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+
+    def micro_batch(self, last: bool) -> contextlib.AbstractContextManager:
+        # DDP decides in forward whether the coming backward all-reduces: no_sync must cover both.
+        if self.ddp is None or last:
+            return contextlib.nullcontext()
+        return self.ddp.no_sync()
 
     def step(self) -> torch.Tensor | None:
         norm = None

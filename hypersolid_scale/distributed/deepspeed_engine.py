@@ -13,6 +13,7 @@ world size and ZeRO stage; the weights resume under any world size.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +26,7 @@ from hypersolid_scale.safety.errors import ConfigError
 
 
 def deepspeed_config(
-    *, batch_size_per_gpu: int, zero_stage: int, grad_clip: float, bf16: bool = False
+    *, batch_size_per_gpu: int, zero_stage: int, grad_clip: float, bf16: bool = False, accumulate_steps: int = 1
 ) -> dict[str, Any]:
     """DeepSpeed's JSON config, derived from ours (one source of truth for batch and clipping).
 
@@ -42,7 +43,9 @@ def deepspeed_config(
     """
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": batch_size_per_gpu,
-        "gradient_accumulation_steps": 1,
+        # Our accumulation (docs/design.md §3d) marks the last micro-batch itself (``micro_batch``) and steps
+        # once; DeepSpeed must only know the count, for its batch arithmetic.
+        "gradient_accumulation_steps": accumulate_steps,
         "gradient_clipping": grad_clip,
         "zero_optimization": {"stage": zero_stage},
         # ZeRO partitions any torch optimizer's state; DeepSpeed only whitelists Adam-type ones by name,
@@ -95,13 +98,18 @@ class DeepSpeedEngine(Engine):
         zero_stage: int,
         batch_size_per_gpu: int,
         compile: bool,
+        accumulate_steps: int = 1,
     ) -> None:
         import deepspeed  # optional dependency: only DeepSpeed runs need it
 
         ensure_process_group(device)
         self.zero_stage, self.bf16, self.device = zero_stage, bf16, device
         self.config = deepspeed_config(
-            batch_size_per_gpu=batch_size_per_gpu, zero_stage=zero_stage, grad_clip=grad_clip, bf16=bf16
+            batch_size_per_gpu=batch_size_per_gpu,
+            zero_stage=zero_stage,
+            grad_clip=grad_clip,
+            bf16=bf16,
+            accumulate_steps=accumulate_steps,
         )
         model = model.to(device)
         self.optimizer = optimizer_fn(model.parameters())
@@ -113,7 +121,14 @@ class DeepSpeedEngine(Engine):
             self.wrapped.compile()
 
     def backward(self, loss: torch.Tensor) -> None:
-        self.wrapped.backward(loss)
+        # The loss is already the step's (an accumulated step hands each micro-batch its exact share of the
+        # gradient, docs/design.md §3d): no division by the accumulation count.
+        self.wrapped.backward(loss, scale_wrt_gas=False)
+
+    def micro_batch(self, last: bool) -> contextlib.AbstractContextManager:
+        # DeepSpeed reduces (and ZeRO partitions) the gradients at the boundary it is told about.
+        self.wrapped.set_gradient_accumulation_boundary(last)
+        return contextlib.nullcontext()
 
     def step(self) -> torch.Tensor | None:
         self.wrapped.step()  # clips, steps and zeroes the gradients

@@ -67,6 +67,11 @@ class Engine(Protocol):
 
     def backward(self, loss: torch.Tensor) -> None: ...
 
+    def micro_batch(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around the forward AND backward of one micro-batch of an accumulated step (docs/design.md §3d): the
+        gradients are only averaged over ranks in the ``last`` one's backward. Default (one process): nothing."""
+        return contextlib.nullcontext()
+
     def step(self) -> torch.Tensor | None: ...
 
     def optimizer_state(self) -> dict[str, Any] | None: ...
@@ -98,6 +103,7 @@ def build_engine(
     compile: bool = False,
     zero_stage: int = 0,
     batch_size_per_gpu: int = 1,
+    accumulate_steps: int = 1,
 ) -> Engine:
     """``optimizer_fn(params) -> torch.optim.Optimizer`` is called once the model sits on its device.
 
@@ -122,5 +128,6 @@ def build_engine(
         grad_clip=grad_clip,
         zero_stage=zero_stage,
         batch_size_per_gpu=batch_size_per_gpu,
+        accumulate_steps=accumulate_steps,
         compile=compile,
     )

@@ -32,13 +32,14 @@ ranks is the single-process gradient of the concatenated batch. BatchNorm in the
 global too (the engine's BatchNorm conversion, applied to the module holding the method).
 """
 
-from hypersolid_scale.methods.base import EMAMethod, Method, count_global_views
+from hypersolid_scale.methods.base import EMAMethod, Method, Outputs, count_global_views
 from hypersolid_scale.methods.config import MethodConfig
 from hypersolid_scale.methods.registry import build_method, get_method, method_names, register
 
 __all__ = [
     "EMAMethod",
     "Method",
+    "Outputs",
     "MethodConfig",
     "build_method",
     "count_global_views",

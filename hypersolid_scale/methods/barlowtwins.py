@@ -11,7 +11,7 @@ from lightly.models.modules.heads import BarlowTwinsProjectionHead
 from lightly.utils import dist as lightly_dist
 from torch import nn
 
-from hypersolid_scale.methods.base import Method, encode, project
+from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
 
 
@@ -53,8 +53,11 @@ class BarlowTwins(Method):
         self.head = BarlowTwinsProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim)
         self.criterion = BarlowTwinsLoss(lambda_param=cfg.lambda_param, gather_distributed=False)
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
         views, _ = self.select_views(views)
-        z_a, z_b = project(self.head, encode(backbone, views, separate=True), separate=True)
+        return {"z": project(self.head, encode(backbone, views, separate=True), separate=True)}
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        z_a, z_b = out["z"]
         loss = self.criterion(gather_rows(z_a), gather_rows(z_b))
         return loss, {"loss": loss.detach()}

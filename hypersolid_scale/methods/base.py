@@ -15,6 +15,8 @@ from hypersolid_scale.methods.params import check_section
 from hypersolid_scale.models import group_views_by_resolution
 from hypersolid_scale.safety.errors import ConfigError
 
+Outputs = dict[str, list[torch.Tensor]]  # what Method.embed hands Method.loss: (B, ...) tensors by name
+
 
 def count_global_views(views: list[torch.Tensor]) -> int:
     """Global views are the leading views of ``views[0]``'s (C, H, W); local views (smaller crops) follow."""
@@ -91,6 +93,7 @@ class Method(nn.Module):
             average them over ranks again).
         projector_features: ``eval.features=projector`` reads this method's ``projector`` (Hypersolid's).
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
+        target_keys: the keys of :meth:`embed`'s outputs computed without gradient (a momentum teacher's).
     """
 
     name: ClassVar[str] = ""
@@ -101,6 +104,7 @@ class Method(nn.Module):
     tells_views_by_size: ClassVar[bool] = False
     stats_reduced: ClassVar[bool] = False
     projector_features: ClassVar[bool] = False
+    target_keys: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def build(
@@ -192,8 +196,32 @@ class Method(nn.Module):
             return list(views), n_global
         return list(views[:2]), 2
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
+        """Everything the loss needs from the networks, as lists of (B, ...) tensors, rows in batch order.
+
+        The first half of :meth:`forward`: every parameter that is trained is used here, so that the
+        accumulated step (docs/design.md §3d) can embed micro-batches apart, take :meth:`loss` over all their
+        rows at once, and back-propagate its gradient through each micro-batch again. ``replay``: that second
+        pass, which must reproduce the first one's differentiable outputs and may skip the rest: the
+        ``target_keys`` (a teacher's outputs, computed without gradient). It changes no state of the method
+        beyond what a forward pass of its modules changes (BatchNorm's running statistics): such changes belong
+        to :meth:`start_step` or :meth:`loss`.
+        """
         raise NotImplementedError
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss over the rows of ``out`` (and of every rank) and its statistics; trains no parameter itself
+        (it may read one without gradient, e.g. SwaV's prototypes on its queue)."""
+        raise NotImplementedError
+
+    def start_step(self) -> None:
+        """Once per optimizer step, before its first :meth:`embed`: a change of the method's parameters that
+        every micro-batch of the step must see (SwaV re-normalises its prototypes). Default: nothing."""
+
+    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(loss, statistics)`` of one training step's batch: :meth:`loss` of :meth:`embed`."""
+        self.start_step()
+        return self.loss(self.embed(views, backbone))
 
     def before_optimizer_step(self) -> None:
         """Between backward and the optimizer step: cancel gradients a schedule keeps frozen. Default: nothing."""

@@ -9,7 +9,7 @@ from lightly.loss import NegativeCosineSimilarity
 from lightly.models.modules import BYOLPredictionHead, BYOLProjectionHead
 from torch import nn
 
-from hypersolid_scale.methods.base import EMAMethod, encode, make_teacher
+from hypersolid_scale.methods.base import EMAMethod, Outputs, encode, make_teacher
 from hypersolid_scale.methods.registry import register
 
 
@@ -32,6 +32,7 @@ class BYOL(EMAMethod):
     name, Config, order = "byol", BYOLConfig, 40
 
     separate_views = True
+    target_keys = ("teacher",)
 
     @classmethod
     def build(
@@ -55,10 +56,16 @@ class BYOL(EMAMethod):
     def student_teacher_pairs(self, backbone: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
         return [(backbone, self.teacher_backbone), (self.projector, self.teacher_projector)]
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
         views, _ = self.select_views(views)
-        p0, p1 = (self.predictor(self.projector(f)) for f in encode(backbone, views, separate=True))
-        with torch.no_grad():
-            t0, t1 = (self.teacher_projector(f) for f in encode(self.teacher_backbone, views, separate=True))
+        out = {"p": [self.predictor(self.projector(f)) for f in encode(backbone, views, separate=True)]}
+        if not replay:
+            with torch.no_grad():
+                teacher = encode(self.teacher_backbone, views, separate=True)
+                out["teacher"] = [self.teacher_projector(f) for f in teacher]
+        return out
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        (p0, p1), (t0, t1) = out["p"], out["teacher"]
         loss = 0.5 * (self.criterion(p0, t1) + self.criterion(p1, t0))
         return loss, {"loss": loss.detach()}

@@ -15,7 +15,7 @@ from lightly.loss import DINOLoss
 from lightly.models.modules import DINOProjectionHead
 from torch import nn
 
-from hypersolid_scale.methods.base import EMAMethod, encode, make_teacher, project
+from hypersolid_scale.methods.base import EMAMethod, Outputs, encode, make_teacher, project
 from hypersolid_scale.methods.registry import register
 
 
@@ -61,6 +61,7 @@ class DINO(EMAMethod):
 
     uses_local_views = True
     tells_views_by_size = True
+    target_keys = ("teacher",)
 
     @classmethod
     def build(
@@ -107,15 +108,19 @@ class DINO(EMAMethod):
     def student_teacher_pairs(self, backbone: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
         return [(backbone, self.teacher_backbone), (self.head, self.teacher_head)]
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
         views, n_global = self.select_views(views)
-        student = project(self.head, encode(backbone, views, separate=False), separate=False)
-        with torch.no_grad():
-            teacher = project(
-                self.teacher_head, encode(self.teacher_backbone, views[:n_global], separate=False), separate=False
-            )
+        out = {"student": project(self.head, encode(backbone, views, separate=False), separate=False)}
+        if not replay:
+            with torch.no_grad():
+                out["teacher"] = project(
+                    self.teacher_head, encode(self.teacher_backbone, views[:n_global], separate=False), separate=False
+                )
+        return out
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # Updates the center from the teacher outputs (after using the previous center).
-        loss = self.criterion(teacher, student, epoch=self.epoch)
+        loss = self.criterion(out["teacher"], out["student"], epoch=self.epoch)
         return loss, {"loss": loss.detach()}
 
     def before_optimizer_step(self) -> None:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from hypersolid_scale.losses import HypersolidLoss, LossConfig
-from hypersolid_scale.methods.base import Method, encode, project
+from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
 from hypersolid_scale.models import ModelConfig, Projector
 
@@ -69,8 +69,11 @@ class Hypersolid(Method):
         views, _ = self.select_views(views)
         return torch.stack(project(self.projector, encode(backbone, views, separate=False), separate=False), dim=1)
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss = self.criterion(self.embed_views(views, backbone))  # the loss computes in fp32 under autocast
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
+        return {"z": [self.embed_views(views, backbone)]}
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss = self.criterion(out["z"][0])  # the loss computes in fp32 under autocast
         packed = self.criterion.packed_stats
         return loss, dict(zip(packed.names, packed.values.unbind()))
 

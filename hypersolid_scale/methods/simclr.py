@@ -9,7 +9,7 @@ from lightly.loss import NTXentLoss
 from lightly.models.modules import SimCLRProjectionHead
 from torch import nn
 
-from hypersolid_scale.methods.base import Method, encode, project
+from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
 
 
@@ -37,8 +37,11 @@ class SimCLR(Method):
         self.head = SimCLRProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim, cfg.num_layers)
         self.criterion = NTXentLoss(temperature=cfg.temperature, gather_distributed=True)
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
         views, _ = self.select_views(views)
-        z0, z1 = project(self.head, encode(backbone, views, separate=False), separate=False)
+        return {"z": project(self.head, encode(backbone, views, separate=False), separate=False)}
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        z0, z1 = out["z"]
         loss = self.criterion(z0, z1)
         return loss, {"loss": loss.detach()}

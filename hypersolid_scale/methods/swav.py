@@ -17,7 +17,7 @@ from lightly.models.modules.memory_bank import MemoryBankModule
 from torch import nn
 
 from hypersolid_scale.distributed import get_world_size
-from hypersolid_scale.methods.base import Method, encode, project
+from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -103,15 +103,20 @@ class SwaV(Method):
             [MemoryBankModule(size=(per_rank, cfg.out_dim)) for _ in range(QUEUED_VIEWS)] if per_rank > 0 else []
         )
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        views, n_global = self.select_views(views)
+    def start_step(self) -> None:
         with torch.no_grad():
             self.prototypes.normalize()
+
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
+        views, n_global = self.select_views(views)
         z = project(self.projector, encode(backbone, views, separate=False), separate=False)
         z = [F.normalize(x, dim=1) for x in z]
         logits = list(self.prototypes(torch.cat(z)).chunk(len(z)))
-        queued = self._queue_logits(z[:n_global]) if len(self.queues) else None
-        loss = self.criterion(logits[:n_global], logits[n_global:], queued).reshape(())
+        return {"global_z": z[:n_global], "global_logits": logits[:n_global], "local_logits": logits[n_global:]}
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        queued = self._queue_logits(out["global_z"]) if len(self.queues) else None
+        loss = self.criterion(out["global_logits"], out["local_logits"], queued).reshape(())
         return loss, {"loss": loss.detach()}
 
     @torch.no_grad()

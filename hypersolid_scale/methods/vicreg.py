@@ -10,7 +10,7 @@ from lightly.loss import VICRegLoss
 from lightly.models.modules.heads import VICRegProjectionHead
 from torch import nn
 
-from hypersolid_scale.methods.base import Method, encode, project
+from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
 
 
@@ -56,8 +56,11 @@ class VICReg(Method):
             eps=cfg.eps,
         )
 
-    def forward(self, views: list[torch.Tensor], backbone: nn.Module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def embed(self, views: list[torch.Tensor], backbone: nn.Module, *, replay: bool = False) -> Outputs:
         views, _ = self.select_views(views)
-        z_a, z_b = project(self.head, encode(backbone, views, separate=True), separate=True)
+        return {"z": project(self.head, encode(backbone, views, separate=True), separate=True)}
+
+    def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        z_a, z_b = out["z"]
         loss = self.criterion(z_a, z_b)
         return loss, {"loss": loss.detach()}

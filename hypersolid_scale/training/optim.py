@@ -24,6 +24,10 @@ class OptimConfig:
     warmup_epochs: float = 0.0  # linear warmup from 0, for both schedules
     min_lr: float = 0.0  # cosine end value
     grad_clip: float = 0.0  # max global grad norm; 0 disables clipping
+    # Exact gradient accumulation (docs/design.md §3d): each process embeds its share of the global batch in
+    # this many micro-batches, and the loss still sees the whole global batch at once (the same step as
+    # accumulate_steps x more GPUs). The per-GPU batch becomes data.global_batch_size / (GPUs x this).
+    accumulate_steps: int = 1
 
 
 def build_optimizer(

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from hypersolid_scale.config.schema import Config
-from hypersolid_scale.data import build_train_loader, in_channels
+from hypersolid_scale.data import BatchPlan, build_train_loader, in_channels, plan_batch
 from hypersolid_scale.distributed import (
     Engine,
     WorldInfo,
@@ -89,9 +89,16 @@ def on_every_rank(build_part: Callable[[], T], rank: int) -> T:
     raise error
 
 
-def _train_loader(cfg: Config, info: WorldInfo, device: torch.device) -> Any:
+def _train_loader(cfg: Config, info: WorldInfo, device: torch.device, batch: BatchPlan) -> Any:
     try:
-        return build_train_loader(cfg.data, rank=info.rank, world_size=info.world_size, seed=cfg.seed, device=device)
+        return build_train_loader(
+            cfg.data,
+            rank=info.rank,
+            world_size=info.world_size,
+            seed=cfg.seed,
+            device=device,
+            rank_batch=batch.rank_batch,
+        )
     except (FileNotFoundError, NotADirectoryError, PermissionError) as err:
         raise DataError(
             f"cannot read the training data (data.path={cfg.data.path}): {err}. Fix data.path, or "
@@ -108,7 +115,11 @@ class MethodModel(nn.Module):
         super().__init__()
         self.backbone, self.feature_dim, self.method = backbone, feature_dim, method
 
-    def forward(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, Any]:
+    def forward(self, views: list[torch.Tensor], *, embed: bool = False, replay: bool = False) -> Any:
+        """``(loss, stats)``; with ``embed``, only the method's :meth:`~Method.embed` outputs (an accumulated
+        step's passes, docs/design.md §3d), which go through the engine's wrapper all the same."""
+        if embed:
+            return self.method.embed(views, self.backbone, replay=replay)
         return self.method(views, self.backbone)
 
     @property
@@ -130,6 +141,7 @@ class Run:
     total_steps: int
     bf16: bool
     transport: str  # the process group's (gloo | nccl), "none" in a single process
+    batch: BatchPlan  # the global batch's split over processes and accumulation steps
     guard: NonFiniteGuard = field(init=False)
 
     def __post_init__(self) -> None:
@@ -150,11 +162,10 @@ class Run:
         return self.trained.backbone
 
 
-def _steps_per_epoch(cfg: Config, loader: Any, info: WorldInfo) -> int:
+def _steps_per_epoch(loader: Any, batch: BatchPlan) -> int:
     if len(loader) < 1:
         raise ConfigError(
-            f"the training set gives no full batch of data.batch_size_per_gpu="
-            f"{cfg.data.batch_size_per_gpu} per rank on {info.world_size} rank(s); lower the batch size"
+            f"the training set gives no full global batch ({batch.describe()}); lower data.global_batch_size"
         )
     return len(loader)
 
@@ -187,11 +198,12 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         )
     bf16 = resolve_bf16(cfg.dist.bf16, device)
     get_method(cfg.method.name).check_run(cfg)  # again, now that the world size is known
+    batch = plan_batch(cfg.data, world_size=info.world_size, accumulate_steps=cfg.optim.accumulate_steps)
     # The method's epoch schedules need the loader's length, so the loader comes first; it must not move the
     # seeded generator that initialises the weights, whatever its format does when it is built.
     with torch.random.fork_rng(devices=[]):
-        loader = on_every_rank(lambda: _train_loader(cfg, info, device), info.rank)
-    steps_per_epoch = _steps_per_epoch(cfg, loader, info)
+        loader = on_every_rank(lambda: _train_loader(cfg, info, device, batch), info.rank)
+    steps_per_epoch = _steps_per_epoch(loader, batch)
     model = _method_model(cfg, steps_per_epoch)  # identical on every rank: the seed was set just before
     o = cfg.optim
     engine = build_engine(
@@ -204,11 +216,12 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         sync_bn=cfg.dist.sync_bn,
         compile=cfg.dist.compile,
         zero_stage=cfg.dist.zero_stage,
-        batch_size_per_gpu=cfg.data.batch_size_per_gpu,
+        batch_size_per_gpu=batch.micro_batch,
+        accumulate_steps=batch.accumulate_steps,
     )
     total = cfg.epochs * steps_per_epoch
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)
     transport = resolve_transport(cfg.dist.transport, device) if info.world_size > 1 else "none"
     lrs = lr_schedule(o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch)
-    return Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, bf16, transport)
+    return Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, bf16, transport, batch)

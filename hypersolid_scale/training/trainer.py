@@ -56,6 +56,7 @@ from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
 from hypersolid_scale.safety.run_lock import RunDirLocked, RunLock, acquire_run_lock
 from hypersolid_scale.tracking import Tracker, make_tracker
+from hypersolid_scale.training.accumulation import accumulated_step
 from hypersolid_scale.training.checkpointer import Checkpointer
 from hypersolid_scale.training.epoch_report import log_monitor, memory_gb, plot_loss, summed_loader_stats
 from hypersolid_scale.training.run_builder import Run, build, on_every_rank, seed_everything
@@ -90,7 +91,8 @@ EXIT_RUN_DIR_LOCKED = EXIT_BAD_INPUT  # another live training holds run_dir/.loc
 def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
     """One optimizer step of any method, in the order :mod:`hypersolid_scale.methods` asks for: forward (the
     engine's wrapped module holds backbone and method, and returns the method's loss over the global batch),
-    backward, the method's gradient schedule, (clip,) optimizer step, the method's post-step update (a
+    backward (both in ``optim.accumulate_steps`` micro-batches when asked: ``accumulated_step``), the method's
+    gradient schedule, (clip,) optimizer step, the method's post-step update (a
     teacher's EMA). No host synchronisation.
 
     Returns the step's statistics on the device (the method's, then lr and grad_norm); read them with
@@ -103,9 +105,12 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
         group["lr"] = lr
     check_batch(run, views[0].shape[0], step)
     method = run.method
-    with run.engine.autocast():
-        loss, stats = run.engine.wrapped(views)
-    run.engine.backward(loss)
+    if run.batch.accumulate_steps > 1:  # the same step in micro-batches (docs/design.md §3d)
+        _, stats = accumulated_step(run.engine, method, run.trained, views, run.batch.accumulate_steps)
+    else:
+        with run.engine.autocast():
+            loss, stats = run.engine.wrapped(views)
+        run.engine.backward(loss)
     method.before_optimizer_step()
     grad_norm = run.engine.step()
     method.after_step(step, run.total_steps, run.backbone)
@@ -121,12 +126,11 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
 
 
 def check_batch(run: Run, rows: int, step: int) -> None:
-    if rows != run.cfg.data.batch_size_per_gpu:
+    if rows != run.batch.rank_batch:
         # The losses' all_gathers trust equal per-rank batches (no size exchange): a short batch is a bug.
         raise RuntimeError(
             f"rank {run.info.rank} got a batch of {rows} images at step {step}, expected "
-            f"data.batch_size_per_gpu={run.cfg.data.batch_size_per_gpu}; the training loader must "
-            "yield full batches only"
+            f"{run.batch.rank_batch} ({run.batch.describe()}); the training loader must yield full batches only"
         )
 
 
@@ -246,6 +250,7 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
             f"{run.total_steps} steps total; {where}",
             flush=True,
         )
+        print(f"[hypersolid] {run.batch.describe()}", flush=True)
     return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
 
 
@@ -256,7 +261,7 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
     docstring); every other step only queues work.
     """
     cfg, device, rank0 = run.cfg, run.device, run.info.rank == 0
-    global_batch = cfg.data.batch_size_per_gpu * run.info.world_size
+    global_batch = run.batch.global_batch
     bar = tqdm(
         total=run.total_steps,
         initial=step,

@@ -33,7 +33,7 @@ class BuiltinFormat(Format):
             rank=rank,
             world_size=world_size,
             seed=seed,
-            batch_size=cfg.batch_size_per_gpu,
+            batch_size=cfg.loader_batch(),
             max_samples=cfg.max_train_samples,
         )
         if cfg.augment in ("auto", "tensor"):

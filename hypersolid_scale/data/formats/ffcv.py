@@ -32,7 +32,7 @@ class FFCVFormat(FileFormat):
             rank=rank,
             world_size=world_size,
             seed=seed,
-            batch_size=cfg.batch_size_per_gpu,
+            batch_size=cfg.loader_batch(),
             device=device,
             num_workers=cfg.num_workers,
             order=cfg.ffcv_order,

@@ -45,7 +45,7 @@ class ImageFolderFormat(FileFormat):
             rank=rank,
             world_size=world_size,
             seed=seed,
-            batch_size=cfg.batch_size_per_gpu,
+            batch_size=cfg.loader_batch(),
             num_workers=cfg.num_workers,
             max_samples=cfg.max_train_samples,
         )

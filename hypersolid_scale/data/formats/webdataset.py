@@ -31,7 +31,7 @@ class WebDatasetFormat(FileFormat):
             rank=rank,
             world_size=world_size,
             seed=seed,
-            batch_size=cfg.batch_size_per_gpu,
+            batch_size=cfg.loader_batch(),
             num_workers=cfg.num_workers,
             shuffle_buffer=cfg.shuffle_buffer,
             num_samples=cfg.max_train_samples,
