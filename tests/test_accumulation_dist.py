@@ -1,0 +1,97 @@
+"""1 process x K = 2 accumulation steps trains like 2 processes x 1 at the same global batch (docs/design.md §3d).
+
+Through ``launch/train.py``: 4 SGD steps of Hypersolid at global batch 16, once under torchrun on 2 processes
+(8 images each) and once in one process with ``optim.accumulate_steps=2`` (two micro-batches of 8). BatchNorm
+is per device (``dist.sync_bn=false``), which is what accumulation means: each micro-batch is normalised on its
+own, as each rank's batch is. The parameters must agree to 1e-5 (relative, per tensor) for the quickstart's
+BatchNorm CNN and for a ViT-Tiny (its projector has BatchNorm; the ViT itself has none).
+
+The running BatchNorm statistics are not the same tensor: the accumulated run updates them once per micro-batch
+(K momentum updates per step, micro-batch 0 then 1), while DDP keeps rank 0's, updated once per step from
+rank 0's images and broadcast to the others at every forward.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+
+from hypersolid_scale import checkpoint as ck
+from _warm_python import run_python
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, GLOBAL = 4, 16
+RTOL = 1e-5
+STILL = 1e-7  # absolute: a parameter that training moves less than this is not trained (see below)
+COMMON = [
+    "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1", f"max_steps={STEPS}", f"data.global_batch_size={GLOBAL}",
+    f"data.max_train_samples={STEPS * GLOBAL}", "data.num_workers=0", "eval.every_n_epochs=0", "tracking.enabled=false",
+    "checkpoint.every_n_steps=0", "deterministic=true", "dist.device=cpu", "dist.sync_bn=false", "progress=false",
+]
+MODELS = {
+    "cnn": [],
+    "vit_tiny": ["model.arch=vit_tiny", "model.img_size=28", "model.patch_size=4", "model.proj_hidden_dim=256"],
+}
+
+
+@pytest.fixture(scope="module")
+def train(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("accumulate")
+
+    @cache
+    def run(model: str, nproc: int, steps: int) -> tuple[dict, str]:
+        run_dir = root / f"{model}-p{nproc}-k{steps}"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        cmd = [str(REPO / "launch" / "train.py"), "--config", str(REPO / "configs" / "quickstart.yaml"), *COMMON,
+               *MODELS[model], f"optim.accumulate_steps={steps}", f"run_dir={run_dir}"]
+        if nproc == 1:
+            proc = run_python(cmd, env=env, timeout=600)
+        else:
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+            proc = subprocess.run([*torchrun, *cmd], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        state = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
+        assert state["step"] == STEPS
+        return state, proc.stdout
+
+    return run
+
+
+def is_parameter(name: str) -> bool:
+    return not any(name.endswith(s) for s in ("running_mean", "running_var", "num_batches_tracked"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(MODELS))
+def test_one_process_accumulating_two_steps_equals_two_processes(train, model: str) -> None:
+    (ref, _), (got, out) = train(model, 2, 1), train(model, 1, 2)
+    assert f"global batch {GLOBAL} = 1 process(es) x 2 accumulation steps x {GLOBAL // 2} images per GPU" in out
+    ref_m, got_m = ref["model"], got["model"]
+    init = ck.random_init_checkpoint(ref)["model"]
+    names = [k for k in ref_m if is_parameter(k) and ref_m[k].is_floating_point()]
+    # A parameter whose exact gradient is 0 moves by rounding noise only (the ViT's last LayerNorm bias: the
+    # projector's Linear + BatchNorm subtract any constant it adds): ~1e-10 in both runs, compared absolutely.
+    still = {k for k in names if float((ref_m[k] - init[k]).abs().max()) < STILL}
+    assert len(still) < len(names) // 10, still
+    for k in still:
+        assert float((got_m[k] - ref_m[k]).abs().max()) < STILL, k
+    errors = {
+        k: float((got_m[k] - ref_m[k]).abs().max() / ref_m[k].abs().max().clamp_min(1e-12))
+        for k in names
+        if k not in still
+    }
+    bad = {k: e for k, e in errors.items() if e > RTOL}
+    assert not bad, f"{model}: 1 process x 2 micro-batches differs from 2 processes (relative): {bad}"
+    # BatchNorm counted one update per micro-batch, twice the per-rank count of DDP.
+    for k, v in ref_m.items():
+        if k.endswith("num_batches_tracked"):
+            assert int(got_m[k]) == 2 * int(v), (k, got_m[k], v)
+    # The test can fail: training moved the weights by far more than the tolerance.
+    moved = max(float((ref_m[k] - init[k]).abs().max() / init[k].abs().max()) for k in names if init[k].abs().max() > 0)
+    assert moved > 1e3 * RTOL
