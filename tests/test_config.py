@@ -53,7 +53,7 @@ def test_sync_bn_is_auto_by_default_and_accepts_the_former_booleans(tmp_path: Pa
     (["nonsense=1"], ["nonsense", "optim", "run_dir"]),
     (["optim.lr=fast"], ["optim.lr", "float"]),  # wrong type
     (["epochs=1.5"], ["epochs"]),
-    (["optim.name=lars"], ["optim.name", "adamw", "sgd"]),  # bad value: lists the choices
+    (["optim.name=lamb"], ["optim.name", "adamw", "sgd", "lars"]),  # bad value: lists the choices
     (["optim.schedule=step"], ["optim.schedule", "constant", "cosine"]),
     (["dist.engine=fsdp"], ["dist.engine", "ddp", "deepspeed"]),
     (["dist.zero_stage=3"], ["dist.zero_stage", "0 | 1 | 2"]),
@@ -69,6 +69,11 @@ def test_sync_bn_is_auto_by_default_and_accepts_the_former_booleans(tmp_path: Pa
     (["optim.betas=[0.9"], ["'optim.betas=[0.9'", "not valid YAML", "optim.betas=[a,b]"]),  # unparsable value
     (["optim.name=${x"], ["'optim.name=${x'", "interpolation", "quote"]),
     (["optim.lr=1e-3", "optim.min_lr=1e-2"], ["optim.min_lr", "above optim.lr"]),
+    (["optim.lr_scaling=quadratic"], ["optim.lr_scaling", "none | linear | sqrt"]),
+    (["optim.reference_batch_size=0"], ["optim.reference_batch_size", "an int >= 1"]),
+    (["optim.reference_batch_size=many"], ["optim.reference_batch_size", "int"]),
+    (["optim.lr_scaling=sqrt"], ["optim.lr_scaling", "optim.reference_batch_size"]),  # scaling from what?
+    (["optim.lars_trust_coefficient=-0.1"], ["optim.lars_trust_coefficient", "positive"]),
 ])
 def test_bad_config_fails_naming_key_and_allowed_values(override: list[str], must_mention: list[str]) -> None:
     with pytest.raises(ValueError) as err:
@@ -141,7 +146,7 @@ def test_fingerprint_ignores_how_long_and_where_but_not_what() -> None:
 
 
 def test_every_config_error_is_a_config_error_and_a_value_error(tmp_path: Path) -> None:
-    for override in (["optim.lrr=1"], ["optim.lr=fast"], ["optim.name=lars"], ["optim.lr"],
+    for override in (["optim.lrr=1"], ["optim.lr=fast"], ["optim.name=lamb"], ["optim.lr"], ["optim.lr_scaling=linear"],
                      ["data.batch_size_per_gpu=0"]):
         with pytest.raises(ConfigError) as err:
             load_config(None, override)

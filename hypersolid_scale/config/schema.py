@@ -8,7 +8,7 @@ or a value outside its allowed set.
 
 Example::
 
-    cfg = load_config("configs/quickstart.yaml", ["optim.lr=3e-4", "data.batch_size_per_gpu=64"])
+    cfg = load_config("configs/quickstart.yaml", ["optim.lr=3e-4", "data.global_batch_size=256"])
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import not_a_directory
 from hypersolid_scale.tracking import TrackingConfig
 from hypersolid_scale.tracking import validate_config as validate_tracking
-from hypersolid_scale.training.optim import OptimConfig
+from hypersolid_scale.training.optim import LR_SCALINGS, OptimConfig
+from hypersolid_scale.training.optim import check as check_optim
 
 # ----------------------------------------------------------------------------------------------------------
 # Trainer-owned sections
@@ -91,8 +92,9 @@ class Config:
 # Values with a closed set of choices, checked after merging so that the message can list them. Sections
 # owned by other packages may validate more in their own __post_init__ (run by OmegaConf.to_object).
 CHOICES: dict[str, tuple[Any, ...]] = {
-    "optim.name": ("adamw", "sgd"),
+    "optim.name": ("adamw", "sgd", "lars"),
     "optim.schedule": ("constant", "cosine"),
+    "optim.lr_scaling": LR_SCALINGS,
     "dist.engine": ("ddp", "deepspeed"),
     "dist.transport": ("auto", "gloo", "nccl"),
     "dist.zero_stage": (0, 1, 2),
@@ -112,6 +114,8 @@ RANGES: list[tuple[str, Any, str]] = [
     ("optim.grad_clip", lambda v: v >= 0, "a float >= 0 (0 disables clipping)"),
     ("optim.accumulate_steps", lambda v: v >= 1, "an int >= 1 (1: no accumulation)"),
     ("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two floats in [0, 1)"),
+    ("optim.reference_batch_size", lambda v: v is None or v >= 1, "an int >= 1 (a global batch) or null"),
+    ("optim.lars_trust_coefficient", lambda v: v > 0, "a positive float"),
     ("checkpoint.every_n_steps", lambda v: v >= 0, "an int >= 0"),
     ("checkpoint.every_n_epochs", lambda v: v >= 0, "an int >= 0"),
     ("checkpoint.keep_last", lambda v: v >= 0, "an int >= 0 (0 keeps every checkpoint)"),
@@ -183,6 +187,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(
             f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
             "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
+        )
+    check_optim(cfg.optim)
+    if cfg.optim.name.lower() == "lars" and cfg.dist.zero_stage != 0:
+        raise ConfigError(
+            f"optim.name=lars cannot run under dist.zero_stage={cfg.dist.zero_stage}: ZeRO hands the optimizer "
+            "flattened shards, so LARS's per-layer trust ratio would span many layers; set dist.zero_stage=0"
         )
     get_method(cfg.method.name).check_run(cfg)
 
