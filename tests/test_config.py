@@ -102,11 +102,11 @@ def test_paper_setups_are_shipped() -> None:
     assert {"quickstart", "cifar10", "cifar100", "stl10", "food101", "imagenet100", "imagenet1k",
             "stl10_vit_tiny"} <= names
     in1k = load_config(REPO / "configs/imagenet1k.yaml", [])
-    assert (in1k.model.arch, in1k.data.batch_size_per_gpu, in1k.epochs) == ("resnet50", 512, 100)
+    assert (in1k.model.arch, in1k.data.global_batch_size, in1k.epochs) == ("resnet50", 512, 100)
     vit = load_config(REPO / "configs/stl10_vit_tiny.yaml", [])
-    assert (vit.model.arch, vit.data.batch_size_per_gpu, vit.epochs) == ("vit_tiny", 64, 100)
+    assert (vit.model.arch, vit.data.global_batch_size, vit.epochs) == ("vit_tiny", 64, 100)
     c100 = load_config(REPO / "configs/cifar100.yaml", [])
-    assert (c100.model.arch, c100.data.batch_size_per_gpu, c100.epochs, c100.data.num_local_views) == \
+    assert (c100.model.arch, c100.data.global_batch_size, c100.epochs, c100.data.num_local_views) == \
         ("resnet18", 128, 200, 6)
 
 

@@ -4,6 +4,8 @@ documents, sees the views its method is defined on, and can take a training step
 
 A fair comparison needs the same data, backbone, seed, global batch, training length and optimizer; what a
 baseline changes beyond its ``method`` section is listed in ``DOCUMENTED`` (and named in the file's header).
+The large-batch recipes (``<method>_cifar10_lars.yaml``: SimCLR and BYOL with LARS at batch 1024) differ from
+their method's CIFAR-10 config in the batch and the optimizer only.
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ from hypersolid_scale.methods import Method, count_global_views, method_names
 from hypersolid_scale.methods.dino import DINO
 from hypersolid_scale.methods.swav import SwaV
 from hypersolid_scale.safety.errors import ConfigError
-from hypersolid_scale.training.optim import optimizer_factory
+from hypersolid_scale.training.optim import lr_schedule, optimizer_factory, scaled_lr
 from hypersolid_scale.training.run_builder import _method_model, _trainable_only
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 METHODS = method_names()
 BASELINES = [m for m in METHODS if m != "hypersolid"]
 SETTINGS = ("quickstart", "cifar10", "cifar100")
-PATHS = sorted((CONFIGS / "baselines").glob("*.yaml"))
+LARS_PATHS = sorted((CONFIGS / "baselines").glob("*_lars.yaml"))
+PATHS = sorted(set((CONFIGS / "baselines").glob("*.yaml")) - set(LARS_PATHS))
 CIFAR_PATHS = [p for p in PATHS if not p.stem.endswith("_quickstart")]
 TWO_VIEW = ("simclr", "vicreg", "barlowtwins", "byol")  # the others (DINO, SwaV) are multi-crop methods
 # Keys that do not take part in the comparison: the run's name, the objective, Hypersolid's own projector.
@@ -73,6 +76,7 @@ def _raw_diff(a: Path, b: Path) -> dict[str, tuple[Any, Any]]:
 def test_every_method_has_a_config_for_every_setting() -> None:
     """The globs below see every file, and no file outside the naming scheme escapes the checks."""
     assert sorted(p.stem for p in PATHS) == sorted(f"{m}_{s}" for m in BASELINES for s in SETTINGS)
+    assert [p.stem for p in LARS_PATHS] == ["byol_cifar10_lars", "simclr_cifar10_lars"]
 
 
 @pytest.mark.parametrize("path", PATHS, ids=_ids)
@@ -95,14 +99,15 @@ def test_only_the_objective_and_the_documented_keys_differ_from_hypersolid(path:
     assert differ == DOCUMENTED[(setting, method)], {k: (base[k], ours[k]) for k in differ}
     header = _header(path)
     assert all(key in header for key in differ), f"{path.name}: the header must explain {sorted(differ)}"
-    for key in ("data.dataset", "data.format", "model.arch", "data.batch_size_per_gpu", "epochs", "max_steps",
-                "seed", "optim.name", "optim.lr", "optim.weight_decay"):
+    for key in ("data.dataset", "data.format", "model.arch", "data.global_batch_size", "epochs", "max_steps",
+                "seed", "optim.name", "optim.lr", "optim.weight_decay", "optim.reference_batch_size"):
         assert key not in differ  # what a fair comparison cannot give up, whatever DOCUMENTED says
 
 
 @pytest.mark.parametrize("path", PATHS, ids=_ids)
 def test_the_launch_command_runs_this_file_on_as_many_processes_as_hypersolid(path: Path) -> None:
-    """The global batch is data.batch_size_per_gpu x processes: the same launch width keeps it equal."""
+    """The global batch (data.global_batch_size) is the same on any launch width; the header's command uses
+    Hypersolid's width, so that the images per GPU (memory, local BatchNorm statistics) are the same too."""
     _, setting = _method_and_setting(path)
     launch = re.compile(r"--nproc_per_node=(\d+) launch/train.py --config (\S+)")
     ours = launch.search(_header(path))
@@ -153,7 +158,7 @@ def test_cifar_hyperparameters_follow_solo_learn() -> None:
         assert {k: getattr(section, k) for k in expected[method]} == expected[method], path.name
     # SwaV freezes its prototypes for solo-learn's 2 epochs, in steps of the CIFAR global batch.
     cfg = load_config(CONFIGS / "baselines" / "swav_cifar10.yaml")
-    assert cfg.method.swav.freeze_prototypes_steps == 2 * (CIFAR10_TRAIN_IMAGES // cfg.data.batch_size_per_gpu)
+    assert cfg.method.swav.freeze_prototypes_steps == 2 * (CIFAR10_TRAIN_IMAGES // cfg.data.global_batch_size)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -197,17 +202,17 @@ def _assert_the_teacher_followed(teacher: dict[str, torch.Tensor], before: dict[
     assert any(not torch.equal(v, after[_student_of(k)]) for k, v in teacher.items())
 
 
-@pytest.mark.parametrize("path", CIFAR_PATHS, ids=_ids)
+@pytest.mark.parametrize("path", CIFAR_PATHS + LARS_PATHS, ids=_ids)
 def test_the_cifar_baseline_takes_a_training_step(path: Path, one_thread: None) -> None:
-    """Backbone and method as the trainer builds them (``run_builder._method_model``), the
-    config's optimizer over the trainable parameters, and one step on random 32 px views of the config's
+    """Backbone and method as the trainer builds them (``run_builder._method_model``), the config's optimizer
+    over the trainable parameters (LARS: given the model), and one step on random 32 px views of the config's
     sizes: a finite loss, every trainable parameter updated except what a schedule freezes, and the momentum
     teacher (BYOL, DINO) moved towards the student."""
     cfg = load_config(path)
     torch.manual_seed(0)
-    spe = CIFAR10_TRAIN_IMAGES // cfg.data.batch_size_per_gpu
+    spe = CIFAR10_TRAIN_IMAGES // cfg.data.global_batch_size
     model = _method_model(cfg, spe)
-    optimizer = _trainable_only(optimizer_factory(cfg.optim))(model.parameters())
+    optimizer = _trainable_only(optimizer_factory(cfg.optim, model=model))(model.parameters())
     before = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     preset = resolve_preset(cfg.data)
     g = torch.Generator().manual_seed(0)
@@ -247,3 +252,58 @@ def test_multi_crop_methods_refuse_local_views_as_large_as_the_global_ones(metho
     with pytest.raises(ConfigError, match=r"local crops \(32 px\) are not smaller than the global ones \(32 px\)"):
         load_config(path, ["data.local_crop_size=32"])
     assert load_config(path, ["data.local_crop_size=32", "data.num_local_views=0"]).data.num_local_views == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The large-batch LARS recipes
+# ----------------------------------------------------------------------------------------------------------
+
+# (base lr at batch 256, weight decay): SimCLR (Chen et al., 2020, appendix B.1), BYOL (Grill et al., 2020, 3.2).
+LARS_RECIPES = {"simclr": (0.3, 1.0e-6), "byol": (0.2, 1.5e-6)}
+LARS_KEYS = {"data.global_batch_size", "optim.name", "optim.lr", "optim.reference_batch_size", "optim.lr_scaling",
+             "optim.weight_decay", "optim.schedule", "optim.warmup_epochs"}  # those that may differ
+
+
+@pytest.mark.parametrize("path", LARS_PATHS, ids=_ids)
+def test_the_lars_recipe_differs_from_its_adamw_config_in_batch_and_optimizer_only(path: Path) -> None:
+    """The method's CIFAR-10 config with the recipe's global batch and LARS; every difference in the header."""
+    method = path.stem.removesuffix("_cifar10_lars")
+    base, ours = to_dict(load_config(CONFIGS / "baselines" / f"{method}_cifar10.yaml")), to_dict(load_config(path))
+    base, ours = flatten(base), flatten(ours)
+    assert ours.pop("run_dir") == f"runs/{path.stem}"
+    differ = {k for k in ours if ours[k] != base[k]}
+    assert differ <= LARS_KEYS, sorted(differ - LARS_KEYS)
+    assert {"data.global_batch_size", "optim.name", "optim.lr_scaling", "optim.reference_batch_size"} <= differ
+    header = _header(path)
+    assert all(key in header for key in differ), sorted(k for k in differ if k not in header)
+    assert f"configs/baselines/{path.name}" in header and "et al., 2020" in header
+
+
+@pytest.mark.parametrize("path", LARS_PATHS, ids=_ids)
+def test_the_lars_recipe_scales_warms_up_and_excludes_batchnorm_and_biases(path: Path, one_thread: None) -> None:
+    """lr = base x B / 256 reached after 10 warm-up epochs, cosine to 0; LARS over the model as the trainer
+    builds it, its BatchNorm parameters and biases in the group without weight decay (no trust ratio)."""
+    method = path.stem.removesuffix("_cifar10_lars")
+    cfg = load_config(path)
+    o, batch = cfg.optim, cfg.data.global_batch_size
+    assert (o.name, o.lr_scaling, o.reference_batch_size, o.schedule) == ("lars", "linear", 256, "cosine")
+    assert batch >= 1024 and (o.lr, o.weight_decay) == LARS_RECIPES[method] and o.momentum == 0.9
+    peak = LARS_RECIPES[method][0] * batch / 256
+    lr, said = scaled_lr(o, batch)
+    assert lr == pytest.approx(peak) and said is not None and f"x {batch}/256" in said
+    spe = CIFAR10_TRAIN_IMAGES // batch
+    lrs = lr_schedule(o, epochs=cfg.epochs, max_steps=0, steps_per_epoch=spe, global_batch=batch)
+    warm = int(o.warmup_epochs * spe)
+    assert o.warmup_epochs == 10 and lrs[warm] == pytest.approx(peak) and lrs[:warm].max() < peak
+    assert lrs[-1] < 1e-3 * peak
+    torch.manual_seed(0)
+    model = _method_model(cfg, spe)
+    optimizer = _trainable_only(optimizer_factory(o, model=model))(model.parameters())
+    names = {id(p): n for n, p in model.named_parameters()}
+    adapted, plain = optimizer.param_groups
+    norms = {f"{n}." for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)}
+    assert norms and {names[id(p)] for p in plain["params"]} == {
+        n for n, p in model.named_parameters()
+        if p.requires_grad and (n.endswith(".bias") or any(n.startswith(b) for b in norms))}
+    assert (adapted["weight_decay"], plain["weight_decay"]) == (o.weight_decay, 0.0)
+    assert not any(names[id(p)].startswith("method.teacher_") for p in adapted["params"] + plain["params"])

@@ -24,6 +24,7 @@ from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.distributed import WorldInfo, all_reduce_packed
 from hypersolid_scale.losses import HypersolidLoss, PackedStats
 from hypersolid_scale.losses.stats import HostValue, pack
+from hypersolid_scale.training.optim import scaled_lr
 from hypersolid_scale.training.step_bookkeeping import EpochMeter, NonFiniteGuard, NonFiniteLossError, StopVote
 from loss_reference import make_feats
 
@@ -191,16 +192,19 @@ def test_scale_config_loads_and_states_its_launch():
     cfg = load_config(path)
     header = path.read_text().split("\nrun_dir")[0]
     gpus = int(re.search(r"--nodes=(\d+)", header).group(1)) * 8  # multinode.sbatch: 8 GPUs per node
-    assert 32 <= gpus <= 64 and cfg.data.batch_size_per_gpu * gpus == 4096
+    assert 32 <= gpus <= 64 and cfg.data.global_batch_size == 4096 and 4096 % gpus == 0
     assert "sbatch" in header and "launch/slurm/multinode.sbatch" in header
     assert (REPO / "launch" / "slurm" / "multinode.sbatch").is_file()
     # 8 views: the 2 global views every preset has, plus 6 local ones; 224 and 96 px
     assert (cfg.data.num_local_views, cfg.data.global_crop_size, cfg.data.local_crop_size) == (6, 224, 96)
     assert cfg.model.arch == "resnet50" and cfg.method.hypersolid.backend == "auto" and cfg.dist.bf16 == "true"
     # the LR rule stated in the header: square-root scaling from the paper's 1e-3 at batch 512
-    assert "sqrt" in header and cfg.optim.lr == pytest.approx(1e-3 * math.sqrt(4096 / 512), rel=1e-3)
-    # the 64-GPU variant of the header's second command loads too
-    assert load_config(path, ["data.batch_size_per_gpu=64"]).data.batch_size_per_gpu * 64 == 4096
+    o = cfg.optim
+    assert "sqrt" in header and (o.lr, o.reference_batch_size, o.lr_scaling) == (1e-3, 512, "sqrt")
+    lr, said = scaled_lr(o, cfg.data.global_batch_size)
+    assert lr == pytest.approx(1e-3 * math.sqrt(4096 / 512)) and f"{lr:.3g}" == "0.00283" and said is not None
+    # the 64-GPU launch is the same command on 8 nodes: the global batch divides by 64 too
+    assert "--nodes=8" in header and 4096 % 64 == 0
 
 
 # ----------------------------------------------------------------------------------------------- CUDA
