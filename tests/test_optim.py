@@ -91,6 +91,15 @@ def test_warmup_reaches_the_scaled_lr_and_the_cosine_ends_at_the_scaled_min_lr()
         ),
     ):
         np.testing.assert_allclose(lrs[4:], 1e-3)
+    # The config accepts any case for the choices (its check lowercases them): so does the schedule.
+    upper = lr_schedule(
+        OptimConfig(schedule="Constant", lr_scaling="Linear", reference_batch_size=128),
+        epochs=1,
+        max_steps=0,
+        steps_per_epoch=4,
+        global_batch=256,
+    )
+    np.testing.assert_allclose(upper, 2e-3)
 
 
 # --------------------------------------------------------------------------------------- validation

@@ -199,7 +199,7 @@ def lr_schedule(
     warmup = min(int(round(o.warmup_epochs * steps_per_epoch)), total)
     warm = np.linspace(0.0, lr, warmup, endpoint=False)
     rest = total - warmup
-    if o.schedule == "constant":
+    if o.schedule.lower() == "constant":
         main = np.full(rest, lr)
     else:
         t = np.arange(rest) / max(rest, 1)
