@@ -8,6 +8,7 @@ interpreter would: an uncaught exception's traceback is printed, ``sys.exit``'s 
 non-daemon threads are waited for, the atexit handlers run and the standard streams are flushed (only the
 teardown of the modules, seconds with torch loaded, is skipped). What the test sees is a
 ``subprocess.CompletedProcess`` with the exit code, stdout and stderr of that process.
+``run_python_together`` forks several runs at once, to start them concurrently (e.g. on one new MLflow store).
 
 What a fork cannot show is the import phase of a fresh interpreter: the tests that start the launchers as
 real subprocesses (tests/test_train.py, test_run_lock.py, test_lifeline.py, the torchrun and DeepSpeed tests)
@@ -54,14 +55,17 @@ def _serve() -> None:
     answers.write("ready\n")
     answers.flush()
     for line in requests:
-        req = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            _child(req)  # never returns: it ends with os._exit
-        answers.write(json.dumps({"pid": pid}) + "\n")
+        batch = json.loads(line)  # the runs to start together
+        pids = []
+        for req in batch:
+            pid = os.fork()
+            if pid == 0:
+                _child(req)  # never returns: it ends with os._exit
+            pids.append(pid)
+        answers.write(json.dumps({"pids": pids}) + "\n")
         answers.flush()
-        _, status = os.waitpid(pid, 0)
-        answers.write(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}) + "\n")
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        answers.write(json.dumps({"returncodes": codes}) + "\n")
         answers.flush()
 
 
@@ -120,23 +124,24 @@ class _Server:
         assert self.proc.stdout.readline().strip() == "ready", "the warm Python server did not start"
         self.lock = threading.Lock()
 
-    def run(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | os.PathLike | None,
-            timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argvs: Sequence[Sequence[str]], env: Mapping[str, str], cwd: str | os.PathLike | None,
+            timeout: float) -> list[subprocess.CompletedProcess]:
         with self.lock, tempfile.TemporaryDirectory() as tmp:
-            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
-            req = {"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()),
-                   "stdout": str(out), "stderr": str(err)}
-            self.proc.stdin.write(json.dumps(req) + "\n")
+            streams = [(Path(tmp) / f"stdout{i}", Path(tmp) / f"stderr{i}") for i in range(len(argvs))]
+            batch = [{"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()),
+                      "stdout": str(out), "stderr": str(err)} for argv, (out, err) in zip(argvs, streams)]
+            self.proc.stdin.write(json.dumps(batch) + "\n")
             self.proc.stdin.flush()
-            pid = json.loads(self.proc.stdout.readline())["pid"]
+            pids = json.loads(self.proc.stdout.readline())["pids"]
             timed_out = threading.Event()
 
             def kill() -> None:
                 timed_out.set()
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except ProcessLookupError:  # it ended just now
-                    pass
+                for pid in pids:
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:  # it ended just now
+                        pass
 
             timer = threading.Timer(timeout, kill)
             timer.start()
@@ -146,11 +151,12 @@ class _Server:
                 timer.cancel()
             if not answer:
                 raise RuntimeError("the warm Python server died")
-            stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
-        cmd = [sys.executable, *argv]
+            texts = [(out.read_text(errors="replace"), err.read_text(errors="replace")) for out, err in streams]
+        cmds = [[sys.executable, *argv] for argv in argvs]
         if timed_out.is_set():
-            raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr)
-        return subprocess.CompletedProcess(cmd, json.loads(answer)["returncode"], stdout, stderr)
+            raise subprocess.TimeoutExpired(cmds[0], timeout, *texts[0])
+        codes = json.loads(answer)["returncodes"]
+        return [subprocess.CompletedProcess(cmd, code, *text) for cmd, code, text in zip(cmds, codes, texts)]
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -169,12 +175,20 @@ def run_python(argv: Sequence[str | os.PathLike], *, env: Mapping[str, str], cwd
     """Like ``subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)``:
     ``argv`` is ``[SCRIPT, ARGS...]`` or ``["-c", CODE, ARGS...]``. ``env`` must hold ``OMP_NUM_THREADS=1``
     (the server's torch was imported with it)."""
+    return run_python_together([argv], env=env, cwd=cwd, timeout=timeout)[0]
+
+
+def run_python_together(argvs: Sequence[Sequence[str | os.PathLike]], *, env: Mapping[str, str],
+                        cwd: str | os.PathLike | None = None,
+                        timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """``run_python`` of each ``argv`` at once: the processes are forked one after the other in a few
+    milliseconds and run concurrently; returns when all have ended (``timeout`` kills them all)."""
     global _server
     assert env.get("OMP_NUM_THREADS") == "1", "runs share the server's torch, imported with OMP_NUM_THREADS=1"
     if _server is None or _server.proc.poll() is not None:
         _server = _Server()
         atexit.register(_server.close)
-    return _server.run(argv, env, cwd, timeout)
+    return _server.run([[str(a) for a in argv] for argv in argvs], env, cwd, timeout)
 
 
 if __name__ == "__main__":
