@@ -329,23 +329,43 @@ def test_atomic_save_on_a_full_disk_names_the_path_and_leaves_no_file(tmp_path: 
 
 
 # ----------------------------------------------------------------------------------------------------------
-# The tracking server down at start
+# The tracking store at start: a URI that cannot work stops the run, a server that is down does not
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _tracking_down_args(tmp_path: Path) -> list[str]:
+def _tracking_args(tmp_path: Path, uri: str) -> list[str]:
     return [*TINY, f"run_dir={tmp_path / 'run'}", "max_steps=4", "tracking.enabled=true",
-            f"tracking.tracking_uri=http://127.0.0.1:{free_port()}"]
+            f"tracking.tracking_uri={uri}"]
 
 
-def test_an_unreachable_tracking_server_stops_before_anything_is_written(tmp_path: Path) -> None:
-    proc = _train(_tracking_down_args(tmp_path))
-    _error_line(proc, "127.0.0.1")
+def test_a_tracking_uri_that_cannot_work_stops_before_anything_is_written(tmp_path: Path) -> None:
+    proc = _train(_tracking_args(tmp_path, "foo://bar"))
+    _error_line(proc, "foo://bar", "tracking.tracking_uri")
     run_dir = tmp_path / "run"
     assert not (run_dir / "config.yaml").exists()
     assert not ck.list_checkpoints(run_dir) and not (run_dir / "tracking").exists()
 
 
+def test_a_tracking_server_down_at_start_does_not_stop_training(tmp_path: Path) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    from hypersolid_scale.tracking import sync_spool
+
+    proc = _train(_tracking_args(tmp_path, f"http://127.0.0.1:{free_port()}"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "error:" not in out, out[-3000:]
+    (line,) = [line for line in proc.stderr.splitlines() if "MLflow run" in line]
+    assert "could not start the MLflow run" in line and "connection refused" in line, line
+    run_dir = tmp_path / "run"
+    assert ck.list_checkpoints(run_dir)
+    # What the run logged waits in its spool; the hand sync sends it to a store that can be used.
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    sent, left = sync_spool(run_dir, store)
+    assert sent > 0 and left == 0
+    client = mlflow.MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("hypersolid").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["max_steps"] == "4" and "train/loss" in run.data.metrics
+
+
 @pytest.mark.slow
-def test_an_unreachable_tracking_server_shows_its_traceback_with_hs_debug(tmp_path: Path) -> None:
-    _shows_traceback(_tracking_down_args(tmp_path))
+def test_a_tracking_uri_that_cannot_work_shows_its_traceback_with_hs_debug(tmp_path: Path) -> None:
+    _shows_traceback(_tracking_args(tmp_path, "foo://bar"))

@@ -198,11 +198,36 @@ def test_a_refused_value_is_dropped_alone(default_run, tmp_path, caplog):
     assert "refused 1 logged values" in summary
 
 
-def test_unreachable_server_at_start_fails_fast(tmp_path, restore_http_env):
+def test_server_down_at_start_does_not_stop_the_run_and_the_hand_sync_sends_it(default_run, tmp_path, caplog,
+                                                                              restore_http_env):
+    """Nothing listens at start: the tracker starts at once, under a local run id, says so in one line, and
+    keeps everything in its spool; ``sync RUN_DIR URI`` later creates the run (at that URI) and sends it all."""
+    server = f"http://127.0.0.1:{free_port()}"
+    caplog.set_level(logging.WARNING, logger="hypersolid_scale.tracking")
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="could not start an MLflow run"):
-        make_tracker(TrackingConfig(tracking_uri=f"http://127.0.0.1:{free_port()}"), tmp_path, rank=0)
+    tracker = make_tracker(TrackingConfig(tracking_uri=server, run_name="offline"), tmp_path, rank=0)
     assert time.monotonic() - start < 10
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "could not start the MLflow run" in line and "connection refused" in line and "\n" not in line
+    assert f"spool-{tracker.run_id}.jsonl" in line and "training goes on" in line
+    local_id = tracker.run_id
+    tracker.log_params({"optim": {"lr": 0.001}})
+    for step in range(5):
+        tracker.log_metrics({"loss": float(step)}, step)
+    tracker.close()
+    assert tracker.run_id == local_id  # never created
+
+    store = default_run[1].tracking_uri
+    assert sync_spool(tmp_path, store) == (8, 0)  # tags, params, 5 steps, status; the run is created first
+    (spool,) = (tmp_path / "tracking").glob("spool-*.jsonl")
+    run_id = spool.stem[len("spool-"):]
+    assert run_id != local_id
+    client = MlflowClient(store)
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "offline"
+    assert run.data.params == {"optim.lr": "0.001"} and run.data.tags["hypersolid.local_run_id"] == local_id
+    assert steps_of(client, run_id, "loss") == [0, 1, 2, 3, 4]
+    assert sync_spool(tmp_path, store) == (0, 0)
 
 
 @pytest.mark.parametrize("rank, enabled", [(1, True), (0, False)])

@@ -13,8 +13,13 @@ with ``MlflowClient.log_batch`` (``outbox.py``). A watermark file remembers how 
   steps redone after the checkpoint). ``python -m hypersolid_scale.tracking sync RUN_DIR`` sends by hand;
 - a run whose process was killed before any checkpoint named it is ended (sent, marked KILLED) by the
   next tracker started in the same directory (``recovery.py``), never left RUNNING;
-- a server that is down when a new run starts is a TrackingError (a UserError) with the fixes in its
-  message, raised before anything is written to the run directory.
+- a store that cannot be used when a run starts (a server that is down, a SQLite store that is locked or
+  being created by another process) does not stop training either: one line says so, the records wait in
+  the spool under a local run id, and the run is created, and sent everything, when the store answers
+  (``runs.py``). Only a tracking URI that cannot work (an unknown scheme, a host name that does not resolve,
+  refused credentials) is a TrackingError (a UserError), raised before anything is written;
+- a new SQLite store's schema is created by one process at a time (``<db>.lock``), so trainings that start
+  together on a new store do not race to create it.
 
 The spool is append-only; a record torn by a kill is cut off when the spool is reopened.
 

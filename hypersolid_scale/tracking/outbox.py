@@ -3,7 +3,8 @@
 Sends fail fast (the client makes one attempt with a short HTTP timeout, see ``client.py``); after a
 failure the outbox goes offline, prints one warning, and later calls retry with exponential backoff. When
 the server is back the backlog goes out in order. Records carry their own timestamps and MLflow drops exact
-duplicate metrics, so a record sent twice (after a kill between a send and its watermark) counts once.
+duplicate metrics, so a record sent twice (after a kill between a send and its watermark) counts once. A run
+that could not be created at start is created first (``runs.py``), with the same backoff.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hypersolid_scale.tracking.client import make_client
 from hypersolid_scale.tracking.records import BATCH_LIMITS
+from hypersolid_scale.tracking.runs import create_pending
 from hypersolid_scale.tracking.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -38,10 +41,17 @@ def is_permanent(err: Exception) -> bool:
 
 
 class Outbox:
-    """Sends a spool's pending records in order; goes offline on failure and retries with backoff."""
+    """Sends a spool's pending records in order; goes offline on failure and retries with backoff.
 
-    def __init__(self, client: Any, uri: str, run_id: str, spool: Spool, sync_every_s: float):
+    ``client``: None to make it at the first send. ``to_create``: the run is not created yet (``run_id`` is a
+    local id): what creating it needs; once created, ``run_id`` is the run's id and the spool is named after it.
+    """
+
+    def __init__(
+        self, client: Any, uri: str, run_id: str, spool: Spool, sync_every_s: float, to_create: dict | None = None
+    ):
         self.client, self.uri, self.run_id, self.spool = client, uri, run_id, spool
+        self.to_create = to_create
         self.sync_every_s = sync_every_s
         self.online = True
         self._backoff = 1.0
@@ -54,11 +64,22 @@ class Outbox:
         """Send what is due; True when nothing is left pending. Never raises for a missing server."""
         pending = self.spool.pending
         now = time.monotonic()
-        if not pending:
+        if not pending and self.to_create is None:
             return True
         if not force and (
             now < self._retry_at or (self.online and now - self._last_sync < self.sync_every_s and len(pending) < 1000)
         ):
+            return False
+        try:
+            if self.client is None:
+                self.client = make_client(self.uri)
+            if self.to_create is not None:
+                local_id = self.run_id
+                self.run_id = create_pending(self.client, self.uri, self.spool, self.to_create, local_id)
+                self.to_create = None
+                log.info("MLflow run %s created at %s (spooled as %s)", self.run_id, self.uri, local_id)
+        except Exception as err:  # noqa: BLE001 - the store is still not usable: try again later
+            self.went_offline(err, time.monotonic())
             return False
         sent = 0
         while pending:
@@ -145,8 +166,8 @@ class Outbox:
                         )
         return True
 
-    def went_offline(self, err: Exception, now: float) -> None:
-        if self.online:
+    def went_offline(self, err: Exception, now: float, announce: bool = True) -> None:
+        if self.online and announce:
             log.warning(
                 "tracking server %s is unreachable (%s); training goes on, records are kept in %s "
                 "and sent when it is back",

@@ -7,8 +7,9 @@ import logging
 import os
 from pathlib import Path
 
-from hypersolid_scale.tracking.client import TrackingError, make_client
+from hypersolid_scale.tracking.client import TrackingError
 from hypersolid_scale.tracking.outbox import Outbox
+from hypersolid_scale.tracking.runs import pending_spec
 from hypersolid_scale.tracking.spool import Spool, SpoolBusy, is_closed, read_header
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ def sync_spool(run_dir: str | os.PathLike, tracking_uri: str | None = None) -> t
                 "records: sync after that process has ended"
             ) from None
         before = len(spool.pending)
-        if before:
-            Outbox(make_client(uri), uri, run_id, spool, 0.0).sync(force=True)
+        to_create = pending_spec(path, header)
+        if before or to_create is not None:
+            Outbox(None, uri, run_id, spool, 0.0, to_create).sync(force=True)
         sent, left = sent + before - len(spool.pending), left + len(spool.pending)
         spool.close()
     return sent, left
@@ -74,11 +76,10 @@ def close_abandoned_runs(directory: Path, keep: set[str]) -> list[str]:
             if is_closed(path):  # closed between the first look and taking the lock
                 continue
             spool.append({"kind": "status", "status": "KILLED", "time": died_ms})
-            try:
-                done = Outbox(make_client(header["uri"]), header["uri"], run_id, spool, 0.0).sync(force=True)
-            except Exception as err:  # noqa: BLE001 - a bad old URI must not stop the new run
-                log.warning("could not reach %s to end run %s: %s", header["uri"], run_id, err)
-                done = False
+            # Never raises: a store that cannot be used, even a bad old URI, leaves the records in the spool.
+            outbox = Outbox(None, header["uri"], run_id, spool, 0.0, pending_spec(path, header))
+            done = outbox.sync(force=True)
+            run_id = outbox.run_id  # the run's id if it was created only now
             closed.append(run_id)
             log.warning(
                 "MLflow run %s was left RUNNING by a process that ended without closing it (killed "
@@ -86,7 +87,7 @@ def close_abandoned_runs(directory: Path, keep: set[str]) -> list[str]:
                 run_id,
                 ""
                 if done
-                else f"; {len(spool.pending)} records wait in {path} for `python -m "
+                else f"; {len(spool.pending)} records wait in {spool.path} for `python -m "
                 f"hypersolid_scale.tracking sync {directory.parent}`",
             )
         finally:

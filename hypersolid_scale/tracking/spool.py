@@ -60,11 +60,22 @@ def _unlock(fd: int | None) -> None:
 class Spool:
     """The spool of one run, opened for appending; ``pending`` holds the records MLflow does not have yet.
 
-    ``created``: this tracker created the MLflow run (written in the header of a new spool). ``exclusive``:
-    raise SpoolBusy when another tracker holds the spool; otherwise go on without the lock, with a warning.
+    ``created``: this tracker created the MLflow run (written in the header of a new spool). ``pending``: the
+    run is not created yet, ``run_id`` is a local id, and this is what creating it needs (``runs.py``; in the
+    header too). ``exclusive``: raise SpoolBusy when another tracker holds the spool; otherwise go on without
+    the lock, with a warning.
     """
 
-    def __init__(self, directory: Path, run_id: str, uri: str, *, created: bool = False, exclusive: bool = True):
+    def __init__(
+        self,
+        directory: Path,
+        run_id: str,
+        uri: str,
+        *,
+        created: bool = False,
+        exclusive: bool = True,
+        pending: dict | None = None,
+    ):
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.path = spool_path(directory, run_id)
@@ -89,7 +100,8 @@ class Spool:
             _unlock(self._lock_fd)
             raise
         if self._file.tell() == 0:
-            self._write({"kind": "open", "uri": uri, "run": run_id, "created": created, "time": now_ms()})
+            header = {"kind": "open", "uri": uri, "run": run_id, "created": created, "time": now_ms()}
+            self._write({**header, **({"pending": pending} if pending else {})})
             self.mark_synced(self._file.tell())
 
     def _read_mark(self) -> int:
@@ -141,6 +153,15 @@ class Spool:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, self._mark_path)
+
+    def rename(self, run_id: str) -> None:
+        """Name the spool and its watermark after ``run_id`` (the run created for its local id). The open file
+        and its lock go with it."""
+        path, mark = spool_path(self.directory, run_id), self.directory / f"synced-{run_id}.json"
+        if self._mark_path.exists():
+            os.replace(self._mark_path, mark)
+        os.replace(self.path, path)
+        self.path, self._mark_path = path, mark
 
     def fsync(self) -> None:
         """Make the spool durable, and the watermark too when MLflow has everything."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.safety.errors import ConfigError
-from hypersolid_scale.tracking.client import is_remote, make_client, require_mlflow, start_error
+from hypersolid_scale.tracking.client import config_mistake, is_remote, make_client, outage_reason, require_mlflow
 from hypersolid_scale.tracking.config import TrackingConfig, validate_config
 from hypersolid_scale.tracking.metadata import default_run_name, git_commit
 from hypersolid_scale.tracking.outbox import Outbox
@@ -30,6 +30,7 @@ from hypersolid_scale.tracking.records import (
     truncate,
 )
 from hypersolid_scale.tracking.recovery import close_abandoned_runs
+from hypersolid_scale.tracking.runs import find_created, find_spool, open_run, pending_spec, run_spec, spool_run_id
 from hypersolid_scale.tracking.spool import LoggedSteps, Spool, read_header, spool_path
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,13 @@ class Tracker:
 
 
 class MlflowTracker(Tracker):
-    """Rank 0's tracker. Calls never raise because of the server; bad input raises ValueError.
+    """Rank 0's tracker. Calls never raise because of the store; bad input raises ValueError.
 
-    Starting a new run needs the store, so an unreachable one raises TrackingError (a UserError) before
-    anything is written to the run directory. Resuming a run does not: its id is known, so records wait
-    in the spool until the server is back.
+    A store that cannot be used at start (a server that is down, a SQLite store that is locked or that another
+    process is creating) does not stop training: the records wait in the spool, under a local run id until
+    the run can be created (``runs.py``), and are sent when the store answers. Only a configuration mistake
+    (``client.config_mistake``: an unsupported URI, a host name that does not resolve, refused credentials)
+    raises TrackingError (a UserError), before anything is written to the run directory.
     """
 
     tracking_uri: str  # always set here
@@ -72,27 +75,33 @@ class MlflowTracker(Tracker):
         attach: bool = False,
     ):
         run_dir = Path(run_dir).resolve()
-        self.tracking_uri = cfg.tracking_uri or f"sqlite:///{run_dir}/mlflow.db"
-        self._client = make_client(self.tracking_uri)
+        self.tracking_uri = uri = cfg.tracking_uri or f"sqlite:///{run_dir}/mlflow.db"
         self._dir = run_dir / "tracking"
         self._closed = False
         self._skip_noted = False
-        if not is_remote(self.tracking_uri):
+        if not is_remote(uri):
             run_dir.mkdir(parents=True, exist_ok=True)  # the default SQLite store lives in it
-        server_down: Exception | None = None
-        if resume_run_id:
-            self.run_id = resume_run_id
-            try:
-                self._client.get_run(resume_run_id)
-            except Exception as err:  # noqa: BLE001
-                if getattr(err, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
-                    raise ConfigError(
-                        f"MLflow run {resume_run_id} does not exist in {self.tracking_uri}; "
-                        "resume with the tracking URI the run was started with"
-                    ) from None
-                server_down = err  # the run id is known: go on offline, send when the server is back
-        else:
-            self.run_id = self._create_run(cfg, run_dir)
+        client: Any = None
+        failure: Exception | None = None
+        to_create: dict | None = None  # the run is not created yet: what creating it needs
+        spec = run_spec(cfg.experiment, cfg.run_name or default_run_name(run_dir), cfg.parent_run_id)
+        try:
+            client = make_client(uri)
+            if resume_run_id:
+                self.run_id, to_create = self._find_run(client, cfg, resume_run_id)
+            else:
+                self.run_id = open_run(client, uri, spec)
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001
+            mistake = config_mistake(uri, err)
+            if mistake is not None:
+                raise mistake from None  # one message with the fixes, not the client's chain of tracebacks
+            failure = err
+            if resume_run_id:  # its id is known: go on offline, send when the store is back
+                self.run_id, to_create = self._find_local(resume_run_id)
+            else:  # a local id until the store answers
+                self.run_id, to_create = uuid.uuid4().hex, spec
         # What earlier processes of this run logged: a resumed training redoes the steps after its checkpoint,
         # and a (metric, step) is logged once per run. Read before this process appends anything. Only the
         # spool of the tracker that created the run (the training's own) counts: an offline evaluation that
@@ -100,40 +109,56 @@ class MlflowTracker(Tracker):
         path = spool_path(self._dir, self.run_id)
         header = read_header(path) if resume_run_id else None
         self._logged = LoggedSteps.scan(path) if header is not None and header["created"] else None
-        spool = Spool(self._dir, self.run_id, self.tracking_uri, created=not resume_run_id, exclusive=False)
-        self._outbox = Outbox(self._client, self.tracking_uri, self.run_id, spool, cfg.sync_every_s)
-        if server_down is not None:
-            self._outbox.went_offline(server_down, time.monotonic())
+        spool = Spool(self._dir, self.run_id, uri, created=not resume_run_id, exclusive=False, pending=to_create)
+        self._outbox = Outbox(client, uri, self.run_id, spool, cfg.sync_every_s, to_create)
+        if failure is not None:
+            self._outbox.went_offline(failure, time.monotonic(), announce=bool(resume_run_id))
+            if not resume_run_id:
+                log.warning(
+                    "could not start the MLflow run at %s (%s); training goes on: its records are kept in %s "
+                    "and sent when the store answers (or by `python -m hypersolid_scale.tracking sync %s`)",
+                    uri,
+                    outage_reason(failure),
+                    spool.path,
+                    run_dir,
+                )
         if resume_run_id and not attach:  # attached (an evaluation): the run's status stays the training's
             self._append({"kind": "status", "status": "RUNNING", "time": now_ms()})
         commit = git_commit()
         self.set_tags({**({"mlflow.source.git.commit": commit} if commit else {}), **dict(tags or {})})
-        self._outbox.sync(force=True)
+        self._sync(force=failure is None)
         close_abandoned_runs(self._dir, keep={self.run_id})
 
-    def _create_run(self, cfg: TrackingConfig, run_dir: Path) -> str:
-        artifact_root = None
-        if self.tracking_uri.startswith("sqlite:///"):
-            # Without this MLflow puts artifacts in ./mlruns of whatever directory we were started from.
-            db_dir = Path(self.tracking_uri[len("sqlite:///") :]).resolve().parent
-            artifact_root = (db_dir / "mlartifacts").as_uri()
+    def _find_local(self, run_id: str) -> tuple[str, dict | None]:
+        """The run to resume as this directory's spools know it: (its id, what creating it needs if it is not
+        created yet). A local id whose run was created since is the run's id."""
+        path = find_spool(self._dir, run_id)
+        if path is None:
+            return run_id, None
+        return spool_run_id(path), pending_spec(path, read_header(path))
+
+    def _find_run(self, client: Any, cfg: TrackingConfig, run_id: str) -> tuple[str, dict | None]:
+        run_id, to_create = self._find_local(run_id)
+        if to_create is not None:
+            return run_id, to_create
         try:
-            experiment = self._client.get_experiment_by_name(cfg.experiment)
-            if experiment is None:
-                try:
-                    experiment_id = self._client.create_experiment(cfg.experiment, artifact_location=artifact_root)
-                except Exception as err:  # another process created it first
-                    if getattr(err, "error_code", None) != "RESOURCE_ALREADY_EXISTS":
-                        raise
-                    experiment_id = self._client.get_experiment_by_name(cfg.experiment).experiment_id
-            else:
-                experiment_id = experiment.experiment_id
-            run_name = cfg.run_name or default_run_name(run_dir)
-            tags = {"mlflow.parentRunId": cfg.parent_run_id} if cfg.parent_run_id else None
-            return self._client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
-        except Exception as err:  # noqa: BLE001
-            # One message with the cause and the fixes, not the client's chain of wrapped tracebacks.
-            raise start_error(self.tracking_uri, err) from None
+            client.get_run(run_id)
+        except Exception as err:
+            if getattr(err, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            created = find_created(client, cfg.experiment, run_id)  # a local id, resumed elsewhere
+            if created is None:
+                raise ConfigError(
+                    f"MLflow run {run_id} does not exist in {self.tracking_uri}; "
+                    "resume with the tracking URI the run was started with"
+                ) from None
+            run_id = created
+        return run_id, None
+
+    def _sync(self, force: bool = False) -> bool:
+        done = self._outbox.sync(force=force)
+        self.run_id = self._outbox.run_id  # the run's id once a run that was not created at start is created
+        return done
 
     # -- logging --------------------------------------------------------------------------------------
 
@@ -150,7 +175,7 @@ class MlflowTracker(Tracker):
         values = {check_key(k, "param"): truncate(v, MAX_PARAM_VALUE_LENGTH) for k, v in flatten(params).items()}
         for chunk in chunks(values, BATCH_LIMITS["params"]):
             self._append({"kind": "params", "values": chunk})
-        self._outbox.sync()
+        self._sync()
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         """Log metrics at ``step``. On a resumed training run, a (key, step) that an earlier process of the run
@@ -173,13 +198,13 @@ class MlflowTracker(Tracker):
         now = now_ms()
         for chunk in chunks(values, BATCH_LIMITS["metrics"]):
             self._append({"kind": "metrics", "step": step, "time": now, "values": chunk})
-        self._outbox.sync()
+        self._sync()
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         values = {check_key(k, "tag"): truncate(v, MAX_TAG_VALUE_LENGTH) for k, v in tags.items()}
         for chunk in chunks(values, BATCH_LIMITS["tags"]):
             self._append({"kind": "tags", "values": chunk})
-        self._outbox.sync()
+        self._sync()
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Log a file or directory. A copy is staged at once, so later changes to ``path`` don't leak in."""
@@ -192,7 +217,7 @@ class MlflowTracker(Tracker):
         else:
             shutil.copy2(source, staged)
         self._append({"kind": "artifact", "staged": str(staged), "artifact_path": artifact_path})
-        self._outbox.sync()
+        self._sync()
 
     def log_figure(self, figure: Any, artifact_file: str) -> None:
         """Save a matplotlib figure (PNG, or the format of the file's suffix) as artifact ``artifact_file``."""
@@ -203,7 +228,7 @@ class MlflowTracker(Tracker):
         figure.savefig(staged, dpi=120, bbox_inches="tight")
         parent = str(name.parent) if str(name.parent) != "." else None
         self._append({"kind": "artifact", "staged": str(staged), "artifact_path": parent})
-        self._outbox.sync()
+        self._sync()
 
     def _stage_dir(self) -> Path:
         staging = self._dir / f"artifacts-{self.run_id}" / uuid.uuid4().hex[:12]
@@ -212,7 +237,7 @@ class MlflowTracker(Tracker):
 
     def flush(self) -> bool:
         """Make the spool durable (fsync) and try to send everything now; True when MLflow has it all."""
-        done = self._outbox.sync(force=True)
+        done = self._sync(force=True)
         self._outbox.spool.fsync()
         return done
 
@@ -261,8 +286,9 @@ def make_tracker(
     ``attach``: log into ``resume_run_id`` without marking it RUNNING (an evaluation of a training's checkpoint;
     close it with ``close(None)`` to leave the training's status alone).
 
-    Raises ConfigError for a bad config, TrackingError (both UserErrors) when a new run cannot be started
-    (e.g. the server is down), ImportError when MLflow is missing; in each case nothing is written.
+    Raises ConfigError for a bad config, TrackingError (both UserErrors) for a tracking URI that cannot work
+    (``client.config_mistake``), ImportError when MLflow is missing; in each case nothing is written. A store
+    that is down or busy at start is not an error: the run is created, and its records sent, when it answers.
     """
     validate_config(cfg)
     if rank != 0 or not cfg.enabled:

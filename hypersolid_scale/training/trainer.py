@@ -28,7 +28,7 @@ with the process, and the newest checkpoint on disk is the last good state.
 
 Exit codes: 0 finished; 75 (EX_TEMPFAIL) preempted by SIGUSR1/SIGTERM after writing a checkpoint, requeue
 me; 2 a problem with the input (run_dir locked by another live training, a bad config, missing data, an
-unusable checkpoint, a full disk, an unreachable tracking server: ``UserError``, one line); anything else is
+unusable checkpoint, a full disk, a tracking URI that cannot work: ``UserError``, one line); anything else is
 an error (a non-finite loss raises and leaves the last good checkpoint intact).
 """
 
@@ -210,7 +210,8 @@ def _resume_or_start(cfg: Config, info: WorldInfo, device: torch.device) -> int:
             force=cfg.checkpoint.resume == "force",
         )
     )
-    # The tracker first: a tracking server that is down stops the run before anything is written.
+    # The tracker first: a tracking URI that cannot work stops the run before anything is written (a store
+    # that is down does not stop it: the records wait in the spool).
     tags = {
         "world_size": info.world_size,
         "transport": run.transport,
