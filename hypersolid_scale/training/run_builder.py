@@ -208,7 +208,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     o = cfg.optim
     engine = build_engine(
         model,
-        _trainable_only(optimizer_factory(o)),
+        _trainable_only(optimizer_factory(o, model=model)),
         engine=cfg.dist.engine,
         device=device,
         bf16=bf16,
@@ -223,5 +223,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)
     transport = resolve_transport(cfg.dist.transport, device) if info.world_size > 1 else "none"
-    lrs = lr_schedule(o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch)
+    lrs = lr_schedule(
+        o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch, global_batch=batch.global_batch
+    )
     return Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, bf16, transport, batch)
