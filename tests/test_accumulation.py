@@ -45,10 +45,18 @@ class DropoutCNN(nn.Module):
         return self.net(x)
 
 
-def make_model(name: str) -> MethodModel:
+# Every method, and Hypersolid under each exact loss backend (the loss runs once, on all rows, whatever it is).
+CASES = [*method_names(), "hypersolid:tiled", "hypersolid:neighbors", "hypersolid:auto"]
+
+
+def make_model(case: str) -> MethodModel:
     torch.manual_seed(0)
     backbone = DropoutCNN()
+    name, _, backend = case.partition(":")
     cfg = small_cfg(name)
+    if backend:
+        cfg.hypersolid.backend = backend
+        cfg.hypersolid.tile_size, cfg.hypersolid.k = 5, 4  # several tiles; fewer candidates than rows
     if name == "swav":
         cfg.swav.queue_start_epoch = 0  # the queue takes part in the assignment from the first step
     method = build_method(cfg, backbone, 8, steps_per_epoch=2, model_cfg=MODEL_CFG)
@@ -77,7 +85,7 @@ def engine_for(model: MethodModel):
     )
 
 
-@pytest.mark.parametrize("name", method_names())
+@pytest.mark.parametrize("name", CASES)
 def test_accumulated_step_equals_the_full_graph_reference(name):
     ref, acc = make_model(name), make_model(name)
     engine = engine_for(acc)

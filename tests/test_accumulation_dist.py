@@ -45,11 +45,11 @@ def train(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("accumulate")
 
     @cache
-    def run(model: str, nproc: int, steps: int) -> tuple[dict, str]:
-        run_dir = root / f"{model}-p{nproc}-k{steps}"
+    def run(model: str, nproc: int, steps: int, *extra: str) -> tuple[dict, str]:
+        run_dir = root / "-".join([model, f"p{nproc}", f"k{steps}", *(e.replace("=", "_") for e in extra)])
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         cmd = [str(REPO / "launch" / "train.py"), "--config", str(REPO / "configs" / "quickstart.yaml"), *COMMON,
-               *MODELS[model], f"optim.accumulate_steps={steps}", f"run_dir={run_dir}"]
+               *MODELS[model], f"optim.accumulate_steps={steps}", f"run_dir={run_dir}", *extra]
         if nproc == 1:
             proc = run_python(cmd, env=env, timeout=600)
         else:
@@ -95,3 +95,15 @@ def test_one_process_accumulating_two_steps_equals_two_processes(train, model: s
     # The test can fail: training moved the weights by far more than the tolerance.
     moved = max(float((ref_m[k] - init[k]).abs().max() / init[k].abs().max()) for k in names if init[k].abs().max() > 0)
     assert moved > 1e3 * RTOL
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_accumulating_equals_ddp_accumulating(train) -> None:
+    """ZeRO 2 is told which micro-batch is the last (its reduction boundary) and must not divide by K again:
+    a missed boundary or a second division by K moves the weights far from DDP's."""
+    pytest.importorskip("deepspeed")
+    (ref, _), (got, _) = train("cnn", 1, 2), train("cnn", 1, 2, "dist.engine=deepspeed", "dist.zero_stage=2")
+    for k, r in ref["model"].items():
+        if r.is_floating_point():
+            err = float((got["model"][k] - r).abs().max() / r.abs().max().clamp_min(1e-12))
+            assert err <= RTOL or float((got["model"][k] - r).abs().max()) < STILL, (k, err)
