@@ -8,7 +8,8 @@ K = ``optim.accumulate_steps``. Measured on every device: the peak of the bytes 
 (every tensor saved by a forward, counted once per storage while its graph lives, parameters excluded),
 through ``torch.autograd.graph.saved_tensors_hooks``. On a GPU also ``torch.cuda.max_memory_allocated``
 over the step, which adds the weights, gradients, optimizer state and the kept outputs of pass 1. The
-step's wall time is reported as a ratio to K = 1 in the same run (pass 1 is an extra forward).
+step's time is reported as a ratio to K = 1 in the same run (pass 1 is an extra forward): wall time on a GPU,
+the process's CPU time on the CPU (steadier than the wall clock on a shared machine).
 
 Writes benchmarks/results/accumulation_memory.json and .png.
 """
@@ -48,7 +49,8 @@ class SavedBytes:
     """Live and peak bytes of the tensors autograd saves for backward (one count per storage)."""
 
     def __init__(self, exclude: set[int]) -> None:
-        self.exclude, self.refs, self.now, self.peak = exclude, {}, 0, 0
+        self.exclude, self.now, self.peak = exclude, 0, 0
+        self.refs: dict[int, list[int]] = {}  # storage -> [bytes, saved tensors using it]
 
     def pack(self, t: torch.Tensor) -> Any:
         storage = t.untyped_storage()
@@ -109,13 +111,16 @@ def measure(setup: str, batch: int, k: int, device: torch.device, steps: int) ->
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):  # the memory, in one step
         stats = trainer.train_step(run, views, 1)
-    held_by_stats = saved.now
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     del stats
-    gc.collect()
-    for i in range(2, steps + 1):
+    gc.collect()  # the step's graphs are gone: nothing saved may be left
+    assert saved.now == 0, f"{saved.now} saved bytes still held after the step"
+    t0, c0 = time.perf_counter(), time.process_time()  # the time, in steps without the counting hooks
+    for i in range(2, steps + 2):
         trainer.train_step(run, views, i)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -127,10 +132,11 @@ def measure(setup: str, batch: int, k: int, device: torch.device, steps: int) ->
         "views": len(views),
         "saved_for_backward_mb": saved.peak / 2**20,
         "step_s": (time.perf_counter() - t0) / steps,
+        # CPU seconds of this process: on a shared CPU machine steadier than the wall clock
+        "step_cpu_s": (time.process_time() - c0) / steps,
     }
     if device.type == "cuda":
-        out["cuda_peak_allocated_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-    assert saved.now == 0, f"{saved.now} saved bytes still held after the step ({held_by_stats} before gc)"
+        out["cuda_peak_allocated_mb"] = peak_mb
     cleanup()
     return out
 
@@ -166,7 +172,7 @@ def main() -> None:
     parser.add_argument("--setups", default="small_cnn,vit_tiny", help=f"comma-separated, of {list(SETUPS)}")
     parser.add_argument("--batch", type=int, default=128, help="global batch")
     parser.add_argument("--ks", default="1,2,4", help="accumulation steps to measure")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per K")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per K")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
@@ -179,7 +185,8 @@ def main() -> None:
     for r in rows:
         base = next(b for b in rows if b["setup"] == r["setup"] and b["accumulate_steps"] == 1)
         r["memory_vs_k1"] = r["saved_for_backward_mb"] / base["saved_for_backward_mb"]
-        r["time_vs_k1"] = r["step_s"] / base["step_s"]
+        clock = "step_s" if device.type == "cuda" else "step_cpu_s"
+        r["time_vs_k1"] = r[clock] / base[clock]
     meta = {"device": str(device), "torch": torch.__version__, "command": " ".join(sys.argv)}
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)

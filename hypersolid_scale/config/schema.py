@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
 from hypersolid_scale.config.nested import flatten
+from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_key
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method
@@ -255,21 +256,6 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> DictConfig:
     return cast(DictConfig, OmegaConf.merge(OmegaConf.create(), *(parse_override(ov) for ov in overrides)))
 
 
-BATCH_KEYS = ("global_batch_size", "batch_size_per_gpu")  # two ways to state the batch (data/batch.py)
-
-
-def _drop_other_batch_key(merged: DictConfig, layer: DictConfig) -> DictConfig:
-    """A layer (an override, a file) that states the batch one way replaces the way an earlier layer stated it:
-    ``data.batch_size_per_gpu=64`` on a config with ``global_batch_size: 128`` trains 64 per GPU."""
-    data = layer.get("data")
-    if not isinstance(data, DictConfig):
-        return merged
-    for key, other in (BATCH_KEYS, BATCH_KEYS[::-1]):
-        if key in data and other not in data and OmegaConf.select(merged, f"data.{other}") is not None:
-            merged = cast(DictConfig, OmegaConf.merge(merged, {"data": {other: None}}))
-    return merged
-
-
 def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults <- YAML file <- ``a.b=c`` overrides, type-checked and validated.
 
@@ -279,17 +265,13 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     """
     schema = OmegaConf.structured(Config)
     given = [(ov.split("=", 1)[0], f"from the command-line override {ov!r}", _moved_override(ov)) for ov in overrides]
-    if {f"data.{k}" for k in BATCH_KEYS} <= {key for key, _, _ in given}:
-        raise ConfigError(
-            "the overrides set both data.global_batch_size and data.batch_size_per_gpu: state the batch one way "
-            "(global_batch_size stays the same on any GPU count); drop one of them"
-        )
+    check_batch_overrides([key for key, _, _ in given])
     _refuse_renamed({key for key, _, _ in given}, "a command-line override")
     layers = ([("", f"in {path}", _read_yaml(path))] if path is not None else []) + given
     merged, where = schema, ""
     try:  # one layer at a time, so that an error is blamed on the file or on the override that caused it
         for _, where, layer in layers:  # noqa: B007 - `where` names the failing layer in the except below
-            merged = cast(DictConfig, OmegaConf.merge(_drop_other_batch_key(merged, layer), layer))
+            merged = cast(DictConfig, OmegaConf.merge(drop_other_batch_key(merged, layer), layer))
         where = ""
         cfg = cast(Config, OmegaConf.to_object(merged))
     except OmegaConfBaseException as err:

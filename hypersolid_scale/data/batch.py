@@ -11,6 +11,9 @@ micro-batches of ``global / (world_size x K)`` images, the per-GPU batch that ha
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
+
+from omegaconf import DictConfig, OmegaConf
 
 from hypersolid_scale.data.config import DEFAULT_BATCH_SIZE_PER_GPU, DataConfig
 from hypersolid_scale.safety.errors import ConfigError
@@ -63,3 +66,28 @@ def plan_batch(cfg: DataConfig, *, world_size: int, accumulate_steps: int = 1) -
             f"(e.g. {lower or upper} or {upper}), or another process count / optim.accumulate_steps"
         )
     return BatchPlan(total, world_size, accumulate_steps, total // parts, "data.global_batch_size")
+
+
+BATCH_KEYS = ("global_batch_size", "batch_size_per_gpu")  # the two ways to state the batch
+
+
+def check_batch_overrides(keys: list[str]) -> None:
+    """Command-line overrides (their dotted keys) may state the batch one way only."""
+    if {f"data.{k}" for k in BATCH_KEYS} <= set(keys):
+        raise ConfigError(
+            "the overrides set both data.global_batch_size and data.batch_size_per_gpu: state the batch one way "
+            "(global_batch_size stays the same on any GPU count); drop one of them"
+        )
+
+
+def drop_other_batch_key(merged: DictConfig, layer: DictConfig) -> DictConfig:
+    """``merged`` ready for ``layer`` (an override, a file) to be merged in: a layer that states the batch one
+    way replaces the way an earlier layer stated it, so ``data.batch_size_per_gpu=64`` on a config with
+    ``global_batch_size: 128`` trains 64 per GPU. (Both keys in one layer fail in ``DataConfig.validate``.)"""
+    data = layer.get("data")
+    if not isinstance(data, DictConfig):
+        return merged
+    for key, other in (BATCH_KEYS, BATCH_KEYS[::-1]):
+        if key in data and other not in data and OmegaConf.select(merged, f"data.{other}") is not None:
+            merged = cast(DictConfig, OmegaConf.merge(merged, {"data": {other: None}}))
+    return merged
