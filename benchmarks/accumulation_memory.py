@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -187,7 +188,13 @@ def main() -> None:
         r["memory_vs_k1"] = r["saved_for_backward_mb"] / base["saved_for_backward_mb"]
         clock = "step_s" if device.type == "cuda" else "step_cpu_s"
         r["time_vs_k1"] = r[clock] / base[clock]
-    meta = {"device": str(device), "torch": torch.__version__, "command": " ".join(sys.argv)}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    meta = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "commit": commit.stdout.strip(),
+        "command": "python " + " ".join(sys.argv),
+    }
     if device.type == "cuda":
         meta["gpu"] = torch.cuda.get_device_name(device)
     out = Path(args.out)
