@@ -1,6 +1,7 @@
 """The default process group, set up from torchrun's or Slurm's environment (one code path for both launchers).
 
-torchrun exports RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT. ``srun`` exports
+torchrun exports RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, and the group joins through the
+store its agent hosts there, under a prefix of the attempt (:func:`elastic_store`). ``srun`` exports
 SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID and the node list; there MASTER_ADDR is the first host of
 SLURM_JOB_NODELIST unless the sbatch script exported it already. A plain ``python`` run is world size 1
 and :func:`init_distributed` creates no process group at all; only DeepSpeed, which always talks through one,
@@ -117,6 +118,33 @@ def _export_rank_env(info: WorldInfo) -> None:
     os.environ.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size), LOCAL_RANK=str(info.local_rank))
 
 
+def elastic_restart(env: dict[str, str] | None = None) -> tuple[int, int] | None:
+    """``(n, N)`` when this group is torchrun's restart n of at most N (``--max-restarts``), else None."""
+    env = dict(os.environ) if env is None else env
+    count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    return (count, int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)) if count > 0 else None
+
+
+def elastic_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """torchrun's agent store, with this attempt's keys apart from the previous attempts'; None when the
+    workers do not share the agent's store (Slurm, a plain run, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
+
+    The agent keeps ONE store for all its attempts (the static rendezvous keeps its TCPStore; the c10d one
+    shares its own), and torch's ``env://`` puts no attempt prefix on the group's keys. After a restart
+    (``--max-restarts``) the new ranks would then read the dead group's addresses, still in the store
+    (gloo: "connectFullMesh failed ... Connection refused"; nccl: the old unique id), and never meet.
+    ``TORCHELASTIC_RESTART_COUNT`` is the same for every worker of one agent's attempt; across nodes each agent
+    counts its own restarts, which agree as long as the nodes' groups fail and restart together.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"/worker/attempt_{attempt}/default_pg", agent)
+
+
 def init_distributed(
     device: str = "auto", transport: str = "auto", timeout_minutes: int = 30
 ) -> tuple[WorldInfo, torch.device]:
@@ -127,11 +155,13 @@ def init_distributed(
         if info.launcher == "slurm":
             _slurm_rendezvous(dict(os.environ))
         _export_rank_env(info)
+        timeout = datetime.timedelta(minutes=timeout_minutes)
         dist.init_process_group(
             backend=resolve_transport(transport, dev),
+            store=elastic_store(info.world_size, timeout),  # None: env:// (MASTER_ADDR / MASTER_PORT)
             rank=info.rank,
             world_size=info.world_size,
-            timeout=datetime.timedelta(minutes=timeout_minutes),
+            timeout=timeout,
             device_id=dev if dev.type == "cuda" else None,
         )
     return info, dev

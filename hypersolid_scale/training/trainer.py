@@ -47,7 +47,15 @@ from tqdm import tqdm
 from hypersolid_scale import checkpoint as ckpt_lib
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.schema import Config, load_config, save_config, to_dict
-from hypersolid_scale.distributed import WorldInfo, all_reduce_sum, barrier, broadcast_object, cleanup, init_distributed
+from hypersolid_scale.distributed import (
+    WorldInfo,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    cleanup,
+    elastic_restart,
+    init_distributed,
+)
 from hypersolid_scale.losses import PackedStats
 from hypersolid_scale.losses.stats import pack
 from hypersolid_scale.methods import get_method
@@ -170,6 +178,13 @@ def train(cfg: Config, *, early_signals: Sequence[int] = ()) -> int:
         cleanup()
         print("error: the launcher (torchrun / srun) exited while this worker started; exiting", file=sys.stderr)
         return EXIT_ORPHANED
+    restart = elastic_restart()
+    if restart is not None and info.rank == 0:  # torchrun --max-restarts restarted the group after a failure
+        print(
+            f"[hypersolid] torchrun restart {restart[0]} of {restart[1]} (TORCHELASTIC_RESTART_COUNT / "
+            "TORCHELASTIC_MAX_RESTARTS): resuming from the newest complete checkpoint, if any",
+            flush=True,
+        )
     lock: RunLock | None = None
     try:
         with preemption_handlers(early_signals):
