@@ -89,6 +89,16 @@ def test_incompatible_config_refused_unless_forced(tmp_path: Path) -> None:
         ck.check_compatible(state, to_dict(other), fingerprint(other), force=True)
     longer = load_config(None, [*OVERRIDES, "epochs=500"])
     ck.check_compatible(state, to_dict(longer), fingerprint(longer), force=False)  # training longer is fine
+    # The per-rank batch changes with the world size; restore_run_state compares the global batch instead.
+    wider = load_config(None, [*OVERRIDES, "data.batch_size_per_gpu=128"])
+    ck.check_compatible(state, to_dict(wider), fingerprint(wider), force=False)
+
+
+def test_the_global_batch_of_a_checkpoint_is_stored_or_derived() -> None:
+    state = _state(1, load_config(None, [*OVERRIDES, "data.batch_size_per_gpu=64"]))
+    assert ck.saved_global_batch(state) is None  # neither global_batch nor world_size: resumes at any
+    assert ck.saved_global_batch({**state, "world_size": 2}) == 128  # before global_batch was stored
+    assert ck.saved_global_batch({**state, "world_size": 2, "global_batch": 96}) == 96
 
 
 def test_build_model_from_checkpoint_and_random_init_baseline(tmp_path: Path) -> None:
@@ -225,3 +235,48 @@ def test_a_runtime_error_with_less_free_space_than_the_tensors_is_a_full_disk(tm
         ck.atomic_save({"a": torch.ones(100)}, tmp_path / "step_00000004.pt")  # 400 bytes: it would have fit
     assert not isinstance(err.value, CheckpointError)
     assert not list(tmp_path.iterdir())
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    def load_model_state(self, state: dict) -> None:
+        self.loaded.append("model")
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.loaded.append("optimizer")
+
+
+class _StreamsByRank:
+    """A loader like WebDataset's: its batches depend on the world size."""
+
+    world_size_invariant = False
+
+    def __init__(self) -> None:
+        self.state: dict = {}
+
+    def __len__(self) -> int:
+        return 10
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+@pytest.mark.parametrize("done, streams", [(4, True), (10, False)])
+def test_another_world_size_at_the_same_global_batch_resumes_with_one_line(capfd, done: int, streams: bool) -> None:
+    state = {**_state(4), "world_size": 2, "global_batch": 128, "path": "ck.pt"}
+    state["loader"] = {"epoch": 0, "batches_done": done}
+    engine, loader = _Engine(), _StreamsByRank()
+    common = dict(engine=engine, loader=loader, rank=0, steps_per_epoch=10, force=False)
+    assert ck.restore_run_state(state, world_size=1, global_batch=128, **common) == (4, 0 if streams else 1)
+    assert engine.loaded == ["model", "optimizer"] and loader.state == state["loader"]
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("note: resuming ck.pt, written by 2 process(es), on 1 at the same "
+                                                   "global batch of 128: the step (4)"), lines
+    assert "WebDataset augmentations draw from them" in lines[0]
+    # Mid-epoch, the rest of the epoch comes from the new streams; at its end nothing of the streams is lost.
+    assert ("the rest of epoch 0 is drawn from the 1-process streams" in lines[0]) == streams, lines[0]
+    with pytest.raises(CheckpointError, match=r"^checkpoint ck.pt was trained with a global batch of 128 images "
+                                              r"\(2 process\(es\)\), this run's is 64 \(1 process\(es\)\)[^\n]*$"):
+        ck.restore_run_state(state, world_size=1, global_batch=64, **common)

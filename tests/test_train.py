@@ -198,7 +198,7 @@ def test_launcher_reports_a_bad_config_without_a_traceback(tmp_path: Path) -> No
     assert "Traceback" not in out
 
 
-def test_resume_refuses_another_world_size_and_prefers_the_runs_own_newest_checkpoint(tmp_path: Path) -> None:
+def test_resume_refuses_another_global_batch_and_prefers_the_runs_own_newest_checkpoint(tmp_path: Path) -> None:
     from hypersolid_scale.config.schema import load_config
 
     run_dir = tmp_path / "run"
@@ -215,11 +215,14 @@ def test_resume_refuses_another_world_size_and_prefers_the_runs_own_newest_check
     assert ck.resolve_resume(cfg)["step"] == 4
     assert not stale.exists()
 
-    # The same checkpoint as if written by 2 processes: resuming on 1 is refused with the way out named.
+    # The same checkpoint as if written by 2 processes x 32 (a global batch of 64, derived for a checkpoint that
+    # predates `global_batch`): resuming at a global batch of 32 is refused with the way out named.
     state = torch.load(newest, weights_only=True)
     state["world_size"] = 2
+    del state["global_batch"]
     ck.atomic_save(state, newest)
-    with pytest.raises(ValueError, match=r"written by 2 process\(es\), this run has 1.*checkpoint.resume=force"):
+    with pytest.raises(ValueError, match=r"global batch of 64 images \(2 process\(es\)\), this run's is 32 .*"
+                                         r"checkpoint.resume=force"):
         main([a.replace("max_steps=4", "max_steps=6") for a in args])
     assert main([a.replace("max_steps=4", "max_steps=6") for a in args] + ["checkpoint.resume=force"]) == 0
 

@@ -6,10 +6,12 @@ converted to tensors / ints), so loading never executes pickled code. ``run_stat
 checkpoint holds and ``restore_run_state`` puts it back; the keys::
 
     model  method (baselines only)  optimizer  step  epoch  rng (one per rank)  loader  config
-    config_fingerprint  mlflow_run_id  tracking_uri  world_size  format_version
+    config_fingerprint  mlflow_run_id  tracking_uri  world_size  global_batch  format_version
 
-(Checkpoints written before ``world_size`` was stored resume under any world size; the ``scheduler`` entry
-of older checkpoints is ignored: the learning rate is a function of the step.)
+(A run resumes on any world size at the checkpoint's global batch; for checkpoints written before
+``global_batch`` was stored it is their world size x ``data.batch_size_per_gpu``, and those written before
+``world_size`` was stored resume at any. The ``scheduler`` entry of older checkpoints is ignored: the learning
+rate is a function of the step.)
 
 Writes go to a temporary file in the same directory, are fsync'ed, then ``os.replace``d over the final
 name: a crash (or SIGKILL, or a full disk) mid-write leaves the previous checkpoints untouched and at worst a
@@ -18,7 +20,7 @@ with a warning. Stray ``*.tmp`` files are deleted only by the holder of the run 
 (``hypersolid_scale.safety.run_lock``), which the trainer takes before resuming.
 
 Every problem a user can fix (a missing, damaged or foreign file, another architecture, another config or
-world size, a full disk) raises :class:`~hypersolid_scale.safety.errors.CheckpointError` naming the file and the fix.
+global batch, a full disk) raises :class:`~hypersolid_scale.safety.errors.CheckpointError` naming the file and the fix.
 """
 
 from hypersolid_scale.checkpoint.files import (
@@ -37,16 +39,16 @@ from hypersolid_scale.checkpoint.files import (
     run_dir_of,
     save_checkpoint,
 )
+from hypersolid_scale.checkpoint.rng import rng_state, set_rng_state
 from hypersolid_scale.checkpoint.run_state import (
     build_model_from_checkpoint,
     check_compatible,
     random_init_checkpoint,
     resolve_resume,
     restore_run_state,
-    rng_state,
     run_state,
+    saved_global_batch,
     set_aside_checkpoints,
-    set_rng_state,
 )
 
 __all__ = [
@@ -71,6 +73,7 @@ __all__ = [
     "run_dir_of",
     "run_state",
     "save_checkpoint",
+    "saved_global_batch",
     "set_aside_checkpoints",
     "set_rng_state",
 ]

@@ -1,12 +1,12 @@
 """A training run's state in a checkpoint: what goes in (``run_state``, collected from every rank), how it
 comes back (``restore_run_state``), and which checkpoint a run resumes from (``resolve_resume``). The file
-itself (atomic writes, ``weights_only`` reads) is :mod:`hypersolid_scale.checkpoint.files`.
+itself (atomic writes, ``weights_only`` reads) is :mod:`hypersolid_scale.checkpoint.files`, the RNG states
+:mod:`hypersolid_scale.checkpoint.rng`.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import sys
@@ -14,7 +14,6 @@ import time
 import warnings
 from typing import Any, cast
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -26,44 +25,12 @@ from hypersolid_scale.checkpoint.files import (
     list_checkpoints,
     load_checkpoint,
 )
+from hypersolid_scale.checkpoint.rng import rng_state, set_rng_state
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
 from hypersolid_scale.config.schema import Config, from_dict, to_dict
 from hypersolid_scale.distributed import Engine, barrier, broadcast_object, gather_objects, get_rank
 from hypersolid_scale.models import build_model
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
-
-# ----------------------------------------------------------------------------------------------------------
-# RNG states as tensors / plain types (weights_only-safe)
-# ----------------------------------------------------------------------------------------------------------
-
-
-def rng_state() -> dict[str, Any]:
-    """torch (CPU and every CUDA device), numpy and Python ``random`` states of this process."""
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    py_version, py_state, py_gauss = random.getstate()
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {
-            "name": str(np_name),
-            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
-            "pos": int(np_pos),
-            "has_gauss": int(np_has_gauss),
-            "gauss": float(np_gauss),
-        },
-        "python": {"version": int(py_version), "state": torch.tensor(py_state, dtype=torch.int64), "gauss": py_gauss},
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    p = state["python"]
-    random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss"]))
-
 
 # ----------------------------------------------------------------------------------------------------------
 # The run's state: what a checkpoint of a training run holds, and how it is put back
@@ -78,13 +45,15 @@ def run_state(
     step: int,
     rank: int,
     world_size: int,
+    global_batch: int,
     mlflow_run_id: str | None,
     tracking_uri: str | None,
 ) -> dict[str, Any] | None:
     """The checkpoint of a run at ``step``. Collective: every rank contributes its RNG state (and its ZeRO
     shard, inside ``optimizer_state``); the dict is returned on rank 0, None elsewhere.
 
-    ``epoch`` is the loader's epoch (in progress, or just finished when its position is at the end).
+    ``epoch`` is the loader's epoch (in progress, or just finished when its position is at the end);
+    ``global_batch`` the images of one optimizer step over all ranks, what steps and the loader count.
     """
     loader_state = loader.state_dict()
     optim_state = engine.optimizer_state()
@@ -106,6 +75,7 @@ def run_state(
         "mlflow_run_id": mlflow_run_id,
         "tracking_uri": tracking_uri,
         "world_size": world_size,
+        "global_batch": int(global_batch),
     }
 
 
@@ -192,29 +162,50 @@ def _load_problems(err: Exception, shown: int = 3) -> str:
     return "; ".join(parts) or text[:300]
 
 
+def saved_global_batch(ckpt: dict[str, Any]) -> int | None:
+    """The checkpoint's global batch; for one written before it was stored, its world size x its config's
+    ``data.batch_size_per_gpu`` (None when it has no world size either: it resumes at any global batch)."""
+    if "global_batch" in ckpt:
+        return int(ckpt["global_batch"])
+    per_rank = (ckpt.get("config") or {}).get("data", {}).get("batch_size_per_gpu")
+    return None if ckpt.get("world_size") is None or per_rank is None else int(ckpt["world_size"]) * int(per_rank)
+
+
 def restore_run_state(
-    ckpt: dict[str, Any], *, engine: Engine, loader: Any, rank: int, world_size: int, steps_per_epoch: int, force: bool
+    ckpt: dict[str, Any],
+    *,
+    engine: Engine,
+    loader: Any,
+    rank: int,
+    world_size: int,
+    global_batch: int,
+    steps_per_epoch: int,
+    force: bool,
 ) -> tuple[int, int]:
     """Load weights, optimizer, RNG and loader position; returns ``(step, epoch)`` to continue from.
 
-    ``force`` (``checkpoint.resume=force``): another world size restarts the checkpoint's epoch with its
-    weights only, and an optimizer state of another layout is dropped, each with a warning.
+    Steps, the loader position and the LR schedule count global batches, and global batch t holds the same
+    samples whatever the world size (docs/design.md §3b): another world size at the same ``global_batch``
+    continues exactly (one line says what does not carry over). Another global batch is refused; with
+    ``force`` (``checkpoint.resume=force``) it restarts the checkpoint's epoch with its weights only, and an
+    optimizer state of another layout is dropped, each with a warning.
     """
     ckpt = migrate_layout(ckpt)
     path = ckpt.get("path", "")
     saved_world = int(ckpt.get("world_size", world_size))
-    if saved_world != world_size:
-        # Steps, the loader position and the LR schedule count global batches of the old world size.
+    saved_batch = saved_global_batch(ckpt) or global_batch
+    if saved_batch != global_batch:
         if not force:
             raise BadCheckpoint(
-                f"checkpoint {path} was written by {saved_world} process(es), this run has {world_size}: the "
-                "global batch, the step count and the loader position would not match. Resume with "
-                f"{saved_world} process(es), or pass checkpoint.resume=force to continue from the start of the "
-                "checkpoint's epoch with the new world size."
+                f"checkpoint {path} was trained with a global batch of {saved_batch} images ({saved_world} "
+                f"process(es)), this run's is {global_batch} ({world_size} process(es)): steps, the loader "
+                f"position and the learning-rate schedule count global batches. Keep the global batch at "
+                f"{saved_batch} (processes x data.batch_size_per_gpu), or pass checkpoint.resume=force to "
+                "continue from the start of the checkpoint's epoch with the new one"
             )
         epoch = int(ckpt["epoch"])
         warnings.warn(
-            f"checkpoint.resume=force: world size {saved_world} -> {world_size}; restarting epoch "
+            f"checkpoint.resume=force: global batch {saved_batch} -> {global_batch}; restarting epoch "
             f"{epoch} at step {epoch * steps_per_epoch}",
             stacklevel=2,
         )
@@ -229,7 +220,7 @@ def restore_run_state(
                 raise BadCheckpoint(f"checkpoint {path}: {err}") from None
             warnings.warn("checkpoint.resume=force: optimizer state not restored (layout differs)", stacklevel=2)
     rngs = ckpt.get("rng") or []
-    if len(rngs) == world_size:
+    if saved_world == world_size and len(rngs) == world_size:
         set_rng_state(rngs[rank])
     step, epoch = int(ckpt["step"]), int(ckpt["epoch"])
     loader_state = ckpt.get("loader")
@@ -237,7 +228,27 @@ def restore_run_state(
         loader.load_state_dict(loader_state)
         if int(loader_state.get("batches_done", 0)) >= steps_per_epoch:
             epoch += 1  # saved at the end of an epoch: continue with the next one
+    if saved_world != world_size and rank == 0:
+        done = int((loader_state or {}).get("batches_done", 0))
+        print(_resized_note(path, saved_world, world_size, global_batch, step, loader, epoch, done), file=sys.stderr)
     return step, epoch
+
+
+def _resized_note(path: str, saved: int, world: int, batch: int, step: int, loader: Any, epoch: int, done: int) -> str:
+    """The one line of a resume on another world size: what carries over, and what does not."""
+    keyed = getattr(loader, "world_size_invariant", True)  # False: WebDataset, its streams split by rank
+    stream = (
+        ""
+        if keyed or done <= 0 or done >= len(loader)
+        else f" and the per-rank WebDataset stream position (its shards are split by rank): the rest of epoch {epoch} "
+        f"is drawn from the {world}-process streams, so some of its samples repeat and others are skipped"
+    )
+    return (
+        f"note: resuming {path}, written by {saved} process(es), on {world} at the same global batch of {batch}: "
+        f"the step ({step}), the loader position and the optimizer state carry over; not carried over: the "
+        f"per-rank RNG states ({'the keyed augmentations do not' if keyed else 'WebDataset augmentations'} draw "
+        f"from them; the generators keep this start's seeding){stream}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ __all__ = ["config_diff", "fingerprint"]
 
 # Keys that may change between a checkpoint and its resumption without changing what is being trained:
 # how long, where, how it is logged/evaluated/checkpointed and how many workers feed it. ("dist.backend" is
-# dist.transport's former name, still found in older checkpoints' configs.)
+# dist.transport's former name, still found in older checkpoints' configs.) The per-rank batch may change
+# with the world size: resuming compares the global batch instead (checkpoint.restore_run_state).
 _RESUMABLE_PREFIXES = (
     "run_dir",
     "epochs",
@@ -33,6 +34,7 @@ _RESUMABLE_PREFIXES = (
     "dist.backend",
     "dist.device",
     "data.num_workers",
+    "data.batch_size_per_gpu",
     "data.root",
     "data.path",
     "data.cache",

@@ -117,6 +117,9 @@ class ResumableEpochs:
         self.stats: dict[str, float] = {}
 
     _len: int = 0  # batches per epoch, the same on every rank
+    # Batch t holds the same samples and views whatever the world size, so the position (which counts global
+    # batches) carries over to another world size at the same global batch (docs/design.md §3b, §5).
+    world_size_invariant = True
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:

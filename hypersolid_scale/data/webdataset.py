@@ -44,7 +44,9 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
 - Resume at (epoch, batches done): the same samples in the same batches as the uninterrupted run (each
   stream re-reads and drops the samples of the skipped batches without decoding them; each sample that
   failed to decode before the restored position shifts that stream's later samples by one), but
-  different augmentation draws, since the worker seeds depend on the first batch of the iteration.
+  different augmentation draws, since the worker seeds depend on the first batch of the iteration. On
+  another world size (at the same global batch) the position carries over but the streams do not: the rest
+  of that epoch comes from the new world size's streams, so some of its samples repeat and others are skipped.
 """
 
 from __future__ import annotations
@@ -236,6 +238,8 @@ class WebDatasetLoader(ResumableEpochs):
     also check each shard's sha256, hashed as it streams by, until it has matched once; max_lost_fraction:
     see the module docstring.
     """
+
+    world_size_invariant = False  # the streams are split by rank (and worker): see the module docstring
 
     def __init__(
         self,

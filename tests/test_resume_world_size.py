@@ -1,0 +1,160 @@
+"""Resuming on another number of processes at the same global batch: no flag, the same global step and sample
+position, the run the new process count would have trained (docs/design.md §5); another global batch is refused.
+
+The quickstart network and data of tests/test_world_invariance.py (BatchNorm over the global batch, SGD with
+momentum): 4 steps on 2 processes x 64, then 4 more on 1 process x 128, against 8 uninterrupted steps on 1 x 128.
+
+Two checks, because two uninterrupted runs on 2 x 64 and on 1 x 128 are not bit-identical: their rounding
+differs, and over 8 steps of 128 images that flips a few ReLU and hinge decisions, which moves the parameters by
+about 2e-5 of their norm (and BatchNorm shifts, still tiny after 8 steps, by up to 1e-3 of their own size; the
+per-tensor 1e-5 of test_world_invariance.py holds over its 3 steps of 16 images).
+* exactness: the resumed run is bit-identical to the same checkpoint resumed as if 1 process had written it
+  (the same-world-size resume, bit-exact after a SIGKILL: tests/test_train.py);
+* the run on the new count: within 1e-4 of the uninterrupted 1 x 128 run, over all parameters (a resume that
+  loses the optimizer's momentum lands 1e-2 away, one that restarts the epoch further still).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _warm_python import run_python
+from test_torchrun_restart import _assert_bitwise
+from test_world_invariance import COMMON
+
+from hypersolid_scale import checkpoint as ck
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+GLOBAL = 128
+# 6 global batches per epoch: the resume at step 4 is inside epoch 0, the run ends in epoch 1.
+ARGS = [
+    *COMMON,
+    "dist.engine=ddp",
+    "dist.sync_bn=true",
+    f"data.max_train_samples={6 * GLOBAL}",
+    "epochs=2",
+    "checkpoint.every_n_steps=4",
+    "checkpoint.keep_last=0",
+]
+TOL = 1e-4  # |resumed - uninterrupted| / |uninterrupted| over every parameter (see the module docstring)
+
+
+def _train(run_dir: Path, nproc: int, steps: int, batch: int | None = None) -> subprocess.CompletedProcess:
+    cmd = [
+        str(REPO / "launch" / "train.py"),
+        "--config",
+        str(REPO / "configs" / "quickstart.yaml"),
+        *ARGS,
+        f"data.batch_size_per_gpu={batch or GLOBAL // nproc}",
+        f"max_steps={steps}",
+        f"run_dir={run_dir}",
+    ]
+    if nproc == 1:  # plain python, forked warm
+        return run_python(cmd, env=ENV, timeout=300)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return subprocess.run([*torchrun, *cmd], env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def _ok(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc.stdout + proc.stderr
+
+
+def _final(run_dir: Path, world: int) -> dict:
+    state = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
+    assert (state["step"], state["world_size"], state["global_batch"]) == (8, world, GLOBAL)
+    return state
+
+
+def _note(out: str, ckpt: Path, saved: int, world: int) -> str:
+    notes = [line for line in out.splitlines() if line.startswith("note: resuming")]
+    assert len(notes) == 1, out[-5000:]
+    assert notes[0].startswith(
+        f"note: resuming {ckpt}, written by {saved} process(es), on {world} at the same "
+        f"global batch of {GLOBAL}: the step (4), the loader position and the optimizer "
+        "state carry over; not carried over: the per-rank RNG states"
+    ), notes[0]
+    assert f"resumed from {ckpt} at step 4" in out
+    return notes[0]
+
+
+def _relative_error(got: dict, ref: dict) -> float:
+    """|got - ref| / |ref| over every trained parameter (model and method; not the BatchNorm statistics)."""
+    diff = norm = 0.0
+    for part in ("model", "method"):
+        for k, r in ref[part].items():
+            if isinstance(r, torch.Tensor) and r.is_floating_point() and "running_" not in k:
+                diff += float((got[part][k].double() - r.double()).square().sum())
+                norm += float(r.double().square().sum())
+    return (diff / norm) ** 0.5
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each run once: the uninterrupted 1 x 128 reference, 2 x 64 for 4 steps, a refused and an accepted resume
+    of it on 1 process, the same checkpoint resumed as if 1 process had written it, and 1 -> 2 processes."""
+    root = tmp_path_factory.mktemp("resize")
+    out: dict = {"root": root}
+    _ok(_train(root / "reference", 1, 8))
+    out["reference"] = _final(root / "reference", 1)
+    _ok(_train(root / "resized", 2, 4))
+    four = ck.checkpoint_path(root / "resized", 4)
+    out["four"] = ck.load_checkpoint(four)
+    # The same checkpoint as if 1 process x 128 had written it, in a run directory of its own.
+    same = ck.checkpoint_path(root / "same", 4)
+    same.parent.mkdir(parents=True)
+    ck.atomic_save({**torch.load(four, weights_only=True), "world_size": 1}, same)
+    out["refused"] = _train(root / "resized", 1, 8, batch=64)  # a global batch of 64: refused, nothing changes
+    out["resized_out"] = _ok(_train(root / "resized", 1, 8))
+    out["same_out"] = _ok(_train(root / "same", 1, 8))
+    # 1 -> 2: the reference's checkpoint at step 4, resumed on 2 processes x 64.
+    grown = ck.checkpoint_path(root / "grown", 4)
+    grown.parent.mkdir(parents=True)
+    shutil.copy(ck.checkpoint_path(root / "reference", 4), grown)
+    out["grown_out"] = _ok(_train(root / "grown", 2, 8))
+    return out
+
+
+def test_two_processes_resumed_on_one_at_the_same_global_batch_continue_exactly(runs: dict) -> None:
+    root = runs["root"]
+    four = runs["four"]
+    assert (four["world_size"], four["global_batch"], four["loader"]["batches_done"]) == (2, GLOBAL, 4)
+    note = _note(runs["resized_out"], ck.checkpoint_path(root / "resized", 4), saved=2, world=1)
+    assert "keyed augmentations do not draw from them" in note and "WebDataset" not in note
+    assert "note: resuming" not in runs["same_out"]
+    resized, same, reference = _final(root / "resized", 1), _final(root / "same", 1), runs["reference"]
+    for key in ("model", "method", "optimizer", "loader"):
+        _assert_bitwise(resized[key], same[key], key)
+    assert resized["loader"] == reference["loader"] and resized["epoch"] == reference["epoch"] == 1
+    error = _relative_error(resized, reference)
+    assert error < TOL, f"2 x 64 resumed on 1 x 128 is {error:.2e} away from 8 steps on 1 x 128"
+
+
+def test_one_process_resumed_on_two_at_the_same_global_batch(runs: dict) -> None:
+    root = runs["root"]
+    _note(runs["grown_out"], ck.checkpoint_path(root / "grown", 4), saved=1, world=2)
+    grown = _final(root / "grown", 2)
+    assert grown["loader"] == runs["reference"]["loader"]
+    error = _relative_error(grown, runs["reference"])
+    assert error < TOL, f"1 x 128 resumed on 2 x 64 is {error:.2e} away from 8 steps on 1 x 128"
+
+
+def test_another_global_batch_is_refused_in_one_line(runs: dict) -> None:
+    proc = runs["refused"]
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (
+        f"was trained with a global batch of {GLOBAL} images (2 process(es)), this run's is 64 (1 process(es))"
+        in errors[0]
+    ), errors[0]
+    assert "checkpoint.resume=force" in errors[0]
