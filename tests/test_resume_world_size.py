@@ -54,7 +54,8 @@ def _train(run_dir: Path, nproc: int, steps: int, batch: int | None = None) -> s
         "--config",
         str(REPO / "configs" / "quickstart.yaml"),
         *ARGS,
-        f"data.batch_size_per_gpu={batch or GLOBAL // nproc}",
+        # The same config on any process count (data.global_batch_size); `batch` states another one per GPU.
+        f"data.batch_size_per_gpu={batch}" if batch else f"data.global_batch_size={GLOBAL}",
         f"max_steps={steps}",
         f"run_dir={run_dir}",
     ]

@@ -200,7 +200,7 @@ def restore_run_state(
                 f"checkpoint {path} was trained with a global batch of {saved_batch} images ({saved_world} "
                 f"process(es)), this run's is {global_batch} ({world_size} process(es)): steps, the loader "
                 f"position and the learning-rate schedule count global batches. Keep the global batch at "
-                f"{saved_batch} (processes x data.batch_size_per_gpu), or pass checkpoint.resume=force to "
+                f"{saved_batch} (data.global_batch_size), or pass checkpoint.resume=force to "
                 "continue from the start of the checkpoint's epoch with the new one"
             )
         epoch = int(ckpt["epoch"])

@@ -34,7 +34,11 @@ _RESUMABLE_PREFIXES = (
     "dist.backend",
     "dist.device",
     "data.num_workers",
+    # How the global batch is stated and split (data/batch.py): the checkpoint's global batch is compared
+    # instead, so a requeue onto another GPU count, or with another accumulation count, continues.
+    "data.global_batch_size",
     "data.batch_size_per_gpu",
+    "optim.accumulate_steps",
     "data.root",
     "data.path",
     "data.cache",

@@ -26,7 +26,7 @@ def save(run: Run, step: int, tracker: Tracker) -> None:
         step=step,
         rank=run.info.rank,
         world_size=run.info.world_size,
-        global_batch=run.cfg.data.batch_size_per_gpu * run.info.world_size,
+        global_batch=run.batch.global_batch,
         mlflow_run_id=tracker.run_id,
         tracking_uri=tracker.tracking_uri,
     )

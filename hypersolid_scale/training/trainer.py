@@ -222,7 +222,7 @@ def _resume_or_start(cfg: Config, info: WorldInfo, device: torch.device) -> int:
             loader=run.loader,
             rank=info.rank,
             world_size=info.world_size,
-            global_batch=cfg.data.batch_size_per_gpu * info.world_size,
+            global_batch=run.batch.global_batch,
             steps_per_epoch=run.steps_per_epoch,
             force=cfg.checkpoint.resume == "force",
         )
