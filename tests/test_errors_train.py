@@ -100,7 +100,7 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     return {
         "yaml_syntax": (["--config", str(syntax)], [str(syntax), "line 3, column 8", "not valid YAML"]),
         "unknown_key": (["--config", str(unknown)], ["optim.momentun", "momentum", str(unknown)]),
-        "bad_value": (["optim.name=lars"], ["optim.name", "adamw | sgd"]),
+        "bad_value": (["optim.name=lamb"], ["optim.name", "adamw | sgd | lars"]),
         "renamed_key": (["--config", str(renamed)], ["dist.backend", "dist.transport", str(renamed)]),
         "missing_file": (["--config", str(tmp_path / "nope.yaml")], ["nope.yaml", "does not exist"]),
         "unparsable_override": (["optim.betas=[0.9"], ["'optim.betas=[0.9'", "not valid YAML", "optim.betas=[a,b]"]),
