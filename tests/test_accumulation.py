@@ -89,7 +89,8 @@ def engine_for(model: MethodModel):
 def test_accumulated_step_equals_the_full_graph_reference(name):
     ref, acc = make_model(name), make_model(name)
     engine = engine_for(acc)
-    for step in range(2):  # the second step sees a filled SwaV queue, a moved DINO center
+    # A second step where there is state: a filled SwaV queue, a moved DINO center, a teacher that moved.
+    for step in range(2 if name in ("swav", "dino", "byol") else 1):
         views = make_views(step)
         torch.manual_seed(100 + step)
         want = reference_step(ref, views)

@@ -169,7 +169,9 @@ def test_quick_comparison_end_to_end_then_resume(tmp_path):
     # 300 images per split, as those tests' (--quick alone would take 1000).
     out = tmp_path / "cmp"
     methods = ["hypersolid", "byol"]
-    quick = ["--quick", "--methods", ",".join(methods), "--nproc", "1", "--eval-samples", "300", "--out", str(out)]
+    # A global batch of 64 (the configs' 128 would double each step's time on one process).
+    quick = ["--quick", "--methods", ",".join(methods), "--nproc", "1", "--eval-samples", "300", "--out", str(out),
+             "data.global_batch_size=64"]
     proc = _compare(*quick)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((out / "compare.json").read_text())["methods"]

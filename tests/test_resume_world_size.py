@@ -40,6 +40,7 @@ ARGS = [
     *COMMON,
     "dist.engine=ddp",
     "dist.sync_bn=true",
+    "data.num_local_views=2",
     f"data.max_train_samples={6 * GLOBAL}",
     "epochs=2",
     "checkpoint.every_n_steps=4",

@@ -36,7 +36,7 @@ from hypersolid_scale.distributed import (
 from hypersolid_scale.methods import Method, build_method, get_method
 from hypersolid_scale.models import Projector, build_backbone
 from hypersolid_scale.safety.errors import ConfigError, DataError, UserError
-from hypersolid_scale.training.optim import lr_schedule, optimizer_factory
+from hypersolid_scale.training.optim import lr_schedule, optimizer_factory, scaled_lr
 from hypersolid_scale.training.step_bookkeeping import NonFiniteGuard
 
 T = TypeVar("T")
@@ -160,6 +160,16 @@ class Run:
     @property
     def backbone(self) -> nn.Module:
         return self.trained.backbone
+
+
+def batch_lines(run: Run) -> list[str]:
+    """Rank 0's start-up lines on the batch: how it was split, and the learning rate it implies (a ``warning:``
+    line when the global batch is not the one ``optim.lr`` was tuned for and ``optim.lr_scaling`` is none)."""
+    lines = [f"[hypersolid] {run.batch.describe()}"]
+    said = scaled_lr(run.cfg.optim, run.batch.global_batch)[1]
+    if said is not None:
+        lines.append(f"warning: {said}" if run.cfg.optim.lr_scaling == "none" else f"[hypersolid] {said}")
+    return lines
 
 
 def _steps_per_epoch(loader: Any, batch: BatchPlan) -> int:

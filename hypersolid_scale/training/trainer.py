@@ -67,8 +67,7 @@ from hypersolid_scale.tracking import Tracker, make_tracker
 from hypersolid_scale.training.accumulation import accumulated_step
 from hypersolid_scale.training.checkpointer import Checkpointer
 from hypersolid_scale.training.epoch_report import log_monitor, memory_gb, plot_loss, summed_loader_stats
-from hypersolid_scale.training.optim import scaled_lr
-from hypersolid_scale.training.run_builder import Run, build, on_every_rank, seed_everything
+from hypersolid_scale.training.run_builder import Run, batch_lines, build, on_every_rank, seed_everything
 from hypersolid_scale.training.step_bookkeeping import (
     EpochMeter,
     NonFiniteLossError,
@@ -268,12 +267,8 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
             f"{run.total_steps} steps total; {where}",
             flush=True,
         )
-        print(f"[hypersolid] {run.batch.describe()}", flush=True)
-        if (lr_line := scaled_lr(cfg.optim, run.batch.global_batch)[1]) is not None:
-            if cfg.optim.lr_scaling == "none":  # the global batch is not the one the lr was tuned for
-                print(f"warning: {lr_line}", file=sys.stderr, flush=True)
-            else:
-                print(f"[hypersolid] {lr_line}", flush=True)
+        for line in batch_lines(run):
+            print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
     return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
 
 
