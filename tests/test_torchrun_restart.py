@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from _net import free_port
-from test_train import _wait_for  # the trainer tests' subprocess helper
+from test_train import TINY, _wait_for  # the trainer tests' tiny config and subprocess helper
 
 from hypersolid_scale import checkpoint as ck
 
@@ -35,18 +35,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 STEPS = 30
 # The real trainer on sklearn digits (28 steps per epoch of 2 x 32), shrunk until a step takes milliseconds.
 ARGS = [
-    "data.dataset=digits",
-    "model.in_channels=1",
-    "model.small_cnn_width=4",
-    "model.proj_layers=2",
-    "model.proj_hidden_dim=32",
-    "model.proj_dim=32",
-    "data.num_local_views=2",
-    "data.batch_size_per_gpu=32",
-    "data.num_workers=0",
-    "progress=false",
-    "eval.every_n_epochs=0",
-    "dist.device=cpu",
+    *TINY,
     "tracking.enabled=false",
     "deterministic=true",
     f"max_steps={STEPS}",

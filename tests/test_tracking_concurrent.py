@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from _warm_python import run_python_together
+from test_train import TINY as TINY_TRAINER  # the trainer tests' tiny config
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
@@ -28,18 +29,7 @@ ENV.pop("HS_DEBUG", None)
 
 # The real trainer on sklearn digits, shrunk until a step takes milliseconds; every step logged, no monitor.
 TINY = [
-    "data.dataset=digits",
-    "model.in_channels=1",
-    "model.small_cnn_width=4",
-    "model.proj_layers=2",
-    "model.proj_hidden_dim=32",
-    "model.proj_dim=32",
-    "data.num_local_views=2",
-    "data.batch_size_per_gpu=32",
-    "data.num_workers=0",
-    "progress=false",
-    "eval.every_n_epochs=0",
-    "dist.device=cpu",
+    *TINY_TRAINER,
     "data.max_train_samples=128",
     "max_steps=6",
     "checkpoint.every_n_steps=3",
