@@ -12,6 +12,9 @@ from hypersolid_scale.data.builtin import BUILTIN_DATASETS
 from hypersolid_scale.safety.errors import ConfigError
 
 AUGMENT_MODES = ("auto", "pil", "tensor")
+DECODE_MODES = ("workers", "device")
+JPEG_DECODERS = ("device", "workers")
+DEVICE_DECODE_FORMATS = ("webdataset", "imagefolder")
 EVAL_SPLITS = ("test", "holdout")
 FFCV_ORDERS = ("random", "quasi_random", "sequential")
 DEFAULT_BATCH_SIZE_PER_GPU = 256  # when a config states neither batch key
@@ -62,6 +65,14 @@ class DataConfig:
     # "auto": tensor for the builtin format, pil for webdataset/imagefolder. FFCV always decodes + crops in
     # FFCV and applies the photometric augmentations batched on the training device.
     augment: str = "auto"
+    # webdataset/imagefolder: where images are decoded and augmented. "workers": PIL decode + the PIL
+    # multi-crop in DataLoader workers. "device": the workers read the bytes and draw each view's parameters
+    # (the PIL path's own draws); each JPEG is decoded once, every view is cut from it and the photometric
+    # augmentations run batched on the training device (data/device_views.py, docs/design.md §3e).
+    decode: str = "workers"
+    # decode=device: where JPEGs are decoded: "device" (nvJPEG on CUDA; torchvision.io.decode_jpeg) or
+    # "workers" (libjpeg-turbo in the DataLoader workers; the crops still run on the device).
+    jpeg_decoder: str = "device"
 
     # --- loading ------------------------------------------------------------------------------------
     # The batch, stated ONE way (hypersolid_scale/data/batch.py): the global batch (images per optimizer
@@ -120,6 +131,26 @@ class DataConfig:
             )
         checks = (
             (self.augment in AUGMENT_MODES, f"data.augment={self.augment!r} is not one of {AUGMENT_MODES}"),
+            (self.decode in DECODE_MODES, f"data.decode={self.decode!r} is not one of {DECODE_MODES}"),
+            (
+                self.jpeg_decoder in JPEG_DECODERS,
+                f"data.jpeg_decoder={self.jpeg_decoder!r} is not one of {JPEG_DECODERS}",
+            ),
+            (
+                self.decode == "workers" or self.format in DEVICE_DECODE_FORMATS,
+                (
+                    f"data.decode=device is for the file formats {DEVICE_DECODE_FORMATS}, not data.format="
+                    f"{self.format} (builtin augments batched in memory; ffcv decodes in its own pipeline): "
+                    "drop data.decode"
+                ),
+            ),
+            (
+                self.decode == "workers" or self.augment in ("auto", "pil"),
+                (
+                    f"data.decode=device reproduces the PIL path's augmentations; data.augment={self.augment!r} "
+                    "does not go with it: drop data.augment"
+                ),
+            ),
             (self.eval_split in EVAL_SPLITS, f"data.eval_split={self.eval_split!r} is not one of {EVAL_SPLITS}"),
             (self.ffcv_order in FFCV_ORDERS, f"data.ffcv_order={self.ffcv_order!r} is not one of {FFCV_ORDERS}"),
             (

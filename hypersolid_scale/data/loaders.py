@@ -143,9 +143,15 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         batch_size: int,
         num_workers: int,
         max_samples: int | None = None,
+        finish: Callable[[Any], list[torch.Tensor]] | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool = False,
     ) -> None:
+        """finish: turns what the workers collated (`collate_fn`) into the views, in this process (the device
+        stage of data.decode=device, data/device_views.py); pin_memory: pin the workers' tensors for async copies."""
         super().__init__()
         self.dataset = dataset
+        self.finish, self.collate_fn, self.pin_memory = finish, collate_fn, pin_memory
         n = len(dataset)  # type: ignore[arg-type]
         self.num_samples = n if max_samples is None else min(n, max_samples)
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -178,8 +184,12 @@ class MapStyleMultiCropLoader(ResumableEpochs):
             generator=gen,
             drop_last=True,
             persistent_workers=False,
+            collate_fn=self.collate_fn,
+            pin_memory=self.pin_memory,
         )
         for views, labels in loader:
+            if self.finish is not None:
+                views = self.finish(views)
             self._count()
             yield views, labels
         self._skip = 0

@@ -18,6 +18,7 @@ Pass ``record={}`` to get the per-sample decisions back (used by the parity test
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import kornia
 import torch
@@ -148,10 +149,29 @@ def _lerp(lo: float, hi: float, u: torch.Tensor) -> torch.Tensor:
     return lo + (hi - lo) * u
 
 
+@dataclass
+class Decisions:
+    """One view's photometric decisions for a batch, per sample (B rows).
+
+    jitter/gray/blur/solarize: (B,) bool, applied or not; factors: (B, 4) brightness, contrast and
+    saturation factors and the hue shift (a fraction of a turn); order: (B, 4) the jitters' order
+    (0 brightness, 1 contrast, 2 saturation, 3 hue); sigma: (B,) the blur's standard deviation.
+    """
+
+    jitter: torch.Tensor
+    factors: torch.Tensor
+    order: torch.Tensor
+    gray: torch.Tensor
+    blur: torch.Tensor
+    sigma: torch.Tensor
+    solarize: torch.Tensor
+
+
 class BatchPhotometric:
     """Color jitter, grayscale, blur, solarization and normalisation of a batch of views, per sample.
 
-    Draws come from `keyed_uniforms(seed, epoch, indices, view)`, so they follow the samples.
+    Draws come from `keyed_uniforms(seed, epoch, indices, view)`, so they follow the samples (`view`); or
+    they are given (`apply`: the device path passes the PIL path's own draws).
     """
 
     def __init__(self, preset: MultiCropPreset, device: torch.device | str, seed: int = 0) -> None:
@@ -161,16 +181,35 @@ class BatchPhotometric:
         self.mean = torch.tensor(preset.mean, device=self.device).view(1, -1, 1, 1)
         self.std = torch.tensor(preset.std, device=self.device).view(1, -1, 1, 1)
 
-    def _jitter(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """torchvision ColorJitter semantics: the four jitters in a random order, drawn per sample."""
-        n = x.shape[0]
-        bri, con, sat, hue = self.preset.jitter_ranges()
+    def decisions(self, u: torch.Tensor, index: int) -> Decisions:
+        """View `index`'s decisions from its uniforms `u` (B, NUM_COLUMNS) (torchvision's ColorJitter ranges)."""
+        p = self.preset
+        bri, con, sat, hue = p.jitter_ranges()
         f = u[:, COL_JITTER_FACTORS : COL_JITTER_FACTORS + 4]
-        fb = _lerp(max(0.0, 1 - bri), 1 + bri, f[:, 0]).view(n, 1, 1, 1)
-        fc = _lerp(max(0.0, 1 - con), 1 + con, f[:, 1]).view(n, 1, 1, 1)
-        fs = _lerp(max(0.0, 1 - sat), 1 + sat, f[:, 2]).view(n, 1, 1, 1)
-        fh = _lerp(-hue, hue, f[:, 3])
-        order = torch.argsort(u[:, COL_JITTER_ORDER : COL_JITTER_ORDER + 4], dim=1, stable=True)
+        factors = torch.stack(
+            [
+                _lerp(max(0.0, 1 - bri), 1 + bri, f[:, 0]),
+                _lerp(max(0.0, 1 - con), 1 + con, f[:, 1]),
+                _lerp(max(0.0, 1 - sat), 1 + sat, f[:, 2]),
+                _lerp(-hue, hue, f[:, 3]),
+            ],
+            dim=1,
+        )
+        return Decisions(
+            jitter=u[:, COL_JITTER] < p.cj_prob,
+            factors=factors,
+            order=torch.argsort(u[:, COL_JITTER_ORDER : COL_JITTER_ORDER + 4], dim=1, stable=True),
+            gray=u[:, COL_GRAY] < p.gray_prob,
+            blur=u[:, COL_BLUR] < p.view_blur_probs()[index],
+            sigma=_lerp(p.blur_sigmas[0], p.blur_sigmas[1], u[:, COL_SIGMA]),
+            solarize=u[:, COL_SOLARIZE] < p.view_solarize_probs()[index],
+        )
+
+    def _jitter(self, x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        """torchvision ColorJitter semantics: the four jitters in the given order, per sample."""
+        n = x.shape[0]
+        fb, fc, fs = (factors[:, k].view(n, 1, 1, 1) for k in range(3))
+        fh = factors[:, 3]
         rgb = x.shape[1] == 3
         for stage in range(4):
             op = order[:, stage]
@@ -191,10 +230,9 @@ class BatchPhotometric:
                 x[m] = y.clamp(0.0, 1.0)
         return x
 
-    def _blur(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        n, _, h, w = x.shape
-        lo, hi = self.preset.blur_sigmas
-        sigma = _lerp(lo, hi, u[:, COL_SIGMA])
+    def _blur(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        _, _, h, w = x.shape
+        hi = self.preset.blur_sigmas[1]
         # PIL's GaussianBlur(radius=sigma) has std sigma; 3 sigma each side covers it. Reflect padding
         # needs the kernel to stay smaller than the image.
         k = min(2 * math.ceil(3 * hi) + 1, (min(h, w) - 1) | 1)
@@ -207,34 +245,34 @@ class BatchPhotometric:
         Always float32, also when called inside an autocast region (the augmentations write their results
         back into the batch, which must keep one dtype, and the views must not depend on the caller).
         """
-        with torch.autocast(self.device.type, enabled=False):
-            return self._view(x, index, u, record)
+        return self.apply(x, self.decisions(u.to(self.device), index), record)
 
-    def _view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: dict | None) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, d: Decisions, record: dict | None = None) -> torch.Tensor:
+        """Augment and normalise a batch of views with the decisions `d` (masks may stay on the CPU)."""
+        with torch.autocast(self.device.type, enabled=False):
+            return self._apply(x, d, record)
+
+    def _apply(self, x: torch.Tensor, d: Decisions, record: dict | None) -> torch.Tensor:
         if x.dtype == torch.uint8:
             x = x.to(self.device, non_blocking=True).float().div_(255.0)
         else:
             x = x.to(self.device).float().clone()
-        u = u.to(x.device)
-        p = self.preset
-        jit = u[:, COL_JITTER] < p.cj_prob
+        jit = d.jitter
         if jit.any():
-            x[jit] = self._jitter(x[jit], u[jit])
-        gray = u[:, COL_GRAY] < p.gray_prob
-        if gray.any():
-            x[gray] = _gray(x[gray]).expand(-1, x.shape[1], -1, -1)
-        blur = u[:, COL_BLUR] < p.view_blur_probs()[index]
-        if blur.any():
-            x[blur] = self._blur(x[blur], u[blur])
-        sol = u[:, COL_SOLARIZE] < p.view_solarize_probs()[index]
+            x[jit] = self._jitter(x[jit], d.factors[jit], d.order[jit])
+        if d.gray.any():
+            x[d.gray] = _gray(x[d.gray]).expand(-1, x.shape[1], -1, -1)
+        if d.blur.any():
+            x[d.blur] = self._blur(x[d.blur], d.sigma[d.blur])
+        sol = d.solarize
         if sol.any():
             xs = x[sol]
             # PIL ImageOps.solarize(threshold=128) inverts pixels >= 128 (of 255).
             x[sol] = torch.where(xs >= 128 / 255, 1.0 - xs, xs)
         if record is not None:
             record.setdefault("jitter", []).append(jit.cpu())
-            record.setdefault("gray", []).append(gray.cpu())
-            record.setdefault("blur", []).append(blur.cpu())
+            record.setdefault("gray", []).append(d.gray.cpu())
+            record.setdefault("blur", []).append(d.blur.cpu())
             record.setdefault("solarize", []).append(sol.cpu())
         return (x - self.mean) / self.std
 

@@ -37,14 +37,13 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
 - NOT world-size or worker-count invariant: which samples form a batch, and their order, depend on P and W
   (they decide the streams), so P ranks with batch b do not reproduce one process with batch P * b, and
   changing num_workers changes the batches.
-- Augmentations are NOT keyed per sample: lightly/torchvision transforms draw from the worker's global
-  generators, seeded through the DataLoader from (seed, epoch, rank, first batch of this iteration) and
-  the worker id (with num_workers=0: the main process's global generators, i.e. the trainer's streams).
-  They depend on the rank, the worker count and the order in which the worker processed its samples.
+- Augmentations are keyed per sample: each sample's transform runs with the generators seeded by (seed, epoch,
+  a hash of its ``__key__``) (`seeded_global_rngs`), so its views do not depend on the rank, worker or order.
+  With data.decode=device the workers only read the bytes and draw the same parameters (device_views.py).
 - Resume at (epoch, batches done): the same samples in the same batches as the uninterrupted run (each
   stream re-reads and drops the samples of the skipped batches without decoding them; each sample that
-  failed to decode before the restored position shifts that stream's later samples by one), but
-  different augmentation draws, since the worker seeds depend on the first batch of the iteration. On
+  failed to decode before the restored position shifts that stream's later samples by one) with the same
+  views. On
   another world size (at the same global batch) the position carries over but the streams do not: the rest
   of that epoch comes from the new world size's streams, so some of its samples repeat and others are skipped.
 """
@@ -64,6 +63,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed
+from hypersolid_scale.data.device_views import DeviceStage, collate_host
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.shard_index import ShardIndexDataset
@@ -79,20 +79,26 @@ from hypersolid_scale.data.shards import (
     apply_events,
     count_samples,
 )
-from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
+from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode, seeded_global_rngs
+from hypersolid_scale.data.view_params import sample_id
 from hypersolid_scale.safety.errors import DataError
 
 __all__ = ["WebDatasetLoader", "ShardIndexDataset", "decode_image", "decode_label", "expand_shards"]
 
 
-def decode_image(sample: Sample, mode: str) -> Image.Image:
-    """The sample's image, fully decoded (a truncated/corrupt file raises here, not later)."""
+def image_bytes(sample: Sample) -> bytes:
+    """The sample's encoded image."""
     for ext in IMAGE_EXTS:
         if ext in sample:
-            img = Image.open(io.BytesIO(sample[ext]))
-            img.load()
-            return img.convert(mode)
+            return sample[ext]
     raise KeyError(f"sample {sample['__key__']!r} has no image ({'/'.join(IMAGE_EXTS)})")
+
+
+def decode_image(sample: Sample, mode: str) -> Image.Image:
+    """The sample's image, fully decoded (a truncated/corrupt file raises here, not later)."""
+    img = Image.open(io.BytesIO(image_bytes(sample)))
+    img.load()
+    return img.convert(mode)
 
 
 def decode_label(sample: Sample) -> int:
@@ -131,7 +137,7 @@ class _ShardStream(IterableDataset):
         skip_batches: int,
         shuffle_buffer: int,
         transform: Callable,
-        mode: str,
+        mode: str | None,
         manifest: Manifest | None,
         verify: bool,
         verified: frozenset[str],
@@ -193,12 +199,19 @@ class _ShardStream(IterableDataset):
 
         def decode(sample: Sample) -> tuple[Any, int]:
             decoded["tried"] += 1
-            try:
-                img, label = decode_image(sample, self.mode), decode_label(sample)
-            except Exception as e:  # any decoder failure means "skip this sample"
-                raise _Corrupt(sample, e) from e
+            with seeded_global_rngs(self.seed, self.epoch, sample_id(str(sample["__key__"]))):
+                try:
+                    label = decode_label(sample)
+                    if self.mode is None:  # data.decode=device: the bytes go to the host stage (it reads headers)
+                        item = self.transform(image_bytes(sample))
+                    else:
+                        img = decode_image(sample, self.mode)
+                except Exception as e:  # any decoder failure means "skip this sample"
+                    raise _Corrupt(sample, e) from e
+                if self.mode is not None:
+                    item = self.transform(img)
             decoded["good"] += 1
-            return self.transform(img), label
+            return item, label
 
         def skip_corrupt(exn: Exception) -> bool:
             if not isinstance(exn, _Corrupt):
@@ -257,7 +270,9 @@ class WebDatasetLoader(ResumableEpochs):
         manifest: str | None = None,
         verify_shards: bool = False,
         max_lost_fraction: float = 0.01,
+        device_stage: DeviceStage | None = None,
     ) -> None:
+        """device_stage: data.decode=device; `transform` is then the workers' `HostStage` (bytes -> draws)."""
         super().__init__()
         if not 0.0 <= max_lost_fraction <= 1.0:
             raise ValueError(f"max_lost_fraction must be in [0, 1], got {max_lost_fraction}")
@@ -279,6 +294,7 @@ class WebDatasetLoader(ResumableEpochs):
         self.batch_size, self.num_workers, self.shuffle_buffer = batch_size, num_workers, shuffle_buffer
         self.verify_shards, self.max_lost_fraction = verify_shards, max_lost_fraction
         self.transform = transform if transform is not None else build_pil_multicrop(preset)
+        self.device_stage = device_stage
         self._len = batches_per_epoch(total, world_size, batch_size)
         self.stats = dict.fromkeys(COUNTERS, 0.0)
         self._verified: set[str] = set()  # shards whose sha256 matched the manifest: not hashed again
@@ -299,14 +315,20 @@ class WebDatasetLoader(ResumableEpochs):
             skip_batches=start,
             shuffle_buffer=self.shuffle_buffer,
             transform=self.transform,
-            mode=pil_mode(self.preset),
+            mode=None if self.device_stage else pil_mode(self.preset),
             manifest=self.manifest,
             verify=self.verify_shards,
             verified=frozenset(self._verified),
         )
         gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
         loader = DataLoader(
-            ds, batch_size=self.batch_size, num_workers=self.num_workers, worker_init_fn=_seed_worker, generator=gen
+            ds,
+            batch_size=self.batch_size,
+            num_workers=self.num_workers,
+            worker_init_fn=_seed_worker,
+            generator=gen,
+            collate_fn=collate_host if self.device_stage else None,
+            pin_memory=bool(self.device_stage and self.device_stage.device.type == "cuda"),
         )
         per_epoch = self._len * self.batch_size
         lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
@@ -316,6 +338,10 @@ class WebDatasetLoader(ResumableEpochs):
                     self._record(json.loads(text), lost)
             if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
                 raise DataError(self._loss_message(lost, per_epoch))
+            if self.device_stage is not None:
+                replaced = self.device_stage.corrupt
+                views = self.device_stage(views)
+                self.stats["corrupt_skipped"] += self.device_stage.corrupt - replaced
             self._count()
             yield views, labels
         self._skip = 0

@@ -18,13 +18,16 @@ if TYPE_CHECKING:
     from hypersolid_scale.data.presets import MultiCropPreset
 
 
-def image_folder(root: str, mode: str, transform: Callable | None) -> Dataset:
-    """(transform(image), class index) of root/<class>/<image>, images converted to `mode`."""
+def image_folder(root: str, mode: str | None, transform: Callable | None) -> Dataset:
+    """(transform(image), class index) of root/<class>/<image>, images converted to `mode` (None: the
+    file's bytes, undecoded)."""
     from PIL import Image
     from torchvision.datasets import ImageFolder
 
     if not Path(root).is_dir():
         raise DataError(f"image folder {root!r} does not exist (expected one subfolder per class)")
+    if mode is None:
+        return ImageFolder(root, transform=transform, loader=lambda f: Path(f).read_bytes())
     return ImageFolder(root, transform=transform, loader=lambda f: Image.open(f).convert(mode))
 
 
@@ -39,7 +42,17 @@ class ImageFolderFormat(FileFormat):
         from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
 
         assert cfg.path is not None
-        ds = image_folder(self.split_path(cfg.path, "train"), pil_mode(preset), build_pil_multicrop(preset))
+        root = self.split_path(cfg.path, "train")
+        device_stage: dict[str, Any] = {}
+        if cfg.decode == "device":  # the workers read bytes and draw; this process decodes and augments
+            from hypersolid_scale.data.device_views import DeviceStage, HostStage, collate_host
+
+            ds = image_folder(root, None, HostStage(preset, cfg.jpeg_decoder))
+            device_stage = dict(
+                finish=DeviceStage(preset, device), collate_fn=collate_host, pin_memory=device.type == "cuda"
+            )
+        else:
+            ds = image_folder(root, pil_mode(preset), build_pil_multicrop(preset))
         return MapStyleMultiCropLoader(
             ds,
             rank=rank,
@@ -48,6 +61,7 @@ class ImageFolderFormat(FileFormat):
             batch_size=cfg.loader_batch(),
             num_workers=cfg.num_workers,
             max_samples=cfg.max_train_samples,
+            **device_stage,
         )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:

@@ -25,6 +25,11 @@ class WebDatasetFormat(FileFormat):
         from hypersolid_scale.data.webdataset import WebDatasetLoader
 
         assert cfg.path is not None
+        device_stage: dict[str, Any] = {}
+        if cfg.decode == "device":  # the workers read bytes and draw; this process decodes and augments
+            from hypersolid_scale.data.device_views import DeviceStage, HostStage
+
+            device_stage = dict(transform=HostStage(preset, cfg.jpeg_decoder), device_stage=DeviceStage(preset, device))
         return WebDatasetLoader(
             self.split_path(cfg.path, "train"),
             preset,
@@ -38,6 +43,7 @@ class WebDatasetFormat(FileFormat):
             manifest=cfg.manifest,
             verify_shards=cfg.verify_shards,
             max_lost_fraction=cfg.max_lost_fraction,
+            **device_stage,
         )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:

@@ -1,0 +1,211 @@
+"""`data.decode=device`: each JPEG decoded once, on the training device, and every view cut from that decode.
+
+Two stages (docs/design.md §3e):
+
+- `HostStage` runs in the DataLoader workers, per sample: it reads the image header (not the pixels) and
+  draws the view parameters exactly as the PIL path would (`view_params.py`, under the same per-sample
+  seeding). A JPEG in the preset's colour mode travels undecoded (`data.jpeg_decoder=device`) or decoded by
+  libjpeg-turbo in the worker (`data.jpeg_decoder=workers`); any other file (PNG, CMYK JPEG, ...) is decoded
+  in the worker with PIL, as the PIL path decodes it. A file whose header does not parse, or a JPEG without
+  its end marker (truncated), is decoded in the worker too, so the PIL decoder's error skips and counts it.
+- `DeviceStage` runs in the main process, per batch: `torchvision.io.decode_jpeg(list, device=...)` decodes
+  the batch's JPEGs (nvJPEG on CUDA), then for each view each image's crop box is resized (bicubic with
+  antialiasing, rounded to 8-bit levels as PIL's resize is) and mirrored, and `BatchPhotometric.apply` runs
+  the photometric chain on the whole batch with the PIL path's decisions. On CUDA the work goes to a side
+  stream, so the next batch is prepared while the current step runs.
+
+A JPEG that fails on the device (it passed the header checks) is replaced by the batch's previous good image
+and counted in `stats["corrupt_skipped"]` with a warning: the batch keeps its size on every rank.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+import warnings
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import default_collate
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from hypersolid_scale.data import view_params as vp
+from hypersolid_scale.data.config import JPEG_DECODERS
+from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.tensor_aug import BatchPhotometric, Decisions
+from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
+from hypersolid_scale.safety.errors import DataError
+
+_EOI = b"\xff\xd9"  # a JPEG's end-of-image marker
+
+
+class HostSample(NamedTuple):
+    payload: torch.Tensor  # JPEG bytes (1-D uint8), or the decoded image (C, H, W) uint8
+    encoded: bool
+    params: np.ndarray  # (V, view_params.NUM_PARAMS)
+
+
+class HostBatch(NamedTuple):
+    payloads: list[torch.Tensor]
+    encoded: list[bool]
+    params: torch.Tensor  # (B, V, NUM_PARAMS) float64, on the CPU
+
+
+class HostStage:
+    """bytes -> `HostSample`; call it inside the per-sample seeding of the PIL path (`seeded_global_rngs`)."""
+
+    def __init__(self, preset: MultiCropPreset, jpeg_decoder: str = "device") -> None:
+        if jpeg_decoder not in JPEG_DECODERS:
+            raise ValueError(f"jpeg_decoder must be one of {JPEG_DECODERS}, got {jpeg_decoder!r}")
+        self.views = vp.view_transforms(build_pil_multicrop(preset))
+        self.mode = pil_mode(preset)
+        self.read_mode = ImageReadMode.GRAY if preset.channels == 1 else ImageReadMode.RGB
+        self.on_device = jpeg_decoder == "device"
+
+    def __call__(self, data: bytes) -> HostSample:
+        img = Image.open(io.BytesIO(data))  # reads the header only
+        width, height = img.size
+        jpeg = img.format == "JPEG" and img.mode == self.mode and data.rstrip(b"\0").endswith(_EOI)
+        if jpeg and self.on_device:
+            payload, encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8), True
+        elif jpeg:
+            payload, encoded = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), self.read_mode), False
+        else:  # as the PIL path decodes it (a corrupt file raises here: the loaders skip and count it)
+            img.load()
+            arr = np.asarray(img.convert(self.mode))
+            payload = torch.from_numpy(arr.copy()).reshape(height, width, -1).permute(2, 0, 1).contiguous()
+            encoded = False
+        return HostSample(payload, encoded, vp.draw_view_params(self.views, height, width))
+
+
+def collate_host(items: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """Items (HostSample, label, ...) -> (HostBatch, labels, ...): payloads stay a list (their sizes differ)."""
+    columns = list(zip(*items, strict=True))
+    samples: tuple[HostSample, ...] = columns[0]
+    batch = HostBatch(
+        [s.payload for s in samples],
+        [s.encoded for s in samples],
+        torch.from_numpy(np.stack([s.params for s in samples])),
+    )
+    return (batch, *(default_collate(list(c)) for c in columns[1:]))
+
+
+class DeviceStage:
+    """`HostBatch` -> the views [global_0, global_1, local_0, ...], normalised, float32, on `device`.
+
+    `cpu_seconds` adds up this process's CPU time spent here (decode calls, kernel launches; on the CPU
+    device, the whole of the device's work), `corrupt` the images replaced after a failed decode.
+    """
+
+    def __init__(self, preset: MultiCropPreset, device: torch.device | str) -> None:
+        self.preset = preset
+        self.device = torch.device(device)
+        self.photometric = BatchPhotometric(preset, self.device)
+        self.read_mode = ImageReadMode.GRAY if preset.channels == 1 else ImageReadMode.RGB
+        self.cpu_seconds = 0.0
+        self.corrupt = 0
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def __call__(self, batch: HostBatch) -> list[torch.Tensor]:
+        t0 = time.thread_time()
+        try:
+            if self._stream is None:
+                return self._views(batch)
+            with torch.cuda.stream(self._stream):
+                views = self._views(batch)
+            # The consumer's stream waits for this batch; the allocator must not hand its memory to the side
+            # stream's next batch while the consumer still reads it.
+            torch.cuda.current_stream(self.device).wait_stream(self._stream)
+            for v in views:
+                v.record_stream(torch.cuda.current_stream(self.device))
+            return views
+        finally:
+            self.cpu_seconds += time.thread_time() - t0
+
+    def decode(self, batch: HostBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The batch's images (C, H, W) uint8 on the device (JPEGs decoded in one batched call), and the
+        view parameters of each row (a failed image's row takes the previous good row's image and draws)."""
+        images: list[torch.Tensor | None] = [
+            None if enc else p.to(self.device, non_blocking=True) for p, enc in zip(batch.payloads, batch.encoded)
+        ]
+        todo = [i for i, enc in enumerate(batch.encoded) if enc]
+        if todo:
+            data = [batch.payloads[i] for i in todo]
+            try:
+                decoded: list[torch.Tensor | None] = list(decode_jpeg(data, mode=self.read_mode, device=self.device))
+            except RuntimeError:  # one bad file fails the batched call: find it
+                decoded = [self._decode_one(d) for d in data]
+            for i, img in zip(todo, decoded):
+                images[i] = img
+        params = batch.params
+        bad = [i for i, im in enumerate(images) if im is None or tuple(im.shape[1:]) != self._size(params[i])]
+        if bad:
+            good = [i for i in range(len(images)) if i not in bad]
+            if not good:
+                raise DataError(
+                    f"no image of a batch of {len(images)} decoded on {self.device}: the files are damaged; "
+                    "re-create them from the source images, or use data.decode=workers to skip them one by one"
+                )
+            params = params.clone()
+            for i in bad:
+                donor = max((g for g in good if g < i), default=good[0])
+                images[i], params[i] = images[donor], params[donor]
+            self.corrupt += len(bad)
+            warnings.warn(
+                f"{len(bad)} image(s) of a batch did not decode on {self.device} to their header's size; each is "
+                "replaced by another image of the batch (counted in corrupt_skipped)",
+                stacklevel=2,
+            )
+        return [im for im in images if im is not None], params
+
+    def _decode_one(self, data: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return decode_jpeg(data, mode=self.read_mode, device=self.device)
+        except RuntimeError:
+            return None
+
+    @staticmethod
+    def _size(params: torch.Tensor) -> tuple[int, int]:
+        """The image size (H, W) the sample's view parameters were drawn for."""
+        return int(params[0, vp.IMAGE_HEIGHT]), int(params[0, vp.IMAGE_WIDTH])
+
+    def _views(self, batch: HostBatch) -> list[torch.Tensor]:
+        images, params = self.decode(batch)
+        out = []
+        for v, size in enumerate(self.preset.view_sizes()):
+            rows = params[:, v].tolist()
+            crops = [_crop_resize(img, row, size) for img, row in zip(images, rows)]
+            x = torch.stack(crops).div_(255.0)
+            out.append(self.photometric.apply(x, _decisions(params[:, v], self.device)))
+        return out
+
+
+def _crop_resize(img: torch.Tensor, row: list[float], size: int) -> torch.Tensor:
+    """One view: the box of `row` cut from `img`, resized to size x size as PIL's bicubic resize (antialiased,
+    8-bit levels), mirrored; (C, size, size) float in [0, 255]."""
+    top, left, h, w = (int(row[k]) for k in (vp.TOP, vp.LEFT, vp.HEIGHT, vp.WIDTH))
+    crop = img[None, :, top : top + h, left : left + w]
+    if crop.is_cuda:  # CUDA resizes floats only
+        out = F.interpolate(crop.float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
+        out = out.round_().clamp_(0.0, 255.0)[0]
+    else:  # the CPU's 8-bit kernel (channels-last) is PIL's algorithm and 15-40x faster than its float one
+        crop = crop.contiguous(memory_format=torch.channels_last)
+        out = F.interpolate(crop, size=(size, size), mode="bicubic", antialias=True, align_corners=False)[0].float()
+    return out.flip(-1) if row[vp.FLIP] else out
+
+
+def _decisions(p: torch.Tensor, device: torch.device) -> Decisions:
+    """The photometric decisions of one view's (B, NUM_PARAMS) rows: masks on the CPU (no device sync)."""
+    on = lambda col: p[:, col] > 0  # noqa: E731
+    return Decisions(
+        jitter=on(vp.JITTER),
+        factors=p[:, vp.FACTORS : vp.FACTORS + 4].float().to(device, non_blocking=True),
+        order=p[:, vp.ORDER : vp.ORDER + 4].long(),
+        gray=on(vp.GRAY),
+        blur=on(vp.BLUR),
+        sigma=p[:, vp.SIGMA].float().to(device, non_blocking=True),
+        solarize=on(vp.SOLARIZE),
+    )
