@@ -97,7 +97,7 @@ def recorded_pil_params(preset: Any, data: bytes, index: int, monkeypatch: pytes
 
     class Blur:
         @staticmethod
-        def GaussianBlur(radius: float) -> Any:  # noqa: N802 - PIL's name
+        def GaussianBlur(radius: float) -> Any:
             rows[-1][vp.BLUR], rows[-1][vp.SIGMA] = 1, radius
             return ImageFilter.GaussianBlur(radius)
 
