@@ -280,3 +280,25 @@ def test_webdataset_device_views_match_the_pil_paths_draws(photo_folder: Path) -
         assert torch.equal(pl, dl)
         for a, b in zip(pv, dv):
             assert a.shape == b.shape and float(_levels(PRESETS["default"], a, b).mean()) < 3.0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nvjpeg_views_agree_with_the_cpu_device_path() -> None:
+    """The same batch through the CUDA stage (nvJPEG, float resize) and the CPU stage (libjpeg-turbo, 8-bit
+    resize): the same shapes and decisions, pixels within decoder and rounding differences."""
+    data = photos(16, seed=7)
+    host = HostStage(SMALL)
+    items = []
+    for i, d in enumerate(data):
+        with seeded_global_rngs(SEED, EPOCH, i):
+            items.append((host(d), i))
+    batch, _ = collate_host(items)
+    cpu = DeviceStage(SMALL, "cpu")(batch)
+    gpu_stage = DeviceStage(SMALL, "cuda")
+    gpu = gpu_stage(batch)
+    torch.cuda.synchronize()
+    assert gpu_stage.corrupt == 0
+    for a, b in zip(cpu, gpu):
+        assert b.is_cuda and b.dtype == torch.float32 and a.shape == b.shape
+        assert float(_levels(SMALL, a, b.cpu()).mean()) < 2.0
