@@ -1,0 +1,388 @@
+"""Train and evaluate the replication study's runs (plan.py), N subprocesses at a time, resumably.
+
+    python benchmarks/replication/run.py --group cpu|gpu [--device cpu|cuda] [--parallel N] [--budget-s S]
+        [--scale F] [--quick] [--out DIR] [--scratch DIR]
+
+Per run: ``launch/train.py`` into ``<scratch>/<group>/<run>/run``, then ``launch/eval.py`` on the
+checkpoints of interest (every epoch of a curve, the final one otherwise), then one JSON
+``<out>/<group>/<run>.json``. Trainings and evaluations share the N slots; evaluations go first, so that
+finished trainings turn into results before new trainings start.
+
+Resuming: a run whose result JSON exists is skipped; a finished training (``train_done.json``) is not
+run again; an evaluation whose ``report.json`` exists is reused; a training killed mid-way resumes from its
+newest checkpoint (the trainer's ``checkpoint.resume=auto``; the result records ``resumed_from_step``).
+
+Budget (``--budget-s``): a training starts only if its estimated time (seconds per epoch measured on the
+runs finished so far, a prior before that) ends before the budget; what does not fit, or is trained but
+not evaluated, is listed in ``<out>/<group>/_skipped.json`` and runs on the next invocation.
+
+GPU estimate (one H100/H200, 16 cores, --parallel 12; extrapolated, not measured): the quickstart step is
+launch-bound (a 4-block CNN on 28 px views, augmentations on the device), ~10 ms, so ~5 s per epoch and
+process, ~4 processes' worth of steps in flight on the card at once; ~15 s to start a process (imports,
+CUDA, data); ~10 s per kNN-only and ~25 s per full evaluation (embedding 70k images, the linear probe on
+the device, clustering on one CPU core each). At plan.GPU_SCALE (79 epochs, 30 kNN and 49 full
+evaluations): ~50 s of start-ups, ~100 s of training, ~130 s of evaluation over 12 slots, about 300 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from plan import QUICK_EVAL, Run, plan  # noqa: E402
+
+# The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
+EVAL_ARGS = ["--protocol", "paper"]
+FALLBACK_EVAL_ARGS = ["--suite", "knn,linear,cluster,geometry"]
+# A curve's intermediate epochs get kNN only (k = 5, 20): a full protocol per epoch would cost the
+# clustering and probe 20 times per run; the quarter point (5 of 20 epochs) and the end get the full one.
+CURVE_EVAL_ARGS = ["--suite", "knn"]
+# Priors for the budget before a run has been measured: (start-up s, s per epoch, s per evaluation).
+PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0, 5.0, 20.0)}
+OUT = str(ROOT / "benchmarks" / "results" / "replication")
+SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
+RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+
+
+def eval_arguments(py: str) -> list[str]:
+    """EVAL_ARGS when launch/eval.py knows ``--protocol``, else FALLBACK_EVAL_ARGS."""
+    out = subprocess.run([py, "launch/eval.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return EVAL_ARGS if "--protocol" in out.stdout else FALLBACK_EVAL_ARGS
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic: a reader (or a rerun deciding what to skip) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoints(run_dir: Path) -> dict[int, Path]:
+    """{step: file} of the run's saved checkpoints (the trainer names them step_<8 digits>.pt)."""
+    return {int(p.stem.split("_")[1]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
+
+
+def git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"  # the GPU machine's copy may have no .git
+
+
+def device_facts(device: str) -> tuple[str, str]:
+    """(card, torch version); torch itself is imported only to name a CUDA card (seconds of start-up)."""
+    if device != "cuda":
+        return "cpu", importlib.metadata.version("torch")
+    import torch
+
+    return (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"), torch.__version__
+
+
+@dataclass
+class Task:
+    run: Run
+    kind: str  # train | eval
+    cmd: list[str]
+    log: Path
+    step: int = 0
+    epoch: int = 0
+    protocol: str = ""
+    t0: float = 0.0
+
+
+@dataclass
+class State:
+    """One run's progress in this invocation."""
+
+    run: Run
+    home: Path
+    train_cmd: list[str]
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    pending: int = 0
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    eval_cmd: list[str] = field(default_factory=list)
+
+
+class Driver:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.py = sys.executable
+        self.out = Path(args.out) / args.group
+        self.scratch = Path(args.scratch) / args.group
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + args.budget_s if args.budget_s else float("inf")
+        prior = PRIORS["quick" if args.quick else args.device]
+        self.startup_s, self.epoch_s, self.eval_s = prior
+        # The first measurement replaces the prior, later ones can only raise it (a pessimistic budget).
+        self.measured = {"train": False, "eval": False}
+        self.skipped: list[dict[str, Any]] = []
+        self.failed = 0
+        self.active: dict[subprocess.Popen, Task] = {}
+        self.evals: deque[Task] = deque()
+        self.states: dict[str, State] = {}
+        threads = max(1, (os.cpu_count() or 1) // args.parallel)  # N processes must not each take every core
+        self.env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(threads),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+            "PYTHONUNBUFFERED": "1",
+            "MPLBACKEND": "Agg",
+        }
+        self._full_args: list[str] | None = None
+        self._facts: tuple[str, str, str] | None = None
+
+    # Both cost a Python start with torch: asked for only when a run needs them, so that a rerun over
+    # finished runs returns at once.
+    @property
+    def full_args(self) -> list[str]:
+        if self._full_args is None:
+            self._full_args = CURVE_EVAL_ARGS if self.args.quick else eval_arguments(self.py)
+        return self._full_args
+
+    @property
+    def facts(self) -> tuple[str, str, str]:
+        if self._facts is None:
+            self._facts = (*device_facts(self.args.device), git_commit())
+        return self._facts
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:6.0f}s] {msg}", flush=True)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def estimate(self, run: Run) -> float:
+        return self.startup_s + run.epochs * self.epoch_s + self.eval_s
+
+    def launch(self, task: Task) -> None:
+        task.log.parent.mkdir(parents=True, exist_ok=True)
+        task.t0 = time.monotonic()
+        with task.log.open("w") as log:
+            proc = subprocess.Popen(task.cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.active[proc] = task
+
+    def skip(self, run: Run, reason: str) -> None:
+        self.skipped.append({"run": run.name, "part": run.part, "reason": reason})
+
+    # ---- per run -----------------------------------------------------------------------------------------
+    def train_task(self, run: Run) -> Task:
+        home = self.scratch / run.name
+        where = ["--config", run.config, f"run_dir={home / 'run'}"]
+        cmd = [self.py, "launch/train.py", *where, *run.train_overrides(self.args.device, self.args.quick)]
+        self.states[run.name] = State(run, home, cmd)
+        return Task(run, "train", cmd, home / "train.log")
+
+    def queue_evals(self, st: State) -> None:
+        """Queue the evaluations of a finished training: the steps at epoch ends (steps per epoch = final
+        step / epochs: the plan trains whole epochs), every epoch for a curve, else the last."""
+        run, done = st.run, read_json(st.home / "train_done.json")
+        final = int(done["final_step"])
+        per_epoch = final // run.epochs
+        ckpts = checkpoints(st.home / "run")
+        epochs = range(1, run.epochs + 1) if run.curve else [run.epochs]
+        full = {run.epochs, max(1, round(run.epochs / 4))}
+        for epoch in epochs:
+            step = epoch * per_epoch
+            if step not in ckpts:
+                self.skip(run, f"no checkpoint for epoch {epoch} (step {step})")
+                continue
+            args = self.full_args if (epoch in full or not run.curve) else CURVE_EVAL_ARGS
+            protocol = "paper" if args == EVAL_ARGS else args[1]
+            out = st.home / "eval" / f"step_{step:08d}_{protocol.replace(',', '+')}"
+            where = ["--checkpoint", str(ckpts[step]), "--output-dir", str(out), "--device", self.args.device]
+            cmd = [self.py, "launch/eval.py", *where, "--no-mlflow", *args, *(QUICK_EVAL if self.args.quick else ())]
+            task = Task(run, "eval", cmd, out / "eval.log", step, epoch, protocol)
+            st.pending += 1
+            if read_json(out / "report.json") is not None:
+                self.eval_done(task, 0.0)
+            else:
+                self.evals.append(task)
+        if st.pending == 0:
+            self.finish(st)
+
+    def eval_done(self, task: Task, seconds: float) -> None:
+        st = self.states[task.run.name]
+        report = read_json(task.log.parent / "report.json") or {}
+        st.eval_s += seconds
+        st.eval_cmd = st.eval_cmd or task.cmd
+        entry = {"epoch": task.epoch, "step": task.step, "protocol": task.protocol, "eval_s": round(seconds, 2)}
+        st.entries.append({**entry, **report.get("metrics", {}), "skipped_metrics": report.get("skipped", [])})
+        st.pending -= 1
+        if st.pending == 0 and not any(s["run"] == task.run.name for s in self.skipped):
+            self.finish(st)
+
+    def finish(self, st: State) -> None:
+        done = read_json(st.home / "train_done.json") or {}
+        per_epoch = sorted(st.entries, key=lambda e: e["epoch"])
+        result = {
+            "run": st.run.name,
+            **{k: getattr(st.run, k) for k in ("method", "seed", "group", "part", "epochs", "config")},
+            "overrides": list(st.run.overrides),
+            "command": shlex.join(st.train_cmd),
+            "eval_command": shlex.join(st.eval_cmd),
+            **dict(zip(("card", "torch", "git_commit"), self.facts)),
+            # This invocation's seconds; train_s_total is the training's last (possibly resumed) attempt.
+            "wall_s": round(st.train_s + st.eval_s, 2),
+            "train_s": round(st.train_s, 2),
+            "eval_s": round(st.eval_s, 2),
+            "train_s_total": done.get("train_s"),
+            **{k: done.get(k) for k in ("final_step", "resumed_from_step")},
+            "per_epoch": per_epoch,
+            "final": per_epoch[-1] if per_epoch else {},
+        }
+        write_json(self.out / f"{st.run.name}.json", result)
+        knn = {k: v for k, v in result["final"].items() if k.startswith("knn") and isinstance(v, float)}
+        best = f"{max(knn, key=knn.get)}={max(knn.values()):.4f}" if knn else "no kNN metric"
+        self.say(
+            f"done {st.run.name}: train {st.train_s:.0f}s, eval {st.eval_s:.0f}s, "
+            f"{len(per_epoch)} evaluation(s), {best}"
+        )
+
+    def reaped(self, proc: subprocess.Popen, task: Task) -> None:
+        seconds, rc = time.monotonic() - task.t0, proc.returncode
+        st = self.states[task.run.name]
+        if task.kind == "eval":
+            if read_json(task.log.parent / "report.json") is None:  # exit 3 (all skipped) still writes one
+                self.failed += 1
+                self.skip(task.run, f"evaluation of step {task.step} failed (rc {rc}, log {task.log})")
+                self.say(f"FAILED eval {task.run.name} step {task.step} rc={rc}: see {task.log}")
+                st.pending -= 1
+                return
+            self.eval_s = max(self.eval_s, seconds) if self.measured["eval"] else seconds
+            self.measured["eval"] = True
+            self.eval_done(task, seconds)
+            return
+        st.train_s = seconds
+        if rc != 0:
+            self.failed += 1
+            self.skip(task.run, f"training failed (rc {rc}, log {task.log})")
+            self.say(f"FAILED train {task.run.name} rc={rc}: see {task.log}")
+            return
+        text = task.log.read_text(errors="replace")
+        resumed = RESUMED.findall(text)
+        start = int(resumed[-1]) if resumed else 0
+        final = max(checkpoints(st.home / "run"), default=0)
+        per_epoch_s = max(0.0, seconds - self.startup_s) * final / max(1, (final - start)) / task.run.epochs
+        self.epoch_s = max(self.epoch_s, per_epoch_s) if self.measured["train"] else per_epoch_s
+        self.measured["train"] = True
+        write_json(
+            st.home / "train_done.json",
+            {"final_step": final, "train_s": round(seconds, 2), "resumed_from_step": start if resumed else None},
+        )
+        self.queue_evals(st)
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+    def run(self, runs: list[Run]) -> int:
+        trains: deque[Task] = deque()
+        for run in runs:
+            if (self.out / f"{run.name}.json").exists():
+                self.say(f"skip {run.name}: result exists")
+                continue
+            task = self.train_task(run)
+            if (task.log.parent / "train_done.json").exists():
+                self.queue_evals(self.states[run.name])
+            else:
+                trains.append(task)
+        try:
+            while trains or self.evals or self.active:
+                for proc, task in list(self.active.items()):
+                    if proc.poll() is not None:
+                        del self.active[proc]
+                        self.reaped(proc, task)
+                # Evaluations first (they turn finished trainings into results), then trainings; whatever
+                # would end past the budget is skipped now, not queued, so the loop ends once the budget is reached.
+                while len(self.active) < self.args.parallel and (self.evals or trains):
+                    t = self.evals.popleft() if self.evals else trains.popleft()
+                    need = self.eval_s if t.kind == "eval" else self.estimate(t.run)
+                    if self.left() > need:
+                        self.launch(t)
+                    elif t.kind == "eval":
+                        self.skip(t.run, f"budget: trained, step {t.step} not evaluated (rerun to evaluate)")
+                    else:
+                        self.skip(t.run, f"budget: needs ~{need:.0f}s, {self.left():.0f}s left")
+                time.sleep(0.2)
+        finally:
+            self.stop_children()
+            self.write_skipped(list(trains))
+        return 1 if self.failed else 0
+
+    def stop_children(self) -> None:
+        """SIGTERM: a training checkpoints and exits 75, so a rerun resumes where it stopped."""
+        for proc in self.active:
+            proc.terminate()
+        end = time.monotonic() + 8  # gpu.sh's timeout kills everything 10 s after its SIGTERM
+        for proc, task in self.active.items():
+            try:
+                proc.wait(timeout=max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            self.skip(task.run, f"interrupted during {task.kind}")
+
+    def write_skipped(self, trains: list[Task]) -> None:
+        for t in trains:
+            self.skip(t.run, "interrupted before training")
+        self.evals.clear()
+        elapsed = round(time.monotonic() - self.t0, 1)
+        write_json(
+            self.out / "_skipped.json", {"elapsed_s": elapsed, "budget_s": self.args.budget_s, "skipped": self.skipped}
+        )
+        self.say(f"finished: {len(self.skipped)} skipped item(s) in {self.out / '_skipped.json'}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--group", choices=("cpu", "gpu"), required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--parallel", type=int, default=1, help="subprocesses at once (trainings and evaluations)")
+    p.add_argument("--budget-s", type=float, default=0.0, help="stop starting work past this (0: no budget)")
+    p.add_argument("--scale", type=float, default=None, help="gpu group: epochs x scale (default: plan.GPU_SCALE)")
+    p.add_argument("--quick", action="store_true", help="2 tiny one-epoch runs, kNN only (tests, dry runs)")
+    p.add_argument("--out", default=None, help=f"results (default {OUT}; with --quick <scratch>/results)")
+    p.add_argument("--scratch", default=None, help=f"run directories (default {SCRATCH}; with --quick <it>/quick)")
+    args = p.parse_args(argv)
+    if args.parallel < 1:
+        p.error("--parallel must be >= 1")
+    # Quick runs share the real runs' names: apart, they can neither be resumed by nor pass for real runs.
+    args.scratch = args.scratch or (str(Path(SCRATCH) / "quick") if args.quick else SCRATCH)
+    args.out = args.out or (str(Path(args.scratch) / "results") if args.quick else OUT)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM (timeout, kill) unwinds through run()'s finally: children checkpoint, _skipped.json is written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    runs = plan(args.group, args.scale, args.quick)
+    driver = Driver(args)
+    driver.say(
+        f"{args.group}: {len(runs)} runs, {args.parallel} at a time on {args.device}, "
+        f"budget {f'{args.budget_s:.0f} s' if args.budget_s else 'none'}"
+    )
+    return driver.run(runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The replication driver (benchmarks/replication/run.py): trains and evaluates, skips finished runs, and
+resumes a training from its checkpoint instead of starting it again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "replication"))
+
+from plan import plan  # noqa: E402
+
+from hypersolid_scale.config.schema import load_config  # noqa: E402
+
+
+def _drive(tmp: Path) -> str:
+    cmd = [
+        sys.executable,
+        "benchmarks/replication/run.py",
+        "--group",
+        "cpu",
+        "--quick",
+        "--parallel",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp / "out"),
+        "--scratch",
+        str(tmp / "scratch"),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("group", ["cpu", "gpu"])
+def test_every_planned_run_is_a_valid_config(group: str, tmp_path: Path) -> None:
+    runs = plan(group, scale=1.0)
+    assert len({r.name for r in runs}) == len(runs)
+    distinct = {(r.config, r.overrides, r.curve): r for r in runs}.values()  # seeds aside
+    for run, quick in [(r, False) for r in distinct] + [(r, True) for r in plan(group, quick=True)]:
+        cfg = load_config(run.config, [f"run_dir={tmp_path / run.name}", *run.train_overrides("cpu", quick)])
+        assert cfg.seed == run.seed and cfg.epochs == run.epochs and cfg.max_steps == 0
+        assert not cfg.tracking.enabled and cfg.method.name == run.method
+
+
+def test_gpu_plan_shape() -> None:
+    runs = plan("gpu", scale=1.0)
+    parts = {p: [r for r in runs if r.part == p] for p in ("curve", "tune", "alpha", "backend", "batch")}
+    assert [len(v) for v in parts.values()] == [10, 12, 10, 4, 3]
+    assert all(r.curve and r.epochs == 20 for r in parts["curve"])
+    assert all("data.eval_split=holdout" in r.overrides for r in parts["tune"])
+    assert all(r.epochs == 5 for p in ("tune", "alpha", "backend", "batch") for r in parts[p])
+    assert plan("gpu", scale=0.1)[0].epochs == 2 and plan("gpu", scale=0.1)[-1].epochs == 1
+
+
+def test_trains_evaluates_skips_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "out" / "cpu"
+    names = [r.name for r in plan("cpu", quick=True)]
+    assert len(names) == 2 and len({n.split("-")[1] for n in names}) == 2  # two methods
+
+    _drive(tmp_path)
+    results = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
+    for r in results.values():
+        assert r["final_step"] == 4 and r["resumed_from_step"] is None  # 128 images / 32 = 4 steps
+        assert [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(1, 4)]
+        assert 0 <= r["final"]["knn_k20_weighted"] <= 100 and r["card"] == "cpu" and r["wall_s"] > 0
+    assert json.loads((out / "_skipped.json").read_text())["skipped"] == []
+
+    # Second invocation: both results exist, nothing runs again.
+    stamps = {n: (out / f"{n}.json").stat().st_mtime_ns for n in names}
+    log = tmp_path / "scratch" / "cpu" / names[0] / "train.log"
+    log_stamp = log.stat().st_mtime_ns
+    text = _drive(tmp_path)
+    assert all(f"skip {n}: result exists" in text for n in names)
+    assert stamps == {n: (out / f"{n}.json").stat().st_mtime_ns for n in names}
+    assert log.stat().st_mtime_ns == log_stamp
+
+    # A training stopped after its step-2 checkpoint, with no result: it resumes at step 2, not from 0.
+    home = tmp_path / "scratch" / "cpu" / names[0]
+    (out / f"{names[0]}.json").unlink()
+    (home / "train_done.json").unlink()
+    (home / "run" / "checkpoints" / "step_00000004.pt").unlink()
+    for report in home.glob("eval/*/report.json"):
+        report.unlink()
+    text = _drive(tmp_path)
+    assert f"skip {names[1]}: result exists" in text and f"done {names[0]}" in text
+    again = json.loads((out / f"{names[0]}.json").read_text())
+    assert again["resumed_from_step"] == 2 and again["final_step"] == 4
+    assert "at step 2" in log.read_text() and again["per_epoch"][0]["step"] == 4
