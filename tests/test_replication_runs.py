@@ -94,3 +94,25 @@ def test_trains_evaluates_skips_and_resumes(tmp_path: Path) -> None:
     again = json.loads((out / f"{names[0]}.json").read_text())
     assert again["resumed_from_step"] == 2 and again["final_step"] == 4
     assert "at step 2" in log.read_text() and again["per_epoch"][0]["step"] == 4
+
+
+def test_budget_skips_what_cannot_finish_and_says_so(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "benchmarks/replication/run.py",
+        "--group",
+        "gpu",
+        "--quick",
+        "--budget-s",
+        "5",
+        "--out",
+        str(tmp_path / "out"),
+        "--scratch",
+        str(tmp_path / "scratch"),
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    skipped = json.loads((tmp_path / "out" / "gpu" / "_skipped.json").read_text())["skipped"]
+    assert sorted(s["run"] for s in skipped) == sorted(r.name for r in plan("gpu", quick=True))
+    assert all(s["reason"].startswith("budget") for s in skipped)
+    assert not list((tmp_path / "out" / "gpu").glob("[!_]*.json")) and not (tmp_path / "scratch").exists()
