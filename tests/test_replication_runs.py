@@ -18,22 +18,10 @@ from plan import plan  # noqa: E402
 from hypersolid_scale.config.schema import load_config  # noqa: E402
 
 
-def _drive(tmp: Path) -> str:
-    cmd = [
-        sys.executable,
-        "benchmarks/replication/run.py",
-        "--group",
-        "cpu",
-        "--quick",
-        "--parallel",
-        "2",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp / "out"),
-        "--scratch",
-        str(tmp / "scratch"),
-    ]
+def _drive(tmp: Path, *args: str) -> str:
+    """run.py --quick on tmp's folders (default: the cpu group, 2 at a time); its stdout."""
+    where = ["--out", str(tmp / "out"), "--scratch", str(tmp / "scratch"), "--device", "cpu", "--quick"]
+    cmd = [sys.executable, "benchmarks/replication/run.py", *where, *(args or ("--group", "cpu", "--parallel", "2"))]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -97,21 +85,7 @@ def test_trains_evaluates_skips_and_resumes(tmp_path: Path) -> None:
 
 
 def test_budget_skips_what_cannot_finish_and_says_so(tmp_path: Path) -> None:
-    cmd = [
-        sys.executable,
-        "benchmarks/replication/run.py",
-        "--group",
-        "gpu",
-        "--quick",
-        "--budget-s",
-        "5",
-        "--out",
-        str(tmp_path / "out"),
-        "--scratch",
-        str(tmp_path / "scratch"),
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
+    _drive(tmp_path, "--group", "gpu", "--budget-s", "5")
     skipped = json.loads((tmp_path / "out" / "gpu" / "_skipped.json").read_text())["skipped"]
     assert sorted(s["run"] for s in skipped) == sorted(r.name for r in plan("gpu", quick=True))
     assert all(s["reason"].startswith("budget") for s in skipped)
