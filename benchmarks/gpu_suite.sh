@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
-# The GPU benchmark suite: CUDA tests, repulsion backends, training throughput, loaders; JSON + PNG.
+# The GPU benchmark suite: CUDA tests, repulsion backends, training throughput, loaders, photos; JSON + PNG.
 #
 #     bash benchmarks/gpu_suite.sh [--device cuda|cpu] [--quick] [--out DIR] [--parts a,b]
-#         (default out: benchmarks/results/gpu; parts: cuda_tests,repulsion,train_throughput,loaders, default all)
+#         (default out: benchmarks/results/gpu; parts: cuda_tests,repulsion,train_throughput,loaders,photo;
+#          default all)
 #
-# Budget: under 6 minutes on one H100 (each part has its own time limit; a part that cannot run records
+# Budget: under 10 minutes on one H100 (each part has its own time limit; a part that cannot run records
 # `skipped: <reason>` and the suite goes on). `--device cpu --quick` runs the same code on tiny sizes.
 # Results: DIR/summary.json (card, torch, date, command, every part's status and numbers, failure tails),
-# DIR/<part>.json, DIR/<part>.png, DIR/<part>.log.
+# DIR/<part>.json, DIR/<part>.png, DIR/<part>.log. The photo part rebuilds its photo set from the source
+# photographs in $PHOTO_SOURCES (default benchmarks/results/photo_sources.npz: no scikit-image needed).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 
 DEVICE=cuda
 QUICK=0
-PARTS=cuda_tests,repulsion,train_throughput,loaders
+PARTS=cuda_tests,repulsion,train_throughput,loaders,photo
 OUT=benchmarks/results/gpu
 COMMAND="bash benchmarks/gpu_suite.sh $*"
 while [ $# -gt 0 ]; do
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
     --out=*) OUT="${1#*=}"; shift ;;
     --parts) PARTS="$2"; shift 2 ;;
     --parts=*) PARTS="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument '$1' (expected --device cuda|cpu, --quick, --out DIR, --parts LIST)" >&2; exit 2 ;;
   esac
 done
@@ -59,14 +61,20 @@ if [ "$QUICK" = 1 ]; then
             --budget-s 60)
   TT_ARGS=(--quick --budget-s 100)
   LD_ARGS=(--images 32 --batch 16 --workers 2 --sizes 224 --loaders "webdataset+PIL,ffcv,tensor")
-  LIMITS=(240 150 200 120)
+  # Photo set of 256 images; loader rows over 64; trainer ResNet-18 on 32/16 px crops.
+  PH_LD_ARGS="--images 64 --batch 16 --workers 2 --set-images 256"
+  PH_TR_ARGS="--quick --workers 2 --budget-s 20 --set-images 256"
+  LIMITS=(240 150 200 120 240)
 else
   # Dense up to where it fits (24 B/pair: 32k on 80 GB); neighbors (top-k search on the GPU) up to 128k.
   REP_ARGS=(--sizes 8192 32768 65536 131072 262144 --regimes spread --dtypes bf16 fp32
             --large-from 8192 --neighbors-max 131072 --share --share-batch 128 --share-steps 5 --budget-s 80)
   TT_ARGS=(--budget-s 135 --compile-reserve-s 50)
   LD_ARGS=(--images 1024 --batch 64 --workers 16 --sizes 224 --threads 4)
-  LIMITS=(150 120 150 50)
+  # 5,120 images timed per row after the first batch, both view setups; the set (5,504 images) on all cores.
+  PH_LD_ARGS="--images 5120 --batch 64 --workers 8 --set-images 5504"
+  PH_TR_ARGS="--workers 8 --budget-s 45 --set-images 5504"
+  LIMITS=(150 120 150 50 200)
 fi
 [ "$DEVICE" = cpu ] && [ "$QUICK" = 0 ] && echo "note: --device cpu without --quick takes long"
 
@@ -84,6 +92,19 @@ part train_throughput "${LIMITS[2]}" "$PY" benchmarks/train_throughput.py --devi
 # 4. Loaders at 224 px: WebDataset + PIL, FFCV (where it imports), the in-memory tensor path.
 part loaders "${LIMITS[3]}" "$PY" benchmarks/loaders.py --device "$DEVICE" "${LD_ARGS[@]}" \
   --cache "${TMPDIR:-/tmp}/hs_gpu_suite_loaders" --out "$OUT"
+
+# 5. Photographs: the photo set's JPEG shards through the PIL / device / FFCV loaders (images/s, host CPU per
+#    image), then the trainer end to end from those shards against the trainer on synthetic tensors.
+# The commands go to `bash -c` through the environment: `timeout` runs a program, not a shell function.
+export PY DEVICE OUT PH_LD_ARGS PH_TR_ARGS PHOTO_CACHE="${TMPDIR:-/tmp}/hs_gpu_suite_photos"
+export PHOTO_SOURCES=${PHOTO_SOURCES:-benchmarks/results/photo_sources.npz}
+# shellcheck disable=SC2016,SC2086  # expanded by the inner shell; the argument lists split on purpose
+part photo "${LIMITS[4]}" bash -c 'rc=0
+  "$PY" benchmarks/photo_loaders.py --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" --cache "$PHOTO_CACHE" \
+    --out "$OUT" $PH_LD_ARGS || rc=$?
+  "$PY" benchmarks/photo_trainer.py --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" --cache "$PHOTO_CACHE" \
+    --out "$OUT" $PH_TR_ARGS || rc=$?
+  exit $rc'
 
 "$PY" benchmarks/gpu_summary.py --out "$OUT" --device "$DEVICE" --quick "$QUICK" --command "$COMMAND" \
   --started "$SUITE_START"

@@ -18,11 +18,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, cast
 
-PARTS = {
+PARTS: dict[str, Any] = {
     "cuda_tests": None,
     "repulsion": "repulsion.json",
     "train_throughput": "train_throughput.json",
     "loaders": "loaders.json",
+    # Two benchmarks in one part: its results are {"loaders": ..., "trainer": ...}, each where written.
+    "photo": {"loaders": "photo_loaders.json", "trainer": "photo_trainer.json"},
 }
 
 
@@ -67,6 +69,8 @@ def collect(out: Path) -> dict[str, Any]:
         try:
             if name == "cuda_tests":
                 data = junit_counts(out / "cuda_tests.xml")
+            elif isinstance(result, dict):
+                data = {k: json.loads((out / f).read_text()) for k, f in result.items() if (out / f).is_file()} or None
             elif result is not None and (out / result).is_file():  # None: cuda_tests, read above
                 data = json.loads((out / result).read_text())
         except (OSError, ValueError, ET.ParseError) as err:
