@@ -73,7 +73,7 @@ else
   LD_ARGS=(--images 1024 --batch 64 --workers 16 --sizes 224 --threads 4)
   # 5,120 images timed per row after the first batch, both view setups; the set (5,504 images) on all cores.
   PH_LD_ARGS="--images 5120 --batch 64 --workers 8 --set-images 5504"
-  PH_TR_ARGS="--workers 8 --budget-s 45 --set-images 5504"
+  PH_TR_ARGS="--workers 8 --budget-s 36 --set-images 5504"
   LIMITS=(150 120 150 50 200)
 fi
 [ "$DEVICE" = cpu ] && [ "$QUICK" = 0 ] && echo "note: --device cpu without --quick takes long"
