@@ -3,6 +3,7 @@
     python launch/eval.py --checkpoint runs/quickstart/checkpoints/step_00001407.pt \
         [--suite knn,linear,cluster,geometry,plots,qualitative] [--features backbone|projector] \
         [--output-dir DIR] [--device auto|cpu|cuda] [--no-mlflow] [data.key=value eval.key=value ...]
+    python launch/eval.py --checkpoint PATH --protocol paper [--output-dir DIR] [...]
     python launch/eval.py --backbone torchvision:resnet50 --weights r50.pth [--strip-prefix P] \
         data.format=imagefolder data.path=... [--suite ...] [--output-dir DIR] [...]
 
@@ -10,6 +11,9 @@ A published backbone (``--backbone SOURCE:NAME --weights FILE``, ``hypersolid_sc
 evaluated on its pooled features with the same suites, on the data of the data.* overrides (the config is
 the defaults plus the overrides); its report goes to ``<dirname(FILE)>/eval/<stem>``, its MLflow run is a
 new one tagged ``eval.kind=external``.
+
+``--protocol paper`` runs the replication protocol (``hypersolid_scale.eval.protocol``, docs/replication.md)
+instead of ``--suite``: both feature kinds, raw and centred, every grid value, flat ``protocol.*`` keys.
 
 Steps: load the checkpoint and rebuild its model -> embed the train and test splits with the eval
 transform (sharded over ranks under torchrun, cached on disk) -> on rank 0, run the chosen suites on
@@ -41,6 +45,7 @@ from torch.utils.data import Dataset, Subset
 from hypersolid_scale.eval.clustering import subsample
 from hypersolid_scale.eval.config import FEATURE_SUITES, FEATURES, SUITES, EvalConfig
 from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint
+from hypersolid_scale.eval.protocol import Protocol, get_protocol, run_protocol, summary
 from hypersolid_scale.eval.report import format_table, write_report
 from hypersolid_scale.eval.source import Source, checkpoint_source, external_source
 from hypersolid_scale.eval.suites import Images, Split, nothing_evaluated, run_suites
@@ -80,6 +85,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "eval.suites, which leaves out the slow qualitative suite)",
     )
     p.add_argument("--features", default=None, choices=FEATURES, help="default: eval.features (backbone)")
+    p.add_argument(
+        "--protocol",
+        default=None,
+        metavar="NAME",
+        help="run a fixed evaluation protocol instead of --suite/--features: paper (docs/replication.md)",
+    )
     p.add_argument(
         "--output-dir",
         default=None,
@@ -221,14 +232,17 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
             "--weights and --strip-prefix go with --backbone, and --backbone needs --weights: pass "
             "--backbone SOURCE:NAME --weights FILE, or --checkpoint FILE alone"
         )
+    proto = _protocol(args)
     path = Path(args.checkpoint or args.weights)
     out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(path, external=bool(args.backbone))
     if on_output_dir is not None and (args.output_dir or path.is_file()):  # no folders for a mistyped path
         on_output_dir(out_dir)
+    # The protocol's settings come first: an explicit eval.key=value still wins (e.g. a smaller subset).
+    overrides = [*(proto.overrides if proto else ()), *args.overrides]
     src = (
-        external_source(args.backbone, path, args.strip_prefix, args.overrides)
+        external_source(args.backbone, path, args.strip_prefix, overrides)
         if args.backbone
-        else checkpoint_source(path, args.overrides)
+        else checkpoint_source(path, overrides)
     )
     cfg = src.cfg
     ev: EvalConfig = cfg.eval
@@ -250,23 +264,32 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         data = {split: capped(ds, caps[split], ev.seed) for split, ds in full.items()}
         t0 = time.perf_counter()
         splits: dict[str, Split] = {}
-        if any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
-            splits = _embed(src, data, full, ev, device, verbose=info.rank == 0)
+        kinds = [k for k in proto.features if not args.backbone or k == "backbone"] if proto else [ev.features]
+        by_kind: dict[str, dict[str, Split]] = {}
+        if proto or any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
+            by_kind = {k: _embed(src, data, full, ev, device, verbose=info.rank == 0, which=k) for k in kinds}
+            splits = by_kind[kinds[0]]
         embed_s = time.perf_counter() - t0
         if info.rank != 0:
             return 0
         images = (
             sample_images(data["test"], cfg, ev.qualitative_images, ev.seed) if "qualitative" in ev.suites else None
         )
-        report = run_suites(
-            splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=src.model, images=images
-        )
+        if proto:
+            alpha = float(getattr(cfg.method.hypersolid, "alpha", proto.default_alpha))
+            pairs = {k: (s["train"], s["test"]) for k, s in by_kind.items()}
+            report = run_protocol(pairs, ev, proto, out_dir, alpha=alpha, device=device, log=print)
+        else:
+            report = run_suites(
+                splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=src.model, images=images
+            )
         report["timings_s"] = {**({"embed": embed_s} if splits else {}), **report["timings_s"]}
         sizes = {"n_train": len(data["train"]), "n_test": len(data["test"])}  # type: ignore[arg-type]
         report["meta"] = {
             **src.meta,
             "dataset": cfg.data.describe(),
-            "features": ev.features,
+            "features": ",".join(kinds),
+            **({"protocol": proto.name} if proto else {}),
             "feature_dim": int(splits["train"][0].shape[1]) if splits else None,
             **sizes,
             "suites": list(ev.suites),
@@ -279,10 +302,11 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
             write_report(report, out_dir)  # now with the MLflow run id
         title = (
             f"{src.label}, {cfg.data.describe()}, "
-            + (f"{ev.features} features, " if splits else "")
+            + (f"{'+'.join(kinds)} features, " if splits else "")
             + f"n_train={sizes['n_train']}, n_test={sizes['n_test']})"
         )
-        print(format_table(report["metrics"], title=title, skipped=report["skipped"]))
+        shown = summary(report["metrics"]) if proto else report["metrics"]
+        print(format_table(shown, title=title, skipped=report["skipped"]))
         for name, png in report.get("qualitative", {}).items():
             print(f"[eval] qualitative {name}: {png}")
         print(
@@ -310,15 +334,16 @@ def _embed(
     device: torch.device,
     *,
     verbose: bool,
+    which: str,
 ) -> dict[str, Split]:
-    """{split: (features, labels)} of the (capped) datasets, from the on-disk cache when it holds them."""
+    """{split: (``which`` features, labels)} of the (capped) datasets, from the on-disk cache when it holds them."""
     cache_dir = Path(ev.cache_dir) if ev.cache_dir else src.home / "eval_cache"
     data_dict = asdict(src.cfg.data)
     splits: dict[str, Split] = {}
     for split, ds in data.items():
         # A subset is drawn with eval.seed, so the seed joins the cache key (which holds the sample count).
         key = data_dict if ds is full[split] else {**data_dict, "eval_subset_seed": ev.seed}
-        fp = embedding_fingerprint(src.weights_id, key, split, ev.features, len(ds))  # type: ignore[arg-type]
+        fp = embedding_fingerprint(src.weights_id, key, split, which, len(ds))  # type: ignore[arg-type]
         x, y, hit = cached_embeddings(
             src.model,
             ds,
@@ -326,14 +351,27 @@ def _embed(
             fingerprint=fp,
             batch_size=ev.batch_size,
             device=device,
-            which=ev.features,
+            which=which,
             num_workers=ev.num_workers,
             desc=f"embed {split}",
         )
         splits[split] = (x, y)
         if verbose:
-            print(f"[eval] {split}: {tuple(x.shape)} {ev.features} features ({'cache' if hit else 'extracted'})")
+            print(f"[eval] {split}: {tuple(x.shape)} {which} features ({'cache' if hit else 'extracted'})")
     return splits
+
+
+def _protocol(args: argparse.Namespace) -> Protocol | None:
+    """The protocol of ``--protocol``; a ``ConfigError`` for an unknown name or a clash with --suite/--features."""
+    if args.protocol is None:
+        return None
+    try:
+        proto = get_protocol(args.protocol)
+    except KeyError as err:
+        raise ConfigError(f"--protocol: {err.args[0]}") from None
+    if args.suite is not None or args.features is not None:
+        raise ConfigError(f"--protocol {proto.name} fixes the metrics and features: drop --suite and --features")
+    return proto
 
 
 def cli(argv: Sequence[str]) -> int:
