@@ -1,16 +1,21 @@
 """``launch/compare.py``: every method through the same trainer, budget and evaluation; one table, two figures.
 
     python launch/compare.py [--setting quickstart] [--methods all] [--seeds 3] [--baseline-seeds 1]
-        [--steps 300] [--nproc 2] [--out DIR] [--quick] [--no-mlflow] [key=value ...]
+        [--steps 300] [--nproc 2] [--out DIR] [--quick] [--protocol paper] [--no-mlflow] [key=value ...]
 
 For each (method, seed): ``torchrun launch/train.py`` with the setting's config (``configs/<setting>.yaml`` for
 Hypersolid, ``configs/baselines/<method>_<setting>.yaml``), the seed and ``max_steps=--steps``; then
 ``launch/eval.py`` on its final checkpoint (kNN, linear probe, clustering, geometry; backbone features). Then
 ``<out>/compare.md`` / ``compare.json`` (mean ± std over seeds), ``dbscan_nmi_vs_eps.png`` and
-``metrics.png``. MLflow: one parent run (the table's numbers, the files) with one child run per training
-(the training's own run, which its evaluation also logs into). Starting it again on the same ``--out``
-resumes (see ``hypersolid_scale.compare.runner``). Exit 0 when every training and evaluation succeeded, 1
-when some failed (the table holds the others), 2 for bad input.
+``metrics.png``. MLflow: one parent run (the table's numbers, the files) with one child run per training (the
+training's own run, which its evaluation also logs into). Starting it again on the same ``--out`` resumes (see
+``hypersolid_scale.compare.runner``). Exit 0 when every training and evaluation succeeded, 1 when some failed
+(the table holds the others), 2 for bad input.
+
+The default evaluation (and ``--quick``) is the quick smoke comparison. ``--protocol paper`` evaluates every
+checkpoint with ``launch/eval.py --protocol paper`` instead (docs/replication.md: backbone and projector, raw
+and centred, kNN@5 and @20, every HDBSCAN setting, AMI), and the table's columns are the protocol's
+(``table.PROTOCOL_COLUMNS``).
 """
 
 from __future__ import annotations
@@ -66,7 +71,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="output directory (default runs/compare-<setting>-<time>); an existing one is resumed",
     )
     p.add_argument("--configs", default=None, help="the configs folder (default: the repository's configs/)")
-    p.add_argument("--quick", action="store_true", help=f"a smoke run: {QUICK} unless given")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"quick smoke comparison ({QUICK} unless given); for the protocol use --protocol paper",
+    )
+    p.add_argument(
+        "--protocol",
+        default=None,
+        metavar="NAME",
+        help="evaluate every checkpoint with launch/eval.py --protocol NAME (paper: docs/replication.md) "
+        "instead of the quick suites (kNN@20, one HDBSCAN setting)",
+    )
     p.add_argument("--no-mlflow", action="store_true", help="track nothing")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every training (e.g. data.path=...)")
     args = p.parse_intermixed_args(list(argv))
@@ -82,7 +98,8 @@ def _header(args: argparse.Namespace, budget: Budget, trainings: list[Training])
     return (
         f"# Comparison: {args.setting}, {budget.steps} steps x global batch {budget.global_batch} = "
         f"{budget.images_seen} images seen per training, {len(trainings)} trainings on {args.nproc} "
-        f"process(es) each; evaluation on backbone features"
+        f"process(es) each; evaluation "
+        + (f"with --protocol {args.protocol}" if args.protocol else "on backbone features")
         + (f" of {args.eval_samples} images per split" if args.eval_samples else "")
         + "."
     )
@@ -128,6 +145,13 @@ def main(argv: Sequence[str], repo: Path) -> int:
     configs = Path(args.configs).resolve() if args.configs else repo / "configs"
     trainings = plan(configs, args.setting, methods, args.seeds, args.baseline_seeds, args.overrides)
     budget = check_budget(trainings, steps=args.steps, nproc=args.nproc, out_dir=out)
+    if args.protocol is not None:  # refused before anything trains, not at each evaluation
+        from hypersolid_scale.eval.protocol import get_protocol  # torch, FAISS: only when asked for
+
+        try:
+            get_protocol(args.protocol)
+        except KeyError as err:
+            raise UserError(f"--protocol: {err.args[0]}") from None
     if args.eval_samples is not None and args.eval_samples < 1:
         raise UserError(f"--eval-samples {args.eval_samples}: it must be >= 1 (or left out for all images)")
     try:
@@ -158,10 +182,14 @@ def main(argv: Sequence[str], repo: Path) -> int:
             f"tracking.experiment={EXPERIMENT}",
             f"tracking.parent_run_id={tracker.run_id}",
         ]
-    evals = ["eval.knn_k=[20]", "eval.batch_size=1000"]
+    # The quick suites' K; the protocol sets its own evaluation settings (kNN at K = 5 and 20, ...).
+    evals = ["eval.batch_size=1000"] if args.protocol else ["eval.knn_k=[20]", "eval.batch_size=1000"]
     if args.eval_samples:
         evals += [f"eval.max_train_samples={args.eval_samples}", f"eval.max_test_samples={args.eval_samples}"]
-    runner = Runner(paths, state, repo, args.steps, args.nproc, tracking, evals, not args.no_mlflow, args.device)
+    runner = Runner(
+        paths, state, repo, args.steps, args.nproc, tracking, evals, not args.no_mlflow, args.device, args.protocol
+    )
+    columns = table.PROTOCOL_COLUMNS if args.protocol else table.QUICK_COLUMNS
     header = _header(args, budget, trainings)
     print(header + f"\noutput: {out} (logs in {out / 'logs'})", flush=True)
     failures: dict[str, str] = {}
@@ -180,14 +208,14 @@ def main(argv: Sequence[str], repo: Path) -> int:
                         tqdm.write(f"{t.name}: {error} (log: {paths.log(t, stage)})")
                     bar.update()
         reports, info = _collect(paths, state, trainings, budget)
-        summary = table.summarise(reports)
-        js, md = table.write(out, summary, info, table.skipped_reasons(reports), header)
+        summary = table.summarise(reports, columns)
+        js, md = table.write(out, summary, info, table.skipped_reasons(reports, columns), header, columns)
         title = f"{args.setting}: {budget.images_seen} images seen per training"
         pngs = [
             p
             for p in (
                 figures.plot_dbscan(reports, out / "dbscan_nmi_vs_eps.png", title),
-                figures.plot_bars(summary, out / "metrics.png", title),
+                figures.plot_bars(summary, out / "metrics.png", title, columns),
             )
             if p is not None
         ]
@@ -203,6 +231,7 @@ def main(argv: Sequence[str], repo: Path) -> int:
                     "baseline_seeds": args.baseline_seeds,
                     "methods": ",".join(methods),
                     "eval_samples": args.eval_samples or "all",
+                    "eval_protocol": args.protocol or "quick",
                 }
             )
             tracker.log_metrics(

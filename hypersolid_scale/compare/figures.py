@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hypersolid_scale.compare.table import MAIN_METRICS, METRICS, Summary
+from hypersolid_scale.compare.table import QUICK_COLUMNS, Columns, Summary
 from hypersolid_scale.eval.plots import plt, save_figure
 
 
@@ -53,12 +53,14 @@ def plot_dbscan(reports: dict[str, list[dict[str, Any]]], path: Path, title: str
     return save_figure(fig, path)
 
 
-def plot_bars(summary: dict[str, dict[str, Summary]], path: Path, title: str) -> Path | None:
+def plot_bars(
+    summary: dict[str, dict[str, Summary]], path: Path, title: str, columns: Columns = QUICK_COLUMNS
+) -> Path | None:
     """A panel per main metric, a bar per method (mean over seeds, error bar ± std, seeds as dots)."""
-    keys = [k for k in MAIN_METRICS if any(k in cols for cols in summary.values())]
+    keys = [k for k in columns.main if any(k in cols for cols in summary.values())]
     if not keys:
         return None
-    labels = {key: label for label, key, _spec in METRICS}
+    labels = {key: label for label, key, _spec in columns.metrics}
     methods = list(summary)
     fig, axes = plt.subplots(1, len(keys), figsize=(2.6 * len(keys), 3.2), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

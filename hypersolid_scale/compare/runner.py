@@ -112,6 +112,7 @@ class Runner:
     eval_overrides: list[str]
     mlflow: bool
     device: str = "auto"
+    protocol: str | None = None  # launch/eval.py --protocol NAME instead of --suite EVAL_SUITES
 
     def _env(self, processes: int) -> dict[str, str]:
         # The cores shared among the processes, as the quickstart does (unless the user set it).
@@ -156,7 +157,9 @@ class Runner:
         record = self.state.run(t.name)
         ckpt = self.paths.checkpoint(t, self.steps)
         report = self.paths.report(t)
-        if report.exists() and record.get("eval") == "done" and record.get("evaluated") == str(ckpt):
+        # A report of the other evaluation (the quick suites, another protocol) is not this one's.
+        same = record.get("evaluated") == str(ckpt) and record.get("protocol") == self.protocol
+        if report.exists() and record.get("eval") == "done" and same:
             return None
         cmd = [
             sys.executable,
@@ -165,8 +168,7 @@ class Runner:
             str(ckpt),
             "--output-dir",
             str(self.paths.eval_dir(t)),
-            "--suite",
-            EVAL_SUITES,
+            *(["--protocol", self.protocol] if self.protocol else ["--suite", EVAL_SUITES]),
             "--device",
             self.device,
             *([] if self.mlflow else ["--no-mlflow"]),
@@ -176,6 +178,7 @@ class Runner:
         record["eval_s"] = seconds
         record["eval"] = "done" if rc == 0 else f"failed (exit {rc})"
         record["evaluated"] = str(ckpt)
+        record["protocol"] = self.protocol
         self.state.save()
         if rc != 0:
             return f"evaluation failed (exit {rc}): {last_error(self.paths.log(t, 'eval'))}"
