@@ -140,7 +140,11 @@ def _shared_graph(x: np.ndarray, eps: list[float], ms: int, ev: EvalConfig, devi
     whichever is larger, and that many nearest neighbours."""
     radius = float(np.quantile(knn_distance_sample(x, ms, clustering.QUANTILE_QUERIES, ev.seed, device), 0.9))
     return clustering.density_graph(
-        x, radius=max(max(eps), radius), k=max(ms, ev.dbscan_min_samples - 1), max_edges=ev.dbscan_max_edges
+        x,
+        radius=max(max(eps), radius),
+        k=max(ms, ev.dbscan_min_samples - 1),
+        max_edges=ev.dbscan_max_edges,
+        device=device,
     )
 
 
