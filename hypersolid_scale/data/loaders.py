@@ -161,6 +161,11 @@ class MapStyleMultiCropLoader(ResumableEpochs):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def device_stage_cpu_s(self) -> float:
+        """This process's CPU seconds in the device stage (data.decode=device; 0 otherwise)."""
+        return float(getattr(self.finish, "cpu_seconds", 0.0))
+
     def __iter__(self) -> Iterator[Batch]:
         start = self._begin()
         idx = rank_indices(

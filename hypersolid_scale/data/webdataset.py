@@ -302,6 +302,11 @@ class WebDatasetLoader(ResumableEpochs):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def device_stage_cpu_s(self) -> float:
+        """This process's CPU seconds in the device stage (data.decode=device; 0 otherwise)."""
+        return self.device_stage.cpu_seconds if self.device_stage is not None else 0.0
+
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
         start = self._begin()
         ds = _ShardStream(
