@@ -47,7 +47,8 @@ def test_every_key_of_the_layout_is_present(report: dict) -> None:
         for norm in ("raw", "centred"):
             stem = f"protocol.{kind}.{norm}"
             want = [f"{stem}.knn_k{k}_{v}" for k in (5, 20) for v in ("weighted", "majority")]
-            want += [f"{stem}.linear_top1", f"{stem}.geometry.anisotropy", f"{stem}.geometry.d_prime"]
+            want += [f"{stem}.geometry.anisotropy", f"{stem}.geometry.d_prime"]
+            want += [f"{stem}.linear_top1"] if norm == "raw" else []
             want += [f"{stem}.kmeans.{s}" for s in SCORES]
             # every HDBSCAN grid value is reported, not only the best
             want += [f"{stem}.hdbscan_mcs{c}.{s}" for c in (5, 10, 25, 50, 100) for s in SCORES]
@@ -55,6 +56,7 @@ def test_every_key_of_the_layout_is_present(report: dict) -> None:
             missing = [k for k in want if k not in m]
             assert not missing, missing
             assert m[f"{stem}.kmeans.n_clusters"] == 10 and m[f"{stem}.kmeans.noise_fraction"] == 0.0
+    assert not any(k.startswith("protocol.backbone.centred.linear") for k in m)  # the probe standardises
     ex = {k.removeprefix("protocol.exclusion."): v for k, v in m.items() if k.startswith("protocol.exclusion.")}
     assert ex["alpha"] == 0.8  # the checkpoint's loss alpha, not the default
     assert 0.0 <= ex["same_class_frac"] <= 1.0 and 0.0 <= ex["diff_class_frac"] <= 1.0
