@@ -185,3 +185,18 @@ def test_paired_differences_pair_by_seed_and_correct_over_metrics() -> None:
     assert out["knn"].p == pytest.approx(1 - 2 * math.sqrt(3) / math.sqrt(14))
     assert out["knn"].p_holm == pytest.approx(min(1.0, 2 * out["knn"].p))  # the smaller p of two, x 2
     assert out["ami"].p == 1.0 and out["ami"].p_holm == 1.0
+
+
+def test_a_baselines_checkpoint_gets_the_backbone_half_and_says_why_not_the_rest(tmp_path: Path) -> None:
+    """SimCLR trains heads of its own, not Hypersolid's projector: the projector features and the exclusion zone
+    are skipped with the reason, the backbone half is all there."""
+    path = make_checkpoint(tmp_path, ["method.name=simclr"])
+    out = tmp_path / "report"
+    assert main(["--checkpoint", str(path), "--protocol", "paper", "--no-mlflow", "--output-dir", str(out),
+                 *SMALL, "eval.max_train_samples=400", "eval.max_test_samples=300"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["skipped"]) == {"protocol.projector", "protocol.exclusion"}
+    assert all("Hypersolid's projector" in why for why in report["skipped"].values())
+    m = report["metrics"]
+    assert "protocol.backbone.centred.knn_k5_weighted" in m and "protocol.backbone.raw.linear_top1" in m
+    assert not any(k.startswith(("protocol.projector", "protocol.exclusion")) for k in m)

@@ -254,7 +254,12 @@ class Driver:
             "final": per_epoch[-1] if per_epoch else {},
         }
         write_json(self.out / f"{st.run.name}.json", result)
-        knn = {k: v for k, v in result["final"].items() if k.startswith("knn") and isinstance(v, float)}
+        # The suite's keys (knn_k20_weighted) or the protocol's (protocol.backbone.raw.knn_k20_weighted).
+        knn = {
+            k: v
+            for k, v in result["final"].items()
+            if k.removeprefix("protocol.backbone.raw.").startswith("knn") and isinstance(v, float)
+        }
         best = f"{max(knn, key=knn.get)}={max(knn.values()):.4f}" if knn else "no kNN metric"
         self.say(
             f"done {st.run.name}: train {st.train_s:.0f}s, eval {st.eval_s:.0f}s, "

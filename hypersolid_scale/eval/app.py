@@ -264,7 +264,7 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         data = {split: capped(ds, caps[split], ev.seed) for split, ds in full.items()}
         t0 = time.perf_counter()
         splits: dict[str, Split] = {}
-        kinds = [k for k in proto.features if not args.backbone or k == "backbone"] if proto else [ev.features]
+        kinds = [k for k in proto.features if k == "backbone" or _has_projector(args, cfg)] if proto else [ev.features]
         by_kind: dict[str, dict[str, Split]] = {}
         if proto or any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
             by_kind = {k: _embed(src, data, full, ev, device, verbose=info.rank == 0, which=k) for k in kinds}
@@ -359,6 +359,14 @@ def _embed(
         if verbose:
             print(f"[eval] {split}: {tuple(x.shape)} {which} features ({'cache' if hit else 'extracted'})")
     return splits
+
+
+def _has_projector(args: argparse.Namespace, cfg: Any) -> bool:
+    """A checkpoint whose method trains Hypersolid's projector (baselines train heads of their own; a published
+    backbone has none): the protocol's projector features and exclusion zone are measured on it."""
+    from hypersolid_scale.methods import get_method
+
+    return not args.backbone and get_method(cfg.method.name).projector_features
 
 
 def _protocol(args: argparse.Namespace) -> Protocol | None:

@@ -270,7 +270,8 @@ def run_protocol(
             found = exclusion_zone(*features["projector"][1], alpha, max_pairs=ev.max_pairs, seed=ev.seed)
             metrics.update({f"{PREFIX}.exclusion.{k}": v for k, v in found.items()})
     else:
-        skips.add({f"{PREFIX}.exclusion": "it needs the projector's outputs (a checkpoint, not a published backbone)"})
+        why = "it needs Hypersolid's projector (baselines train heads of their own; published backbones have none)"
+        skips.add({f"{PREFIX}.{k}": why for k in ("exclusion", *(f for f in proto.features if f not in features))})
     return {"metrics": metrics, "timings_s": timings, "plots": [], "skipped": skips.reasons}
 
 
