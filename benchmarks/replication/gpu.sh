@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The replication study's gpu group: the one command for the lent GPU machine (no network), from the
-# repository root, with .whl/ carried (fill it here first: bash benchmarks/gpu_wheels.sh):
+# repository root, with .whl_replication/ and .fmnist/ carried (fill them here first:
+# bash benchmarks/replication/gpu_carry.sh):
 #     bash benchmarks/replication/gpu.sh
 #     OUT=/tmp/x GPU_ARGS="--device cpu --quick" bash benchmarks/replication/gpu.sh     # a dry run on a CPU
 # Installs the wheels into /tmp/site, runs run.py --group gpu under one 380 s deadline for the whole
@@ -14,7 +15,7 @@ START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-380}
 OUT=${OUT:-/tmp/gpu_out}
 SITE=${SITE:-/tmp/site}
-WHEELS=${WHEELS:-.whl}
+WHEELS=${WHEELS:-.whl_replication}
 ARGS=${GPU_ARGS:---device cuda}
 PARALLEL=${PARALLEL:-12}  # 16 cores: 12 trainings/evaluations at once, 1 thread each, leave the rest to the driver
 PY=${PYTHON:-python3}
@@ -38,6 +39,15 @@ install_wheels() {  # the pattern of benchmarks/gpu_run.sh: the machine has no n
   echo "== $(date -u +%FT%TZ) $(hostname); python: $(command -v "$PY")"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   install_wheels
+  # That machine has no Fashion-MNIST: unpack the copy gpu_carry.sh prepared (.fmnist/, carried) where the
+  # builtin dataset looks for it.
+  if ls .fmnist/*.xz > /dev/null 2>&1 && ! ls /usr/share/datasets/fashion-mnist/train-images* > /dev/null 2>&1; then
+    mkdir -p /usr/share/datasets/fashion-mnist && "$PY" -c '
+import glob, lzma, os
+for f in glob.glob(".fmnist/*.xz"):
+    with lzma.open(f) as src, open("/usr/share/datasets/fashion-mnist/" + os.path.basename(f)[:-3], "wb") as dst:
+        dst.write(src.read())' && echo "Fashion-MNIST unpacked from .fmnist/"
+  fi
   export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
   # What is left of the deadline, less 20 s to pack the results; the budget leaves 45 s more for the
   # trainings and evaluations already running when it is reached.
