@@ -71,3 +71,12 @@ def test_imagefolder_on_two_processes_trains_like_one(photo_folder: Path, tmp_pa
             diff += float((two[k].double() - a.double()).square().sum())
             norm += float(a.double().square().sum())
     assert (diff / norm) ** 0.5 < 3e-2, (diff / norm) ** 0.5
+
+
+def test_local_webdataset_shards_on_two_processes(photo_folder: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Each rank streams its own share of the shard (WebDataset is not world-size invariant, docs/design.md §4):
+    both ranks train their 3 steps on views decoded on their device."""
+    out = _train(tmp_path / "wds2", ["data.format=webdataset", f"data.path={photo_folder / 'shard-000000.tar'}"], 2)
+    assert "global batch 8 = 2 process(es) x 4 images per GPU" in out
+    model = _model(tmp_path / "wds2")
+    assert all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point())
