@@ -171,16 +171,17 @@ def _levels(preset: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def test_pixels_agree_with_the_pil_path() -> None:
-    """Geometry alone: within bicubic rounding; with every photometric step on: within a few levels on average
-    (kornia's hue and blur are not PIL's; measured: about 1 level mean, see docs/design.md §3e)."""
-    data = photos(12, seed=2)
+    """Geometry alone: torch's 8-bit bicubic resize on the CPU is PIL's algorithm (measured on 24 photos: 0.008 of
+    a level on average, at most 2); every photometric step on: about 1 level on average (kornia's hue and blur
+    are not PIL's; measured 1.06, 99th percentile 5.3), docs/design.md §3e."""
+    data = photos(24, seed=2)
     geometry = replace(SMALL, cj_prob=0.0, gray_prob=0.0, blur_probs=(0.0, 0.0, 0.0), solarize_prob=0.0)
     dev, ref = _device_and_pil(geometry, data)
     diffs = torch.cat([_levels(geometry, a, b).flatten() for a, b in zip(dev, ref)])
-    assert float(diffs.mean()) < 0.6 and float(diffs.max()) <= 12, (float(diffs.mean()), float(diffs.max()))
+    assert float(diffs.mean()) < 0.05 and float(diffs.max()) <= 3, (float(diffs.mean()), float(diffs.max()))
     dev, ref = _device_and_pil(SMALL, data)
     diffs = torch.cat([_levels(SMALL, a, b).flatten() for a, b in zip(dev, ref)])
-    assert float(diffs.mean()) < 3.0, float(diffs.mean())
+    assert float(diffs.mean()) < 2.0, float(diffs.mean())
     # Against a wrong draw (another sample's views) the gap is an order of magnitude larger.
     assert float(_levels(SMALL, dev[0], ref[0].roll(1, 0)).mean()) > 10 * float(diffs.mean())
 
