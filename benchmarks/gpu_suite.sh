@@ -7,7 +7,7 @@
 #
 # Budget: each part has its own time limit (at most 13 minutes together: on a 10-minute device call, run the photo
 # part in a call of its own with --parts photo); a part that cannot run records
-# `skipped: <reason>` and the suite goes on). `--device cpu --quick` runs the same code on tiny sizes.
+# `skipped: <reason>` and the suite goes on. `--device cpu --quick` runs the same code on tiny sizes.
 # Results: DIR/summary.json (card, torch, date, command, every part's status and numbers, failure tails),
 # DIR/<part>.json, DIR/<part>.png, DIR/<part>.log. The photo part rebuilds its photo set from the source
 # photographs in $PHOTO_SOURCES (default benchmarks/results/photo_sources.npz: no scikit-image needed).
