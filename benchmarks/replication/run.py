@@ -43,8 +43,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-from plan import QUICK_EVAL, Run, plan  # noqa: E402
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmark scripts import from
+from replication.plan import QUICK_EVAL, Run, plan  # noqa: E402
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
@@ -260,7 +260,7 @@ class Driver:
             for k, v in result["final"].items()
             if k.removeprefix("protocol.backbone.raw.").startswith("knn") and isinstance(v, float)
         }
-        best = f"{max(knn, key=knn.get)}={max(knn.values()):.4f}" if knn else "no kNN metric"
+        best = f"{max(knn, key=lambda k: knn[k])}={max(knn.values()):.4f}" if knn else "no kNN metric"
         self.say(
             f"done {st.run.name}: train {st.train_s:.0f}s, eval {st.eval_s:.0f}s, "
             f"{len(per_epoch)} evaluation(s), {best}"
