@@ -14,8 +14,9 @@ Two stages (docs/design.md §3e):
   the photometric chain on the whole batch with the PIL path's decisions. On CUDA the work goes to a side
   stream, so the next batch is prepared while the current step runs.
 
-A JPEG that fails on the device (it passed the header checks) is replaced by the batch's previous good image
-and counted in `stats["corrupt_skipped"]` with a warning: the batch keeps its size on every rank.
+A JPEG that fails on the device (it passed the header checks) is decoded on the CPU instead; one that fails
+there too is replaced by the batch's previous good image and counted in `stats["corrupt_skipped"]` with a
+warning: the batch keeps its size on every rank.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class HostStage:
             payload, encoded = torch.frombuffer(bytearray(data), dtype=torch.uint8), True
         elif jpeg:
             payload, encoded = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), self.read_mode), False
-        else:  # as the PIL path decodes it (a corrupt file raises here: the loaders skip and count it)
+        else:  # as the PIL path decodes it (a corrupt file raises here as there: WebDataset skips and counts it)
             img.load()
             arr = np.asarray(img.convert(self.mode))
             payload = torch.from_numpy(arr.copy()).reshape(height, width, -1).permute(2, 0, 1).contiguous()
@@ -162,10 +163,13 @@ class DeviceStage:
         return [im for im in images if im is not None], params
 
     def _decode_one(self, data: torch.Tensor) -> torch.Tensor | None:
-        try:
-            return decode_jpeg(data, mode=self.read_mode, device=self.device)
-        except RuntimeError:
-            return None
+        """One JPEG on the device, else on the CPU (a file nvJPEG does not take is not a corrupt one), else None."""
+        for device in dict.fromkeys((self.device, torch.device("cpu"))):
+            try:
+                return decode_jpeg(data, mode=self.read_mode, device=device).to(self.device, non_blocking=True)
+            except RuntimeError:
+                continue
+        return None
 
     @staticmethod
     def _size(params: torch.Tensor) -> tuple[int, int]:
