@@ -25,8 +25,9 @@ from hypersolid_scale.compare.plan import Training, training_overrides
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 
 STATE = "state.json"
-# The evaluation every checkpoint gets: kNN (K=20, the paper's protocol on small images), the linear probe,
-# K-Means / DBSCAN eps sweep / HDBSCAN, and the geometry of the embedding, on backbone features.
+# The quick smoke comparison's evaluation of every checkpoint: kNN at K=20 (the paper uses K=5 on small data sets:
+# --protocol paper reports both), the linear probe, K-Means / DBSCAN eps sweep / HDBSCAN, and the geometry of the
+# embedding, on backbone features.
 EVAL_SUITES = "knn,linear,cluster,geometry"
 
 
