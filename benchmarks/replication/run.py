@@ -51,7 +51,8 @@ EVAL_ARGS = ["--protocol", "paper"]
 FALLBACK_EVAL_ARGS = ["--suite", "knn,linear,cluster,geometry"]
 # A curve's intermediate epochs get kNN only (k = 5, 20): a full protocol per epoch would cost the
 # clustering and probe 20 times per run; the quarter point (5 of 20 epochs) and the end get the full one.
-CURVE_EVAL_ARGS = ["--suite", "knn"]
+# The protocol's bank (10,000 training images), so that a curve's points are comparable with its ends.
+CURVE_EVAL_ARGS = ["--suite", "knn", "eval.knn_k=[5,20]", "eval.max_train_samples=10000"]
 # Priors for the budget before a run has been measured: (start-up s, s per epoch, s per evaluation).
 PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0, 5.0, 20.0)}
 OUT = str(ROOT / "benchmarks" / "results" / "replication")
@@ -229,6 +230,7 @@ class Driver:
         st.eval_s += seconds
         st.eval_cmd = st.eval_cmd or task.cmd
         entry = {"epoch": task.epoch, "step": task.step, "protocol": task.protocol, "eval_s": round(seconds, 2)}
+        entry["bank"] = (report.get("eval_config") or {}).get("max_train_samples")  # kNN's memory bank (None: all)
         st.entries.append({**entry, **report.get("metrics", {}), "skipped_metrics": report.get("skipped", [])})
         st.pending -= 1
         if st.pending == 0 and not any(s["run"] == task.run.name for s in self.skipped):

@@ -1,0 +1,121 @@
+"""The replication report's figures (PNG under benchmarks/results/replication/report/), from the run JSON.
+
+Every seed is drawn as a point beside its method's mean and 95 % t-interval, so a reader sees the spread
+that the tables summarise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from hypersolid_scale.eval.stats import t_interval
+from replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, by_seed
+
+COLOURS = {"hypersolid": "tab:red", "simclr": "tab:blue", "swav": "tab:green", "barlowtwins": "tab:purple"}
+
+
+def _methods(runs: Sequence[dict[str, Any]]) -> list[str]:
+    return [m for m in METHOD_NAMES if any(r["method"] == m for r in runs)]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _headline(runs: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
+    methods = _methods(runs)
+    values = {m: by_seed(runs, m) for m in methods}
+    fig, axes = plt.subplots(3, 3, figsize=(12, 9))
+    for ax, (key, label) in zip(axes.flat, HEADLINE):
+        for i, m in enumerate(methods):
+            seeds = values[m].get(key, {})
+            if not seeds:
+                continue
+            ys = list(seeds.values())
+            ax.scatter([i + 0.15] * len(ys), ys, s=12, color=COLOURS[m], alpha=0.6)
+            ci = t_interval(ys)
+            err = [[ci.mean - ci.lo], [ci.hi - ci.mean]] if ci.lo is not None and ci.hi is not None else None
+            ax.errorbar([i - 0.1], [ci.mean], yerr=err, fmt="o", color=COLOURS[m], capsize=4)
+        ax.set_xticks(range(len(methods)), [METHOD_NAMES[m] for m in methods], fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _hdbscan(runs: Sequence[dict[str, Any]], path: Path) -> Path:
+    methods = _methods(runs)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, metric, label in zip(axes, ("ami", "noise_fraction", "n_clusters"), ("AMI", "noise fraction", "clusters")):
+        for m in methods:
+            vals = by_seed(runs, m)
+            xs, means, los, his = [], [], [], []
+            for mcs in HDBSCAN_MCS:
+                seeds = vals.get(f"{BB}hdbscan_mcs{mcs}.{metric}")
+                if not seeds:
+                    continue
+                ci = t_interval(list(seeds.values()))
+                xs.append(mcs)
+                means.append(ci.mean)
+                los.append(ci.lo if ci.lo is not None else ci.mean)
+                his.append(ci.hi if ci.hi is not None else ci.mean)
+            ax.plot(xs, means, "o-", color=COLOURS[m], label=METHOD_NAMES[m])
+            ax.fill_between(xs, los, his, color=COLOURS[m], alpha=0.15)
+        ax.set_xscale("symlog", linthresh=1)  # log-spaced grid; an empty panel (metric not run) stays drawable
+        ax.set_xlabel("HDBSCAN min_cluster_size")
+        ax.set_ylabel(label)
+        if metric == "n_clusters":
+            ax.set_yscale("symlog", linthresh=1)  # 0 clusters (all noise) stays drawable
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("HDBSCAN on backbone features, every setting (mean and 95 % interval over seeds)")
+    return _save(fig, path)
+
+
+def _curves(runs: Sequence[dict[str, Any]], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in runs:
+        pts = []
+        for e in r["per_epoch"]:
+            v = e.get(f"{BB}knn_k20_majority", e.get("knn_k20_majority"))
+            if isinstance(v, (int, float)):
+                bank = "10k" if f"{BB}knn_k20_majority" in e or e.get("bank") == 10000 else "60k"
+                pts.append((e["epoch"], v, bank))
+        for bank, marker in (("10k", "o-"), ("60k", "x:")):  # a line joins only points of the same bank
+            sel = [(x, y) for x, y, b in pts if b == bank]
+            if sel:
+                ax.plot(*zip(*sel), marker, color=COLOURS[r["method"]], alpha=0.6)
+    for m in _methods(runs):
+        ax.plot([], [], "-", color=COLOURS[m], label=METHOD_NAMES[m])
+    ax.plot([], [], "o", color="grey", label="bank of 10,000 (protocol)")
+    ax.plot([], [], "x", color="grey", label="bank of 60,000 (first GPU attempt's kNN suite)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("kNN@20 top-1 (%), majority vote")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def draw_cpu(runs: Sequence[dict[str, Any]], out: Path) -> dict[str, Path]:
+    if not runs:
+        return {}
+    return {
+        "cpu_headline": _headline(runs, out / "cpu_headline.png", "CPU group, one epoch: headline metrics per seed"),
+        "cpu_hdbscan": _hdbscan(runs, out / "cpu_hdbscan.png"),
+    }
+
+
+def draw_gpu(runs: Sequence[dict[str, Any]], out: Path) -> dict[str, Path]:
+    curve = [r for r in runs if r["part"] == "curve"]
+    return {"gpu_curves": _curves(curve, out / "gpu_curves.png")} if curve else {}

@@ -1,0 +1,279 @@
+"""The replication study's report: docs/replication.md's "Results" section, generated from the committed run
+JSON (benchmarks/results/replication/<group>/<run>.json, written by run.py) and nothing else.
+
+    python benchmarks/replication/report.py            # rewrite the Results section, the plots and summary.json
+    python benchmarks/replication/report.py --check    # exit 1 if the committed section is not what the JSON gives
+
+Everything above the "## Results" heading (the protocol, fixed before the runs) is left as it is. The
+statistics are eval/stats.py's; the verdict rules are stated in the generated text and in claims.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmark scripts import from
+sys.path.insert(0, str(ROOT))
+from hypersolid_scale.eval.stats import t_interval  # noqa: E402
+from replication.claims import (  # noqa: E402
+    BB,
+    GEOMETRY,
+    HDBSCAN_MCS,
+    HEADLINE,
+    LEVEL,
+    METHOD_NAMES,
+    REFERENCE,
+    Comparison,
+    compare,
+    fmt,
+    fmt_interval,
+    verdicts,
+)
+
+RESULTS = ROOT / "benchmarks" / "results" / "replication"
+DOC = ROOT / "docs" / "replication.md"
+HEADING = "## Results"
+
+
+def load(group_dir: Path) -> list[dict[str, Any]]:
+    """Every run result of a group (``_``-prefixed files are the driver's bookkeeping, not runs)."""
+    if not group_dir.is_dir():
+        return []
+    return [json.loads(p.read_text()) for p in sorted(group_dir.glob("*.json")) if not p.name.startswith("_")]
+
+
+def _rel(path: Path, base: Path) -> str:
+    return Path(os.path.relpath(path, base)).as_posix()
+
+
+def _methods(runs: Sequence[dict[str, Any]]) -> list[str]:
+    present = {r["method"] for r in runs}
+    return [m for m in METHOD_NAMES if m in present]
+
+
+def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| method | seeds | steps | training s (mean) | evaluation s (mean) | machine | recorded commit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in _methods(runs):
+        rs = [r for r in runs if r["method"] == m]
+        seeds = ", ".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"]))
+        train = sum(r["train_s_total"] or r["train_s"] for r in rs) / len(rs)
+        ev = sum(r["eval_s"] for r in rs) / len(rs)
+        commits = ", ".join(sorted({r["git_commit"][:7] for r in rs}))
+        machines = ", ".join(sorted({f"{r['card']}, torch {r['torch']}" for r in rs}))
+        steps = ", ".join(sorted({str(r["final_step"]) for r in rs}))
+        lines.append(f"| {METHOD_NAMES[m]} | {seeds} | {steps} | {train:.0f} | {ev:.0f} | {machines} | {commits} |")
+    return lines
+
+
+def means_table(cmp: Comparison, metrics: Sequence[tuple[str, str]]) -> list[str]:
+    head = "| metric | " + " | ".join(METHOD_NAMES[m] for m in cmp.methods) + " |"
+    lines = [head, "|---|" + "---|" * len(cmp.methods)]
+    for key, label in metrics:
+        cells = []
+        for m in cmp.methods:
+            vals = list(cmp.values[m].get(key, {}).values())
+            cells.append(fmt_interval(t_interval(vals)) if vals else "not run")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def diff_table(cmp: Comparison, family: str, metrics: Sequence[tuple[str, str]]) -> list[str]:
+    others = [m for m in cmp.methods if m != REFERENCE]
+    lines = [
+        "| metric | " + " | ".join(f"{METHOD_NAMES[m]} − Hypersolid (Holm p)" for m in others) + " |",
+        "|---|" + "---|" * len(others),
+    ]
+    for key, label in metrics:
+        cells = []
+        for m in others:
+            d = cmp.diffs[family].get(m, {}).get(key)
+            if d is None:
+                cells.append("fewer than 2 paired seeds")
+                continue
+            star = " *" if d.p_holm < LEVEL else ""
+            cells.append(f"{fmt_interval(d.diff, signed=True)} (p {d.p_holm:.3g}){star}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def hdbscan_table(cmp: Comparison) -> list[str]:
+    lines = ["| min_cluster_size | " + " | ".join(METHOD_NAMES[m] for m in cmp.methods) + " |"]
+    lines.append("|---|" + "---|" * len(cmp.methods))
+    for mcs in HDBSCAN_MCS:
+        cells = []
+        for m in cmp.methods:
+            part = []
+            for metric in ("ami", "nmi", "ari", "noise_fraction", "n_clusters"):
+                vals = list(cmp.values[m].get(f"{BB}hdbscan_mcs{mcs}.{metric}", {}).values())
+                part.append(fmt(sum(vals) / len(vals)) if vals else "–")
+            cells.append(" / ".join(part))
+        lines.append(f"| {mcs} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def exclusion_table(runs: Sequence[dict[str, Any]]) -> list[str]:
+    rows = [r for r in runs if r["method"] == REFERENCE]
+    lines = [
+        "| run | epoch | step | alpha | same-class pairs inside | different-class pairs inside |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: r["run"]):
+        for e in r["per_epoch"]:
+            if "protocol.exclusion.same_class_frac" not in e:
+                continue
+            lines.append(
+                f"| {r['run']} | {e['epoch']} | {e['step']} | {e['protocol.exclusion.alpha']:g} | "
+                f"{e['protocol.exclusion.same_class_frac']:.3f} | {e['protocol.exclusion.diff_class_frac']:.3f} |"
+            )
+    return lines
+
+
+def verdict_table(rows: Sequence[dict[str, str]]) -> list[str]:
+    lines = ["| claim of the paper | tested on | verdict here | evidence |", "|---|---|---|---|"]
+    lines += [f"| {r['claim']} | {r['metrics']} | **{r['verdict']}** | {r['evidence']} |" for r in rows]
+    return lines
+
+
+def group_section(
+    title: str, scope: str, runs: list[dict[str, Any]], figs: dict[str, Path], base: Path
+) -> tuple[list[str], Comparison | None]:
+    if not runs:
+        return [f"### {title}", "", "Not run yet.", ""], None
+    cmp = compare(runs)
+    out = [f"### {title}", "", f"Scope: {scope}.", "", *run_table(runs), ""]
+    out += [
+        "Headline metrics (backbone, raw features): mean [95 % t-interval] over seeds.",
+        "",
+        *means_table(cmp, HEADLINE),
+        "",
+    ]
+    if len(cmp.methods) > 1:
+        out += [
+            (
+                "Paired by seed, method − Hypersolid: mean difference [95 % t-interval], Holm-adjusted p over the "
+                "headline family; * marks adjusted p < 0.05."
+            ),
+            "",
+            *diff_table(cmp, "headline", HEADLINE),
+            "",
+        ]
+    out += ["HDBSCAN, every setting (backbone, raw): mean AMI / NMI / ARI / noise fraction / clusters.", ""]
+    out += [*hdbscan_table(cmp), ""]
+    out += ["Geometry (backbone, raw): mean [95 % t-interval].", "", *means_table(cmp, GEOMETRY), ""]
+    if len(cmp.methods) > 1:
+        out += ["Geometry, paired, Holm over the geometry family:", "", *diff_table(cmp, "geometry", GEOMETRY), ""]
+    ex = exclusion_table(runs)
+    if len(ex) > 2:
+        out += ["Exclusion zone (Hypersolid's raw projector outputs, cosine > alpha):", "", *ex, ""]
+    out += [f"![{name}]({_rel(path, base)})" for name, path in figs.items()] + [""]
+    return out, cmp
+
+
+def render(results: Path = RESULTS, doc_dir: Path = DOC.parent, plots: bool = False) -> tuple[str, dict[str, Any]]:
+    cpu, gpu = load(results / "cpu"), load(results / "gpu")
+    figs_cpu: dict[str, Path] = {}
+    figs_gpu: dict[str, Path] = {}
+    fig_dir = results / "report"
+    if plots:
+        from replication.figures import draw_cpu, draw_gpu
+
+        figs_cpu, figs_gpu = draw_cpu(cpu, fig_dir), draw_gpu(gpu, fig_dir)
+    else:  # --check: the links the plotting run writes, without drawing
+        figs_cpu = {n: fig_dir / f"{n}.png" for n in ("cpu_headline", "cpu_hdbscan") if cpu}
+        figs_gpu = {n: fig_dir / f"{n}.png" for n in ("gpu_curves",) if any(r["part"] == "curve" for r in gpu)}
+    cpu_lines, cpu_cmp = group_section(
+        "CPU group: one epoch, each method's defaults",
+        "Fashion-MNIST, the quickstart's 4-block CNN at 28 px, 2 + 4 views, global batch 128, one epoch "
+        "(468 steps), each method's defaults (no tuning), one process on a 2-core CPU; 5 seeds for Hypersolid "
+        "and SimCLR, 3 for SwaV and Barlow Twins (fewer than the protocol's 5: the CPU budget)",
+        cpu,
+        figs_cpu,
+        doc_dir,
+    )
+    curve = [r for r in gpu if r["part"] == "curve"]
+    gpu_lines, gpu_cmp = group_section(
+        "GPU group: the learning curves' final epoch",
+        "Fashion-MNIST, the same network and views, global batch 128, "
+        f"{max((r['epochs'] for r in curve), default=0)} epochs, several runs at once on one GPU",
+        curve,
+        figs_gpu,
+        doc_dir,
+    )
+    rows = verdicts(cpu_cmp, gpu)
+    skipped_file = results / "gpu" / "_skipped.json"
+    if skipped_file.exists():
+        skipped = json.loads(skipped_file.read_text())
+        note = (
+            f"The last GPU call ({skipped['elapsed_s']:.0f} s of a {skipped['budget_s']:.0f} s budget) left "
+            f"{len(skipped['skipped'])} item(s) undone, each with its reason, in "
+            f"[gpu/_skipped.json]({_rel(skipped_file, doc_dir)}); the next call resumes them."
+        )
+        gpu_lines += [note, ""]
+    gpu_rest = [r for r in gpu if r["part"] != "curve"]
+    from replication.sweeps import sweep_lines
+
+    text = "\n".join(
+        [
+            HEADING,
+            "",
+            "Generated by `python benchmarks/replication/report.py` from the JSON in",
+            "[benchmarks/results/replication/](../benchmarks/results/replication/); do not edit by hand. The",
+            "verdict rules (benchmarks/replication/claims.py) were written before the CPU group's results were read:",
+            "a claim **holds here** when Hypersolid differs from every baseline in the claimed direction at",
+            "Holm-adjusted p < 0.05 (paired by seed); it **does not hold here** when some baseline differs in the",
+            "opposite direction at that level; otherwise it is **inconclusive here**; **not testable here** when the",
+            "runs that would test it have not been done. Interval, test and scope are those of the evidence named.",
+            "",
+            *verdict_table(rows),
+            "",
+            *cpu_lines,
+            *gpu_lines,
+            *sweep_lines(gpu_rest),
+        ]
+    )
+    summary = {"verdicts": rows, "runs": {"cpu": len(cpu), "gpu": len(gpu)}}
+    return text.rstrip() + "\n", summary
+
+
+def splice(doc: str, section: str) -> str:
+    head, sep, _old = doc.partition("\n" + HEADING + "\n")
+    if not sep:
+        raise SystemExit(f"{DOC}: no '{HEADING}' heading to replace; add it at the end of the protocol")
+    return head + "\n" + section
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true", help="exit 1 if docs/replication.md is not what the JSON gives")
+    p.add_argument("--results", default=str(RESULTS), help="the run JSON's folder (default %(default)s)")
+    p.add_argument("--doc", default=str(DOC), help="the report to write (default %(default)s)")
+    args = p.parse_args(argv)
+    results, doc = Path(args.results), Path(args.doc)
+    section, summary = render(results, doc.parent, plots=not args.check)
+    new = splice(doc.read_text(), section)
+    if args.check:
+        if new != doc.read_text():
+            print(f"{doc} is out of date with {results}: run python benchmarks/replication/report.py", file=sys.stderr)
+            return 1
+        print(f"{doc} matches {results}")
+        return 0
+    doc.write_text(new)
+    (results / "report").mkdir(parents=True, exist_ok=True)
+    (results / "report" / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"wrote {doc} ({summary['runs']['cpu']} cpu and {summary['runs']['gpu']} gpu runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""The replication report (benchmarks/replication/report.py, claims.py): the committed Results section is what
+the committed run JSON gives, and the verdict rules turn known differences into the verdicts they state."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from replication import claims, report  # noqa: E402
+
+BB = claims.BB
+
+
+def _run(method: str, seed: int, values: dict[str, float], group: str = "cpu") -> dict:
+    final = {"epoch": 1, "step": 468, "protocol": "paper", **values}
+    return {
+        "run": f"{group}-{method}-s{seed}",
+        "method": method,
+        "seed": seed,
+        "group": group,
+        "part": group,
+        "epochs": 1,
+        "card": "cpu",
+        "torch": "x",
+        "git_commit": "0" * 40,
+        "train_s": 1.0,
+        "train_s_total": 1.0,
+        "eval_s": 2.0,
+        "final_step": 468,
+        "per_epoch": [final],
+        "final": final,
+    }
+
+
+def _study(shift: dict[str, float], seeds: int = 5, noise: float = 0.01) -> list[dict]:
+    """Every headline and geometry metric ~ 0.5 + noise per seed; ``shift[method]`` added to the baselines'
+    K-Means AMI (paired noise: the same seed's noise is shared by every method, as a shared init would)."""
+    rng = np.random.default_rng(0)
+    keys = [k for k, _ in claims.HEADLINE + claims.GEOMETRY]
+    base = {s: {k: 0.5 + noise * rng.standard_normal() for k in keys} for s in range(seeds)}
+    runs = []
+    for method in claims.METHOD_NAMES:
+        for s in range(seeds):
+            vals = {k: v + 1e-3 * rng.standard_normal() for k, v in base[s].items()}
+            vals[f"{BB}kmeans.ami"] += shift.get(method, 0.0)
+            runs.append(_run(method, s, vals))
+    return runs
+
+
+def _verdict(runs: list[dict], claim: str) -> str:
+    rows = claims.verdicts(claims.compare(runs), [])
+    return next(r["verdict"] for r in rows if r["claim"] == claim)
+
+
+KMEANS = "Hypersolid clusters better: K-Means"
+
+
+def test_verdicts_follow_known_differences():
+    worse = {"simclr": -0.05, "swav": -0.05, "barlowtwins": -0.05}  # every baseline 0.05 below Hypersolid
+    assert _verdict(_study(worse), KMEANS) == "holds here"
+    assert _verdict(_study({**worse, "swav": 0.05}), KMEANS) == "does not hold here"
+    # One baseline indistinguishable: neither rule fires.
+    assert _verdict(_study({**worse, "barlowtwins": 0.0}), KMEANS) == "inconclusive here"
+    # Parity claim: no baseline significantly ahead on kNN/linear holds, whatever K-Means does.
+    assert _verdict(_study(worse), "kNN and linear probe competitive with the baselines") == "holds here"
+
+
+def test_holm_and_direction_of_a_lower_is_better_claim():
+    runs = _study({})
+    for r in runs:  # Hypersolid's anisotropy 0.1 below everyone's, seed by seed
+        if r["method"] == "hypersolid":
+            r["final"][f"{BB}geometry.anisotropy"] -= 0.1
+    cmp = claims.compare(runs)
+    d = cmp.diffs["geometry"]["simclr"][f"{BB}geometry.anisotropy"]
+    assert d.diff.mean == pytest.approx(0.1, abs=2e-3) and d.p_holm < 0.05 and d.p_holm >= d.p
+    assert _verdict(runs, "Geometry: Hypersolid's anisotropy is lower") == "holds here"
+    assert _verdict(runs, "Geometry: Hypersolid's sparsity is higher") == "inconclusive here"
+
+
+def test_missing_groups_are_not_testable(tmp_path):
+    text, summary = report.render(tmp_path / "results")
+    assert "### CPU group: one epoch, each method's defaults\n\nNot run yet." in text
+    assert {r["verdict"] for r in summary["verdicts"]} == {"not testable here"}
+
+
+def test_report_writes_and_checks_a_section(tmp_path):
+    results = tmp_path / "results"
+    (results / "cpu").mkdir(parents=True)
+    for r in _study({"simclr": -0.05, "swav": -0.05, "barlowtwins": -0.05}, seeds=3):
+        (results / "cpu" / f"{r['run']}.json").write_text(json.dumps(r))
+    doc = tmp_path / "replication.md"
+    doc.write_text("# Study\n\nprotocol text\n\n## Results\n\nstale section\n")
+    args = ["--results", str(results), "--doc", str(doc)]
+    assert report.main(args) == 0
+    text = doc.read_text()
+    assert text.startswith("# Study\n\nprotocol text\n\n## Results\n") and "stale section" not in text
+    assert "| Hypersolid clusters better: K-Means |" in text and "**holds here**" in text
+    assert (results / "report" / "cpu_headline.png").stat().st_size > 10_000
+    assert report.main([*args, "--check"]) == 0
+    # A changed result makes the committed section stale.
+    p = results / "cpu" / "cpu-simclr-s0.json"
+    r = json.loads(p.read_text())
+    r["final"][f"{BB}linear_top1"] += 1.0
+    p.write_text(json.dumps(r))
+    assert report.main([*args, "--check"]) == 1
+
+
+def test_committed_report_matches_committed_results():
+    assert report.main(["--check"]) == 0, "run: python benchmarks/replication/report.py"
