@@ -96,11 +96,16 @@ def test_report_writes_and_checks_a_section(tmp_path):
         (results / "cpu" / f"{r['run']}.json").write_text(json.dumps(r))
     doc = tmp_path / "replication.md"
     doc.write_text("# Study\n\nprotocol text\n\n## Results\n\nstale section\n")
-    args = ["--results", str(results), "--doc", str(doc)]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Tool\n\n{report.README_START}stale summary\n{report.README_END}\nafter\n")
+    args = ["--results", str(results), "--doc", str(doc), "--readme", str(readme)]
     assert report.main(args) == 0
     text = doc.read_text()
     assert text.startswith("# Study\n\nprotocol text\n\n## Results\n") and "stale section" not in text
     assert "| Hypersolid clusters better: K-Means |" in text and "**holds here**" in text
+    summary = readme.read_text()
+    assert "stale summary" not in summary and summary.endswith(f"{report.README_END}\nafter\n")
+    assert "* **holds here**: Hypersolid clusters better: K-Means" in summary and "| K-Means AMI |" in summary
     assert (results / "report" / "cpu_headline.png").stat().st_size > 10_000
     assert report.main([*args, "--check"]) == 0
     # A changed result makes the committed section stale.
