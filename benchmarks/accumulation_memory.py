@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from hypersolid_scale.config.schema import load_config  # noqa: E402
 from hypersolid_scale.distributed import WorldInfo, cleanup  # noqa: E402
+from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
 from hypersolid_scale.training import trainer  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "accumulation_memory.json"
@@ -188,11 +188,10 @@ def main() -> None:
         r["memory_vs_k1"] = r["saved_for_backward_mb"] / base["saved_for_backward_mb"]
         clock = "step_s" if device.type == "cuda" else "step_cpu_s"
         r["time_vs_k1"] = r[clock] / base[clock]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     meta = {
         "device": str(device),
         "torch": torch.__version__,
-        "commit": commit.stdout.strip(),
+        "commit": (git_commit(ROOT) or "")[:7],
         "command": "python " + " ".join(sys.argv),
     }
     if device.type == "cuda":

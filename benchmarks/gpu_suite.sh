@@ -11,6 +11,8 @@
 # Results: DIR/summary.json (card, torch, date, command, every part's status and numbers, failure tails),
 # DIR/<part>.json, DIR/<part>.png, DIR/<part>.log. The photo part rebuilds its photo set from the source
 # photographs in $PHOTO_SOURCES (default benchmarks/results/photo_sources.npz: no scikit-image needed).
+# On a machine that got a copy of the tree (no .git, or a stale one), name the commit that was sent:
+#     HYPERSOLID_GIT_COMMIT=<git rev-parse HEAD here> bash benchmarks/gpu_suite.sh ...
 set -u
 cd "$(dirname "$0")/.." || exit 1
 

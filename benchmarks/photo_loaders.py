@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from hypersolid_scale.data import DataConfig, build_train_loader  # noqa: E402
+from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
 from loaders import ffcv_missing  # noqa: E402
 from photo_set import IMAGENET_MEAN_KB, build  # noqa: E402
 
@@ -141,15 +141,6 @@ def row_config(row: str, root: Path, local: int, args: argparse.Namespace) -> Da
     return DataConfig(**shards, **common)
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def plot(results: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -209,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
         "card": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "git_commit": git_commit(),
+        "git_commit": git_commit(ROOT) or "unknown",
         "workers": args.workers,
         "batch": args.batch,
         "images_timed": args.images,

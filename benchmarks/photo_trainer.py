@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
 from hypersolid_scale.distributed import WorldInfo  # noqa: E402
+from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
 from hypersolid_scale.training import trainer  # noqa: E402
-from photo_loaders import DEFAULT_SOURCES, decode_missing, git_commit, prepare_set, sync  # noqa: E402
+from photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set, sync  # noqa: E402
 from train_throughput import DeviceImages, make_config  # noqa: E402
 
 VARIANTS = ("synthetic", "jpeg_device", "jpeg_pil")
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
         "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "git_commit": git_commit(),
+        "git_commit": git_commit(ROOT) or "unknown",
         "arch": "resnet18" if args.quick else "resnet50",
         "batch": args.batch,
         "views": "2x32+6x16" if args.quick else "2x224+6x96",

@@ -2,7 +2,8 @@
 # The replication study's gpu group: the one command for the lent GPU machine (no network), from the
 # repository root, with .whl_replication/ and .fmnist/ carried (fill them here first:
 # bash benchmarks/replication/gpu_carry.sh):
-#     bash benchmarks/replication/gpu.sh
+#     HYPERSOLID_GIT_COMMIT=<git rev-parse HEAD here> bash benchmarks/replication/gpu.sh
+# (the variable names the commit sent: the machine's copy of the tree has no .git, or a stale one)
 #     OUT=/tmp/x GPU_ARGS="--device cpu --quick" bash benchmarks/replication/gpu.sh     # a dry run on a CPU
 # Installs the wheels into /tmp/site, runs run.py --group gpu under one 380 s deadline for the whole
 # script (its --budget-s is what is left of it, at most 330 s), then leaves in $OUT: replication.log,

@@ -44,6 +44,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmark scripts import from
+from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
 from replication.plan import QUICK_EVAL, Run, plan  # noqa: E402
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
@@ -84,11 +85,6 @@ def read_json(path: Path) -> Any:
 def checkpoints(run_dir: Path) -> dict[int, Path]:
     """{step: file} of the run's saved checkpoints (the trainer names them step_<8 digits>.pt)."""
     return {int(p.stem.split("_")[1]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"  # the GPU machine's copy may have no .git
 
 
 def device_facts(device: str) -> tuple[str, str]:
@@ -165,7 +161,8 @@ class Driver:
     @property
     def facts(self) -> tuple[str, str, str]:
         if self._facts is None:
-            self._facts = (*device_facts(self.args.device), git_commit())
+            # The GPU machine's copy may have no .git, or a stale one: gpu.sh passes $HYPERSOLID_GIT_COMMIT.
+            self._facts = (*device_facts(self.args.device), git_commit(ROOT) or "unknown")
         return self._facts
 
     # ---- helpers -----------------------------------------------------------------------------------------

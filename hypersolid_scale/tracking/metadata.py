@@ -9,9 +9,22 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+# Names the commit of a copied tree whose .git is missing or stale (a GPU machine's copy of the working
+# tree): set it to `git rev-parse HEAD` of the tree that was sent, and it wins over what git says there.
+COMMIT_ENV = "HYPERSOLID_GIT_COMMIT"
+
 
 def git_commit(path: str | os.PathLike | None = None) -> str | None:
-    """The commit checked out at ``path`` (default: this package's checkout), or None outside git."""
+    """The commit checked out at ``path`` (default: this package's checkout), or None outside git;
+    ``$HYPERSOLID_GIT_COMMIT`` instead where it is set."""
+    named = os.environ.get(COMMIT_ENV, "")
+    if named:
+        if not re.fullmatch(r"[0-9a-f]{7,64}", named):
+            raise ValueError(
+                f"{COMMIT_ENV}={named!r} is not a commit id (7 to 64 lowercase hex digits): "
+                "set it to the output of `git rev-parse HEAD`, or unset it"
+            )
+        return named
     cwd = Path(path) if path is not None else Path(__file__).resolve().parent
     try:
         out = subprocess.run(
