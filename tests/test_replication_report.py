@@ -84,7 +84,9 @@ def test_holm_and_direction_of_a_lower_is_better_claim():
 
 
 def test_missing_groups_are_not_testable(tmp_path):
-    text, summary = report.render(tmp_path / "results")
+    files, summary, readme = report.render(tmp_path / "results", tmp_path)
+    (text,) = files.values()  # the section only: no group ran, so no all-metrics table
+    assert "The CPU group has not run yet." in readme
     assert "### CPU group: one epoch, each method's defaults\n\nNot run yet." in text
     assert {r["verdict"] for r in summary["verdicts"]} == {"not testable here"}
 
@@ -107,6 +109,8 @@ def test_report_writes_and_checks_a_section(tmp_path):
     assert "stale summary" not in summary and summary.endswith(f"{report.README_END}\nafter\n")
     assert "* **holds here**: Hypersolid clusters better: K-Means" in summary and "| K-Means AMI |" in summary
     assert (results / "report" / "cpu_headline.png").stat().st_size > 10_000
+    table = (results / "report" / "cpu_all_metrics.md").read_text()
+    assert "| backbone.raw.kmeans.ami | headline |" in table and "| backbone.raw.geometry.sparsity | geometry |" in table
     assert report.main([*args, "--check"]) == 0
     # A changed result makes the committed section stale.
     p = results / "cpu" / "cpu-simclr-s0.json"
