@@ -191,6 +191,17 @@ def run_python_together(argvs: Sequence[Sequence[str | os.PathLike]], *, env: Ma
     return _server.run([[str(a) for a in argv] for argv in argvs], env, cwd, timeout)
 
 
+def run_processes(argv: Sequence[str | os.PathLike], *, nproc: int, env: Mapping[str, str],
+                  timeout: float = 300) -> subprocess.CompletedProcess:
+    """``argv`` (``[SCRIPT, ARGS...]``, e.g. launch/train.py) on ``nproc`` processes: ``run_python`` (warm,
+    no rendezvous) for one, ``torch.distributed.run --standalone`` (cold processes) for more."""
+    if nproc == 1:
+        return run_python(argv, env=env, timeout=timeout)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return subprocess.run([*torchrun, *(str(a) for a in argv)], env=dict(env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
 if __name__ == "__main__":
     del sys.path[0]  # this folder: the runs get the script's own (PYTHONPATH holds the repository)
     _serve()

@@ -14,16 +14,13 @@ rank 0's images and broadcast to the others at every forward.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
 import pytest
-import torch
+from _warm_python import run_processes
 
 from hypersolid_scale import checkpoint as ck
-from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL = 4, 16
@@ -50,11 +47,7 @@ def train(tmp_path_factory: pytest.TempPathFactory):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         cmd = [str(REPO / "launch" / "train.py"), "--config", str(REPO / "configs" / "quickstart.yaml"), *COMMON,
                *MODELS[model], f"optim.accumulate_steps={steps}", f"run_dir={run_dir}", *extra]
-        if nproc == 1:
-            proc = run_python(cmd, env=env, timeout=600)
-        else:
-            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-            proc = subprocess.run([*torchrun, *cmd], env=env, capture_output=True, text=True, timeout=600)
+        proc = run_processes(cmd, nproc=nproc, env=env, timeout=600)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
         state = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
         assert state["step"] == STEPS

@@ -4,13 +4,11 @@ ImageFolder on 2 processes (torchrun, gloo); both train the same global batches 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from _warm_python import run_python
+from _warm_python import run_processes
 from test_data_webdataset import http_server  # noqa: F401 - a fixture
 from test_device_decode import photo_folder  # noqa: F401 - a fixture
 
@@ -33,11 +31,7 @@ ARGS = [
 def _train(run_dir: Path, data: list[str], nproc: int = 1) -> str:
     cmd = [str(REPO / "launch" / "train.py"), "--config", str(REPO / "configs" / "quickstart.yaml"), *ARGS, *data,
            f"run_dir={run_dir}"]
-    if nproc == 1:
-        proc = run_python(cmd, env=ENV, timeout=300)
-    else:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        proc = subprocess.run([*torchrun, *cmd], env=ENV, capture_output=True, text=True, timeout=300)
+    proc = run_processes(cmd, nproc=nproc, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout + proc.stderr
 

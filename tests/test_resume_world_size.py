@@ -19,12 +19,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from _warm_python import run_python
+from _warm_python import run_processes
 from test_torchrun_restart import _assert_bitwise
 from test_world_invariance import COMMON
 
@@ -60,10 +59,7 @@ def _train(run_dir: Path, nproc: int, steps: int, batch: int | None = None) -> s
         f"max_steps={steps}",
         f"run_dir={run_dir}",
     ]
-    if nproc == 1:  # plain python, forked warm
-        return run_python(cmd, env=ENV, timeout=300)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return subprocess.run([*torchrun, *cmd], env=ENV, capture_output=True, text=True, timeout=300)
+    return run_processes(cmd, nproc=nproc, env=ENV, timeout=300)
 
 
 def _ok(proc: subprocess.CompletedProcess) -> str:
