@@ -122,7 +122,8 @@ def _verdict(signs: dict[str, list[int | None]], parity: bool = False) -> str:
         return "not testable here"
     if any(-1 in s for s in signs.values()):
         return "does not hold here"
-    if parity or all(1 in s for s in signs.values()):
+    # Parity needs every baseline tested on some metric of the claim; superiority needs every one beaten.
+    if all(1 in s if not parity else any(x is not None for x in s) for s in signs.values()):
         return "holds here"
     return "inconclusive here"
 
