@@ -115,7 +115,8 @@ def test_report_writes_and_checks_a_section(tmp_path):
     assert "* **holds here**: Hypersolid clusters better: K-Means" in summary and "| K-Means AMI |" in summary
     assert (results / "report" / "cpu_headline.png").stat().st_size > 10_000
     table = (results / "report" / "cpu_all_metrics.md").read_text()
-    assert "| backbone.raw.kmeans.ami | headline |" in table and "| backbone.raw.geometry.sparsity | geometry |" in table
+    assert "| backbone.raw.kmeans.ami | headline |" in table
+    assert "| backbone.raw.geometry.sparsity | geometry |" in table
     assert report.main([*args, "--check"]) == 0
     # A changed result makes the committed section stale.
     p = results / "cpu" / "cpu-simclr-s0.json"
@@ -127,3 +128,24 @@ def test_report_writes_and_checks_a_section(tmp_path):
 
 def test_committed_report_matches_committed_results():
     assert report.main(["--check"]) == 0, "run: python benchmarks/replication/report.py"
+
+
+def test_step_evaluations_stay_out_of_the_comparison(tmp_path):
+    results = tmp_path / "results"
+    (results / "cpu").mkdir(parents=True)
+    runs = _study({}, seeds=2)
+    steps = _run("hypersolid", 0, {f"{BB}kmeans.ami": 0.9})
+    steps.update(run="cpu-hypersolid-s0-steps", part="steps")
+    steps["per_epoch"] = [
+        {"epoch": round(s / 468, 3), "step": s, f"{BB}kmeans.ami": 0.1 * i, "protocol.exclusion.same_class_frac": 0.5}
+        for i, s in enumerate((100, 200, 468), 1)
+    ]
+    for r in [*runs, steps]:
+        (results / "cpu" / f"{r['run']}.json").write_text(json.dumps(r))
+    files, _summary, _readme = report.render(results, tmp_path)
+    text = files[tmp_path / "replication.md"]
+    assert "| 200 | 0.427 | – | – | 0.200 | – | – | 0.500 | – |" in text
+    # Seed 0's K-Means AMI in the comparison is the plain run's (~0.5), not the step run's 0.9.
+    plain = [r["final"][f"{BB}kmeans.ami"] for r in runs if r["method"] == "hypersolid"]
+    kmeans_row = next(line for line in text.splitlines() if line.startswith("| K-Means AMI | "))
+    assert kmeans_row.split("|")[2].strip().startswith(claims.fmt(sum(plain) / 2) + " [")

@@ -31,7 +31,7 @@ def _drive(tmp: Path, *args: str) -> str:
 def test_every_planned_run_is_a_valid_config(group: str, tmp_path: Path) -> None:
     runs = plan(group, scale=1.0)
     assert len({r.name for r in runs}) == len(runs)
-    distinct = {(r.config, r.overrides, r.curve): r for r in runs}.values()  # seeds aside
+    distinct = {(r.config, r.overrides, r.curve, r.eval_every_steps): r for r in runs}.values()  # seeds aside
     for run, quick in [(r, False) for r in distinct] + [(r, True) for r in plan(group, quick=True)]:
         cfg = load_config(run.config, [f"run_dir={tmp_path / run.name}", *run.train_overrides("cpu", quick)])
         assert cfg.seed == run.seed and cfg.epochs == run.epochs and cfg.max_steps == 0
@@ -90,3 +90,16 @@ def test_budget_skips_what_cannot_finish_and_says_so(tmp_path: Path) -> None:
     assert sorted(s["run"] for s in skipped) == sorted(r.name for r in plan("gpu", quick=True))
     assert all(s["reason"].startswith("budget") for s in skipped)
     assert not list((tmp_path / "out" / "gpu").glob("[!_]*.json")) and not (tmp_path / "scratch").exists()
+
+
+def test_a_run_evaluated_every_few_steps(tmp_path: Path) -> None:
+    """--runs picks a run by name; a run with eval_every_steps is evaluated at each such checkpoint (quick:
+    every 2 of its 4 steps), the entries labelled with their fraction of the epoch."""
+    _drive(tmp_path, "--group", "cpu", "--runs", "cpu-hypersolid-s0-steps")
+    r = json.loads((tmp_path / "out" / "cpu" / "cpu-hypersolid-s0-steps.json").read_text())
+    assert r["part"] == "steps" and [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(0.5, 2), (1.0, 4)]
+    assert all(0 <= e["knn_k20_weighted"] <= 100 for e in r["per_epoch"])
+    where = ["--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch"), "--quick"]
+    bad = subprocess.run([sys.executable, "benchmarks/replication/run.py", "--group", "cpu", *where, "--runs", "cpu-x"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--runs: no run cpu-x in the cpu group" in bad.stderr

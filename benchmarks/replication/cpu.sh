@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The replication study's cpu group (16 one-epoch runs) in the background, resumable: run it again after
-# a stop or a reboot and it skips the finished runs and resumes the interrupted one from its checkpoint.
+# The replication study's cpu group (16 one-epoch runs, and one evaluated every 100 steps) in the background,
+# resumable: run it again after a stop or a reboot and it skips the finished runs and resumes the interrupted
+# one from its checkpoint.
 #     bash benchmarks/replication/cpu.sh [run.py arguments, e.g. --parallel 2]
 # Log: /tmp/hs_replication/cpu.log; results: benchmarks/results/replication/cpu/.
 set -u
@@ -18,6 +19,6 @@ fi
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" nohup "$PY" benchmarks/replication/run.py --group cpu --device cpu \
   --parallel 1 --scratch "$SCRATCH" "$@" >> "$SCRATCH/cpu.log" 2>&1 &
 echo $! > "$PIDFILE"
-echo "cpu group started (pid $!), about 16 x (5-10 min training + 5-7 min evaluation) on 2 cores"
+echo "cpu group started (pid $!), about 16 x (2-5 min training + 1-2.5 min evaluation) + 15 min on 2 cores"
 echo "watch:  tail -f $SCRATCH/cpu.log      (one line per finished run)"
 echo "stop:   kill $! (the running training checkpoints; run this script again to resume)"

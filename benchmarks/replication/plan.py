@@ -5,7 +5,8 @@
 Groups:
 * ``cpu``: one epoch of each method's defaults; Hypersolid and SimCLR seeds 0-4, SwaV and Barlow Twins
   seeds 0-2. The same seed gives the same initialisation and batch order (the loader's permutation depends
-  only on (seed, epoch)), so methods are compared pairwise by seed.
+  only on (seed, epoch)), so methods are compared pairwise by seed. Last, Hypersolid's seed 0 once more,
+  evaluated every 100 steps (part ``steps``): the exclusion zone and the clustering over the epoch.
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -88,14 +89,19 @@ class Run:
     part: str
     epochs: int
     curve: bool = False  # evaluate every epoch's checkpoint, not only the final one
+    # > 0: evaluate (full protocol) the checkpoint at every multiple of this step and the last one: the
+    # exclusion-zone diagnostic and the clustering over training within an epoch.
+    eval_every_steps: int = 0
 
     def train_overrides(self, device: str, quick: bool) -> list[str]:
         """Everything after ``--config``: the study's settings, then what the driver needs to run it."""
         ckpt = (
             # Curves keep every epoch's checkpoint for evaluation; the gpu group's runs are short enough
-            # to restart an epoch, the cpu group's (10 min/epoch here) save every 100 steps to resume.
+            # to restart an epoch, the cpu group's (5 min/epoch here) save every 100 steps to resume.
             ["checkpoint.keep_last=0", "checkpoint.every_n_steps=0"]
             if self.curve
+            else ["checkpoint.keep_last=0", f"checkpoint.every_n_steps={self.eval_every_steps}"]
+            if self.eval_every_steps
             else ["checkpoint.keep_last=2", f"checkpoint.every_n_steps={100 if self.group == 'cpu' else 0}"]
         )
         return [
@@ -114,11 +120,17 @@ def _scaled(epochs: int, scale: float) -> int:
 
 
 def cpu_runs() -> list[Run]:
-    return [
+    runs = [
         Run(f"cpu-{m}-s{s}", m, CONFIGS[m], (), s, "cpu", "cpu", 1)
         for s in range(max(CPU_SEEDS.values()))
         for m in CONFIGS
         if s < CPU_SEEDS[m]  # seed-major order: an interrupted group still holds complete seed pairs
+    ]
+    # Last: Hypersolid's seed 0 again, evaluated every 100 steps (the exclusion zone over training; part
+    # "steps", kept out of the comparison of methods).
+    return [
+        *runs,
+        Run("cpu-hypersolid-s0-steps", "hypersolid", HYPERSOLID, (), 0, "cpu", "steps", 1, eval_every_steps=100),
     ]
 
 
@@ -186,8 +198,13 @@ def plan(group: str, scale: float | None = None, quick: bool = False) -> list[Ru
         firsts: dict[str, Run] = {}
         for r in runs:
             firsts.setdefault(r.method, r)
-        runs = [replace(r, epochs=1) for r in list(firsts.values())[:2]]
+        runs = [quick_run(r) for r in list(firsts.values())[:2]]
     return runs
+
+
+def quick_run(run: Run) -> Run:
+    """One epoch of QUICK's 4 steps, a step evaluation (if any) at its checkpoint every 2 steps."""
+    return replace(run, epochs=1, eval_every_steps=2 if run.eval_every_steps else 0)
 
 
 def main() -> None:

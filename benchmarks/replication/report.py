@@ -22,20 +22,23 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmark scripts import from
 sys.path.insert(0, str(ROOT))
-from hypersolid_scale.eval.stats import t_interval  # noqa: E402
 from replication.claims import (  # noqa: E402
     BB,
     GEOMETRY,
-    HDBSCAN_MCS,
     HEADLINE,
-    LEVEL,
-    METHOD_NAMES,
-    REFERENCE,
     Comparison,
     compare,
-    fmt,
-    fmt_interval,
     verdicts,
+)
+from replication.tables import (  # noqa: E402
+    all_metrics,
+    diff_table,
+    exclusion_table,
+    hdbscan_table,
+    means_table,
+    run_table,
+    steps_lines,
+    verdict_table,
 )
 
 RESULTS = ROOT / "benchmarks" / "results" / "replication"
@@ -52,125 +55,6 @@ def load(group_dir: Path) -> list[dict[str, Any]]:
 
 def _rel(path: Path, base: Path) -> str:
     return Path(os.path.relpath(path, base)).as_posix()
-
-
-def _methods(runs: Sequence[dict[str, Any]]) -> list[str]:
-    present = {r["method"] for r in runs}
-    return [m for m in METHOD_NAMES if m in present]
-
-
-def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [
-        "| method | seeds | steps | training s (mean) | evaluation s (mean) | machine | recorded commit |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for m in _methods(runs):
-        rs = [r for r in runs if r["method"] == m]
-        seeds = ", ".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"]))
-        train = sum(r["train_s_total"] or r["train_s"] for r in rs) / len(rs)
-        ev = sum(r["eval_s"] for r in rs) / len(rs)
-        commits = ", ".join(sorted({r["git_commit"][:7] for r in rs}))
-        machines = ", ".join(sorted({f"{r['card']}, torch {r['torch']}" for r in rs}))
-        steps = ", ".join(sorted({str(r["final_step"]) for r in rs}))
-        lines.append(f"| {METHOD_NAMES[m]} | {seeds} | {steps} | {train:.0f} | {ev:.0f} | {machines} | {commits} |")
-    return lines
-
-
-def means_table(cmp: Comparison, metrics: Sequence[tuple[str, str]]) -> list[str]:
-    head = "| metric | " + " | ".join(METHOD_NAMES[m] for m in cmp.methods) + " |"
-    lines = [head, "|---|" + "---|" * len(cmp.methods)]
-    for key, label in metrics:
-        cells = []
-        for m in cmp.methods:
-            vals = list(cmp.values[m].get(key, {}).values())
-            cells.append(fmt_interval(t_interval(vals)) if vals else "not run")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def diff_table(cmp: Comparison, family: str, metrics: Sequence[tuple[str, str]]) -> list[str]:
-    others = [m for m in cmp.methods if m != REFERENCE]
-    lines = [
-        "| metric | " + " | ".join(f"{METHOD_NAMES[m]} − Hypersolid (Holm p)" for m in others) + " |",
-        "|---|" + "---|" * len(others),
-    ]
-    for key, label in metrics:
-        cells = []
-        for m in others:
-            d = cmp.diffs[family].get(m, {}).get(key)
-            if d is None:
-                cells.append("fewer than 2 paired seeds")
-                continue
-            star = " *" if d.p_holm < LEVEL else ""
-            cells.append(f"{fmt_interval(d.diff, signed=True)} (p {d.p_holm:.3g}){star}")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def hdbscan_table(cmp: Comparison) -> list[str]:
-    lines = ["| min_cluster_size | " + " | ".join(METHOD_NAMES[m] for m in cmp.methods) + " |"]
-    lines.append("|---|" + "---|" * len(cmp.methods))
-    for mcs in HDBSCAN_MCS:
-        cells = []
-        for m in cmp.methods:
-            part = []
-            for metric in ("ami", "nmi", "ari", "noise_fraction", "n_clusters"):
-                vals = list(cmp.values[m].get(f"{BB}hdbscan_mcs{mcs}.{metric}", {}).values())
-                part.append(fmt(sum(vals) / len(vals)) if vals else "–")
-            cells.append(" / ".join(part))
-        lines.append(f"| {mcs} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def exclusion_table(runs: Sequence[dict[str, Any]]) -> list[str]:
-    rows = [r for r in runs if r["method"] == REFERENCE]
-    lines = [
-        "| run | epoch | step | alpha | same-class pairs inside | different-class pairs inside |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in sorted(rows, key=lambda r: r["run"]):
-        for e in r["per_epoch"]:
-            if "protocol.exclusion.same_class_frac" not in e:
-                continue
-            lines.append(
-                f"| {r['run']} | {e['epoch']} | {e['step']} | {e['protocol.exclusion.alpha']:g} | "
-                f"{e['protocol.exclusion.same_class_frac']:.3f} | {e['protocol.exclusion.diff_class_frac']:.3f} |"
-            )
-    return lines
-
-
-def all_metrics(cmp: Comparison, title: str) -> str:
-    """Every backbone metric of a group (the "rest" family beside the two named ones), one row each."""
-    keys = sorted({k for m in cmp.methods for k in cmp.values[m] if k.startswith("protocol.backbone.")})
-    others = [m for m in cmp.methods if m != REFERENCE]
-    family = {k: f for f, diffs in cmp.diffs.items() for per in diffs.values() for k in per}
-    lines = [
-        f"# {title}: every backbone metric",
-        "",
-        (
-            "Generated by `python benchmarks/replication/report.py`; do not edit by hand. Mean over seeds per method; "
-            "per baseline the paired difference to Hypersolid with its Holm-adjusted p, corrected within the "
-            "metric's family (headline, geometry, or rest: every other metric)."
-        ),
-        "",
-        *means_table(cmp, [(k, k.removeprefix("protocol.")) for k in keys]),
-        "",
-        "| metric | family | " + " | ".join(f"{METHOD_NAMES[m]} − Hypersolid (Holm p)" for m in others) + " |",
-        "|---|---|" + "---|" * len(others),
-    ]
-    for k in keys:
-        cells = []
-        for m in others:
-            d = next((per[m][k] for per in cmp.diffs.values() if k in per.get(m, {})), None)
-            cells.append("–" if d is None else f"{fmt_interval(d.diff, signed=True)} (p {d.p_holm:.3g})")
-        lines.append(f"| {k.removeprefix('protocol.')} | {family.get(k, '–')} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def verdict_table(rows: Sequence[dict[str, str]]) -> list[str]:
-    lines = ["| claim of the paper | tested on | verdict here | evidence |", "|---|---|---|---|"]
-    lines += [f"| {r['claim']} | {r['metrics']} | **{r['verdict']}** | {r['evidence']} |" for r in rows]
-    return lines
 
 
 def group_section(
@@ -217,7 +101,8 @@ def render(
 ) -> tuple[dict[Path, str], dict[str, Any], str]:
     """(files: the doc's Results section under the doc's path and each group's all-metrics table, the summary,
     the README block)."""
-    cpu, gpu = load(results / "cpu"), load(results / "gpu")
+    cpu_all, gpu = load(results / "cpu"), load(results / "gpu")
+    cpu, steps = [r for r in cpu_all if r["part"] == "cpu"], [r for r in cpu_all if r["part"] == "steps"]
     figs_cpu: dict[str, Path] = {}
     figs_gpu: dict[str, Path] = {}
     fig_dir = results / "report"
@@ -280,6 +165,7 @@ def render(
             *verdict_table(rows),
             "",
             *cpu_lines,
+            *steps_lines(steps),
             *gpu_lines,
             *sweep_lines(gpu_rest),
         ]

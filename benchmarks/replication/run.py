@@ -16,12 +16,9 @@ Budget (``--budget-s``): a training starts only if its estimated time (seconds p
 runs finished so far, a prior before that) ends before the budget; what does not fit, or is trained but
 not evaluated, is listed in ``<out>/<group>/_skipped.json`` and runs on the next invocation.
 
-GPU estimate (one H100/H200, 16 cores, --parallel 12; extrapolated, not measured): the quickstart step is
-launch-bound (a 4-block CNN on 28 px views, augmentations on the device), ~10 ms, so ~5 s per epoch and
-process, ~4 processes' worth of steps in flight on the card at once; ~15 s to start a process (imports,
-CUDA, data); ~10 s per kNN-only and ~25 s per full evaluation (embedding 70k images, the linear probe on
-the device, clustering on one CPU core each). At plan.GPU_SCALE (79 epochs, 30 kNN and 49 full
-evaluations): ~50 s of start-ups, ~100 s of training, ~130 s of evaluation over 12 slots, about 300 s.
+Measured on one H200 (first GPU attempt, 12 at once): ~20 s per epoch and process, ~80 s per full protocol
+evaluation (clustering on one CPU core each), ~22 s per kNN-only one; on this 2-core CPU, one at a time:
+2.5-5 min per epoch, 45-140 s per evaluation (the projector half only for Hypersolid).
 """
 
 from __future__ import annotations
@@ -45,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmark scripts import from
 from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
-from replication.plan import QUICK_EVAL, Run, plan  # noqa: E402
+from replication.plan import QUICK_EVAL, Run, plan, quick_run  # noqa: E402
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
@@ -103,7 +100,7 @@ class Task:
     cmd: list[str]
     log: Path
     step: int = 0
-    epoch: int = 0
+    epoch: float = 0  # whole for epoch ends, fractional for a step evaluation (Run.eval_every_steps)
     protocol: str = ""
     t0: float = 0.0
 
@@ -202,8 +199,11 @@ class Driver:
         ckpts = checkpoints(st.home / "run")
         epochs = range(1, run.epochs + 1) if run.curve else [run.epochs]
         full = {run.epochs, max(1, round(run.epochs / 4))}
-        for epoch in epochs:
-            step = epoch * per_epoch
+        points: list[tuple[float, int]] = [(e, e * per_epoch) for e in epochs]
+        if run.eval_every_steps:  # fractional epochs: the step's position in the run
+            every = sorted({*range(run.eval_every_steps, final + 1, run.eval_every_steps), final})
+            points = [(round(s / per_epoch, 3), s) for s in every]
+        for epoch, step in points:
             if step not in ckpts:
                 self.skip(run, f"no checkpoint for epoch {epoch} (step {step})")
                 continue
@@ -364,6 +364,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=0.0, help="stop starting work past this (0: no budget)")
     p.add_argument("--scale", type=float, default=None, help="gpu group: epochs x scale (default: plan.GPU_SCALE)")
     p.add_argument("--quick", action="store_true", help="2 tiny one-epoch runs, kNN only (tests, dry runs)")
+    p.add_argument("--runs", default="", help="only these runs of the group, comma-separated names")
     p.add_argument("--out", default=None, help=f"results (default {OUT}; with --quick <scratch>/results)")
     p.add_argument("--scratch", default=None, help=f"run directories (default {SCRATCH}; with --quick <it>/quick)")
     args = p.parse_args(argv)
@@ -380,6 +381,11 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (timeout, kill) unwinds through run()'s finally: children checkpoint, _skipped.json is written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs = plan(args.group, args.scale, args.quick)
+    if args.runs:  # by name, from the whole group (quick: made tiny as the quick plan's own)
+        wanted, every = args.runs.split(","), {r.name: r for r in plan(args.group, args.scale)}
+        if unknown := [n for n in wanted if n not in every]:
+            raise SystemExit(f"--runs: no run {', '.join(unknown)} in the {args.group} group (see plan.py --group)")
+        runs = [quick_run(every[n]) if args.quick else every[n] for n in wanted]
     driver = Driver(args)
     driver.say(
         f"{args.group}: {len(runs)} runs, {args.parallel} at a time on {args.device}, "
