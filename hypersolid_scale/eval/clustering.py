@@ -73,6 +73,11 @@ def kmeans(
     k = int(k if k is not None else len(np.unique(y)))
     if not 2 <= k <= x.shape[0]:  # one class, or fewer points than clusters: nothing to partition
         raise NotApplicable(f"K-Means needs 2 <= k <= n; got k={k} for n={x.shape[0]} points")
+    return {"k": k, **cluster_scores(y, kmeans_assign(x, k, niter=niter, seed=seed, use_gpu=use_gpu))}
+
+
+def kmeans_assign(x: np.ndarray, k: int, *, niter: int = 50, seed: int = 0, use_gpu: bool | None = None) -> np.ndarray:
+    """Each row's cluster under spherical K-Means (FAISS) of the unit float32 rows ``x`` into ``k`` clusters."""
     gpu = use_gpu if use_gpu is not None else (hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0)
     # FAISS warns below 39 points per centroid; small test sets are still valid inputs. It would also
     # subsample to 256 points per centroid: the paper clusters every point.
@@ -88,8 +93,7 @@ def kmeans(
         max_points_per_centroid=max(256, -(-x.shape[0] // k)),
     )
     km.train(x)
-    _, assign = km.index.search(x, 1)
-    return {"k": k, **cluster_scores(y, assign[:, 0])}
+    return np.asarray(km.index.search(x, 1)[1][:, 0])
 
 
 def paper_eps(step: float = 0.005) -> list[float]:

@@ -33,7 +33,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 import torch
 from sklearn.metrics import adjusted_mutual_info_score
@@ -120,24 +119,6 @@ def scores(labels_true: np.ndarray, labels_pred: np.ndarray) -> dict[str, float]
     }
 
 
-def kmeans_labels(x: np.ndarray, k: int, *, niter: int, seed: int) -> np.ndarray:
-    """The assignment of ``clustering.kmeans`` (same FAISS settings and seed, so the same clusters), which
-    AMI needs and that function does not return."""
-    km = faiss.Kmeans(
-        x.shape[1],
-        k,
-        niter=niter,
-        seed=seed,
-        spherical=True,
-        gpu=False,
-        verbose=False,
-        min_points_per_centroid=1,
-        max_points_per_centroid=max(256, -(-x.shape[0] // k)),
-    )
-    km.train(x)
-    return np.asarray(km.index.search(x, 1)[1][:, 0])
-
-
 def _shared_graph(x: np.ndarray, eps: list[float], ms: int, ev: EvalConfig, device: str) -> NeighbourGraph:
     """One neighbour graph for the DBSCAN sweep and every HDBSCAN: the sweep's largest eps or the radius that
     holds 90 % of the points' core distances at the largest min_samples (``hdbscan_cluster``'s choice),
@@ -163,9 +144,8 @@ def clusterings(
         k = ev.kmeans_k or len(np.unique(y))
         if not 2 <= k <= n:
             raise NotApplicable(f"K-Means needs 2 <= k <= n; got k={k} for n={n} points")
-        out.update(
-            {f"kmeans.{s}": v for s, v in scores(y, kmeans_labels(x, k, niter=ev.kmeans_niter, seed=ev.seed)).items()}
-        )
+        assign = clustering.kmeans_assign(x, k, niter=ev.kmeans_niter, seed=ev.seed, use_gpu=False)
+        out.update({f"kmeans.{s}": v for s, v in scores(y, assign).items()})
     if n < 3:
         skips.add({"dbscan": f"{n} points", "hdbscan": f"{n} points"})
         return out
