@@ -68,7 +68,7 @@ def test_verdicts_follow_known_differences():
     # One baseline indistinguishable: neither rule fires.
     assert _verdict(_study({**worse, "barlowtwins": 0.0}), KMEANS) == "inconclusive here"
     # Parity claim: no baseline significantly ahead on kNN/linear holds, whatever K-Means does...
-    parity = "kNN and linear probe competitive with the baselines"
+    parity = "kNN and linear probe competitive: no baseline significantly ahead"
     assert _verdict(_study(worse), parity) == "holds here"
     # ... but only once every baseline has two paired seeds: one seed of SwaV leaves it open.
     partial = [r for r in _study(worse) if r["method"] != "swav" or r["seed"] == 0]

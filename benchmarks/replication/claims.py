@@ -137,7 +137,10 @@ def _evidence(cmp: Comparison, family: str, keys: Sequence[tuple[str, int]], lab
             for key, d in tested
             if d.p_holm < LEVEL
         ]
-        said = "; ".join(bits) if bits else "no significant difference" if tested else "fewer than two paired seeds"
+        if tested and not bits:  # name the closest call, so that a weak test does not read as equality
+            key, d = min(tested, key=lambda kd: kd[1].p_holm)
+            bits = [f"none significant; closest {labels[key]} {fmt_interval(d.diff, signed=True)}, p {d.p_holm:.2g}"]
+        said = "; ".join(bits) if bits else "fewer than two paired seeds"
         parts.append(f"{METHOD_NAMES[m]} − Hypersolid: {said}")
     return " · ".join(parts)
 
@@ -157,7 +160,7 @@ def verdicts(cpu: Comparison | None, gpu: Sequence[dict[str, Any]]) -> list[dict
             False,
         ),
         (
-            "kNN and linear probe competitive with the baselines",
+            "kNN and linear probe competitive: no baseline significantly ahead",
             "headline",
             "kNN@5, kNN@20, linear probe",
             [(f"{BB}knn_k5_majority", 1), (f"{BB}knn_k20_majority", 1), (f"{BB}linear_top1", 1)],
