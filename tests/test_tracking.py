@@ -20,12 +20,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 from hypersolid_scale.tracking import (  # noqa: E402
-    MAX_PARAM_VALUE_LENGTH,
-    Tracker,
-    TrackingConfig,
-    git_commit,
-    make_tracker,
-    sync_spool,
+    MAX_PARAM_VALUE_LENGTH, Tracker, TrackingConfig, git_commit, make_tracker, sync_spool,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,14 +42,8 @@ def default_run(tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("default_run")
     tracker = make_tracker(TrackingConfig(run_name="unit"), run_dir, rank=0, tags={"engine": "ddp"})
-    tracker.log_params(
-        {
-            "loss": {"alpha": 0.9, "backend": "dense"},
-            "model": {"arch": "small_cnn"},
-            "note": "x" * (MAX_PARAM_VALUE_LENGTH + 100),
-            "views": [2, 6],
-        }
-    )
+    tracker.log_params({"loss": {"alpha": 0.9, "backend": "dense"}, "model": {"arch": "small_cnn"},
+                        "note": "x" * (MAX_PARAM_VALUE_LENGTH + 100), "views": [2, 6]})
     for step in range(5):
         tracker.log_metrics({"loss": 1.0 / (step + 1), "lr": 1e-3}, step)
     (run_dir / "config.yaml").write_text("loss:\n  alpha: 0.9\n")
@@ -79,16 +68,15 @@ def test_default_store_holds_everything(default_run):
     assert params["loss.alpha"] == "0.9" and params["model.arch"] == "small_cnn" and params["views"] == "[2, 6]"
     assert len(params["note"]) == MAX_PARAM_VALUE_LENGTH and params["note"].endswith("[truncated]")
     assert steps_of(client, tracker.run_id, "loss") == [0, 1, 2, 3, 4]
-    assert [
-        m.value for m in sorted(client.get_metric_history(tracker.run_id, "loss"), key=lambda m: m.step)
-    ] == pytest.approx([1.0, 0.5, 1 / 3, 0.25, 0.2])
+    assert [m.value for m in sorted(client.get_metric_history(tracker.run_id, "loss"), key=lambda m: m.step)] \
+        == pytest.approx([1.0, 0.5, 1 / 3, 0.25, 0.2])
     assert run.data.tags["engine"] == "ddp" and run.data.tags["world_size"] == "2"
     assert run.data.tags.get("mlflow.source.git.commit") == git_commit()
     assert {a.path for a in client.list_artifacts(tracker.run_id)} == {"config.yaml", "plots"}
     assert [a.path for a in client.list_artifacts(tracker.run_id, "plots")] == ["plots/loss_curve.png"]
     # Artifacts live inside the run directory, not in ./mlruns of the working directory.
     assert run.info.artifact_uri.startswith((run_dir.resolve() / "mlartifacts").as_uri())
-    png = Path(run.info.artifact_uri[len("file://") :]) / "plots" / "loss_curve.png"
+    png = Path(run.info.artifact_uri[len("file://"):]) / "plots" / "loss_curve.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Sent artifacts leave no staged copies behind.
     assert not any(p.is_file() for p in (run_dir / "tracking").glob("artifacts-*/**/*"))
@@ -210,9 +198,8 @@ def test_a_refused_value_is_dropped_alone(default_run, tmp_path, caplog):
     assert "refused 1 logged values" in summary
 
 
-def test_server_down_at_start_does_not_stop_the_run_and_the_hand_sync_sends_it(
-    default_run, tmp_path, caplog, restore_http_env
-):
+def test_server_down_at_start_does_not_stop_the_run_and_the_hand_sync_sends_it(default_run, tmp_path, caplog,
+                                                                              restore_http_env):
     """Nothing listens at start: the tracker starts at once, under a local run id, says so in one line, and
     keeps everything in its spool; ``sync RUN_DIR URI`` later creates the run (at that URI) and sends it all."""
     server = f"http://127.0.0.1:{free_port()}"
@@ -233,7 +220,7 @@ def test_server_down_at_start_does_not_stop_the_run_and_the_hand_sync_sends_it(
     store = default_run[1].tracking_uri
     assert sync_spool(tmp_path, store) == (8, 0)  # tags, params, 5 steps, status; the run is created first
     (spool,) = (tmp_path / "tracking").glob("spool-*.jsonl")
-    run_id = spool.stem[len("spool-") :]
+    run_id = spool.stem[len("spool-"):]
     assert run_id != local_id
     client = MlflowClient(store)
     run = client.get_run(run_id)
@@ -310,20 +297,9 @@ class MlflowServer:
 
     def start(self, timeout_s: float = 120) -> None:
         mlflow_bin = Path(sys.executable).with_name("mlflow")
-        cmd = [
-            str(mlflow_bin),
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{self.root}/server.db",
-            "--artifacts-destination",
-            str(self.root / "artifacts"),
-        ]
+        cmd = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+               "--backend-store-uri", f"sqlite:///{self.root}/server.db",
+               "--artifacts-destination", str(self.root / "artifacts")]
         log = open(self.root / "server.log", "ab")
         # The server's background job runner is not needed here and doubles its start-up time.
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}

@@ -41,6 +41,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmark scripts import from
+sys.path.insert(0, str(ROOT))  # the package, also where it is not installed (the GPU machine's copy)
 from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
 from replication.plan import QUICK_EVAL, Run, plan, quick_run  # noqa: E402
 
@@ -158,7 +159,7 @@ class Driver:
     @property
     def facts(self) -> tuple[str, str, str]:
         if self._facts is None:
-            # The GPU machine's copy may have no .git, or a stale one: gpu.sh passes $HYPERSOLID_GIT_COMMIT.
+            # The GPU machine's copy may have no .git, or a stale one: its caller sets $HYPERSOLID_GIT_COMMIT.
             self._facts = (*device_facts(self.args.device), git_commit(ROOT) or "unknown")
         return self._facts
 
