@@ -165,7 +165,7 @@ def render(
             *verdict_table(rows),
             "",
             *cpu_lines,
-            *steps_lines(steps),
+            *steps_lines(steps, cpu),
             *gpu_lines,
             *sweep_lines(gpu_rest),
         ]

@@ -143,8 +143,9 @@ STEP_METRICS = (
 )
 
 
-def steps_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
-    """The runs evaluated every few steps (plan part "steps"): the exclusion zone and clustering over training."""
+def steps_lines(runs: Sequence[dict[str, Any]], plain: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """The runs evaluated every few steps (plan part "steps"): the exclusion zone and clustering over training;
+    each one's last evaluation set against the plain run of its method and seed (a rerun of it)."""
     out = ["### CPU group: Hypersolid over its first epoch", ""]
     if not runs:
         return [*out, "Not run yet.", ""]
@@ -163,6 +164,17 @@ def steps_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
             cells = [fmt(e[k]) if isinstance(e.get(k), (int, float)) else "–" for k, _ in STEP_METRICS]
             out.append(f"| {e['step']} | {e['epoch']:g} | " + " | ".join(cells) + " |")
         out.append("")
+        twin = next((p for p in plain if (p["method"], p["seed"]) == (r["method"], r["seed"])), None)
+        if twin is not None:
+            keys = [k for k, v in twin["final"].items() if k.startswith("protocol.") and isinstance(v, (int, float))]
+            same = sum(r["final"].get(k) == twin["final"][k] for k in keys)
+            out += [
+                (
+                    f"A rerun: its last checkpoint's evaluation equals {twin['run']}'s (the same seed, trained and "
+                    f"evaluated separately) on {same} of {len(keys)} metrics."
+                ),
+                "",
+            ]
     return out
 
 
