@@ -36,6 +36,7 @@ from replication.tables import (  # noqa: E402
     exclusion_table,
     hdbscan_table,
     means_table,
+    rerun,
     run_table,
     steps_lines,
     verdict_table,
@@ -171,11 +172,12 @@ def render(
         ]
     )
     summary = {"verdicts": rows, "runs": {"cpu": len(cpu), "gpu": len(gpu)}}
+    reruns = [f"{r['run']} equals {same}" for r in steps if (same := rerun(r, cpu)) is not None]
     files = {doc_dir / DOC.name: text.rstrip() + "\n"}  # the section; main() splices it into the doc
     for cmp, title, name in ((cpu_cmp, cpu_title, "cpu"), (gpu_cmp, gpu_title, "gpu_curve")):
         if cmp is not None:
             files[fig_dir / f"{name}_all_metrics.md"] = all_metrics(cmp, title)
-    return files, summary, readme_block(cpu_cmp, rows)
+    return files, summary, readme_block(cpu_cmp, rows, reruns)
 
 
 README_METRICS = (
@@ -188,7 +190,7 @@ README_METRICS = (
 )
 
 
-def readme_block(cpu: Comparison | None, rows: Sequence[dict[str, str]]) -> str:
+def readme_block(cpu: Comparison | None, rows: Sequence[dict[str, str]], reruns: Sequence[str] = ()) -> str:
     """The README's summary of the study: the CPU group's means and the verdicts, linking to the report."""
     intro = (
         "**Replication study** ([docs/replication.md](docs/replication.md), generated from "
@@ -212,6 +214,8 @@ def readme_block(cpu: Comparison | None, rows: Sequence[dict[str, str]]) -> str:
         by_verdict.setdefault(r["verdict"], []).append(r["claim"])
     lines += ["", "Verdicts on the paper's claims at this scope:", ""]
     lines += [f"* **{v}**: " + "; ".join(claims) + "." for v, claims in by_verdict.items()]
+    if reruns:
+        lines += ["", "Reruns: " + "; ".join(reruns) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -164,17 +164,8 @@ def steps_lines(runs: Sequence[dict[str, Any]], plain: Sequence[dict[str, Any]] 
             cells = [fmt(e[k]) if isinstance(e.get(k), (int, float)) else "–" for k, _ in STEP_METRICS]
             out.append(f"| {e['step']} | {e['epoch']:g} | " + " | ".join(cells) + " |")
         out.append("")
-        twin = next((p for p in plain if (p["method"], p["seed"]) == (r["method"], r["seed"])), None)
-        if twin is not None:
-            keys = [k for k, v in twin["final"].items() if k.startswith("protocol.") and isinstance(v, (int, float))]
-            same = sum(r["final"].get(k) == twin["final"][k] for k in keys)
-            out += [
-                (
-                    f"A rerun: its last checkpoint's evaluation equals {twin['run']}'s (the same seed, trained and "
-                    f"evaluated separately) on {same} of {len(keys)} metrics."
-                ),
-                "",
-            ]
+        if (same := rerun(r, plain)) is not None:
+            out += [f"A rerun: its last checkpoint's evaluation equals {same}.", ""]
     return out
 
 
@@ -182,3 +173,14 @@ def verdict_table(rows: Sequence[dict[str, str]]) -> list[str]:
     lines = ["| claim of the paper | tested on | verdict here | evidence |", "|---|---|---|---|"]
     lines += [f"| {r['claim']} | {r['metrics']} | **{r['verdict']}** | {r['evidence']} |" for r in rows]
     return lines
+
+
+def rerun(run: dict[str, Any], plain: Sequence[dict[str, Any]]) -> str | None:
+    """How a step-evaluated run's last evaluation compares with the plain run of its method and seed, trained
+    and evaluated separately: "<run>'s ... on N of M metrics" (None without such a run)."""
+    twin = next((p for p in plain if (p["method"], p["seed"]) == (run["method"], run["seed"])), None)
+    if twin is None:
+        return None
+    keys = [k for k, v in twin["final"].items() if k.startswith("protocol.") and isinstance(v, (int, float))]
+    same = sum(run["final"].get(k) == twin["final"][k] for k in keys)
+    return f"{twin['run']}'s (the same seed, trained and evaluated separately) on {same} of {len(keys)} metrics"
