@@ -89,8 +89,8 @@ def test_holm_and_direction_of_a_lower_is_better_claim():
 
 
 def test_missing_groups_are_not_testable(tmp_path):
-    files, summary, readme = report.render(tmp_path / "results", tmp_path)
-    (text,) = files.values()  # the section only: no group ran, so no all-metrics table
+    text, files, summary, readme = report.render(tmp_path / "results", tmp_path)
+    assert files == {}  # no group ran: no all-metrics table
     assert "The CPU group has not run yet." in readme
     assert "### CPU group: one epoch, each method's defaults\n\nNot run yet." in text
     assert {r["verdict"] for r in summary["verdicts"]} == {"not testable here"}
@@ -142,8 +142,7 @@ def test_step_evaluations_stay_out_of_the_comparison(tmp_path):
     ]
     for r in [*runs, steps]:
         (results / "cpu" / f"{r['run']}.json").write_text(json.dumps(r))
-    files, _summary, _readme = report.render(results, tmp_path)
-    text = files[tmp_path / "replication.md"]
+    text, _files, _summary, _readme = report.render(results, tmp_path)
     assert "| 200 | 0.427 | – | – | 0.200 | – | – | 0.500 | – |" in text
     # Its last evaluation against the plain seed-0 run: only K-Means AMI (0.3 vs ~0.5) was given, and differs.
     n = sum(1 for k in runs[0]["final"] if k.startswith("protocol."))

@@ -99,9 +99,9 @@ def group_section(
 
 def render(
     results: Path = RESULTS, doc_dir: Path = DOC.parent, plots: bool = False
-) -> tuple[dict[Path, str], dict[str, Any], str]:
-    """(files: the doc's Results section under the doc's path and each group's all-metrics table, the summary,
-    the README block)."""
+) -> tuple[str, dict[Path, str], dict[str, Any], str]:
+    """(the doc's Results section, {path: text} of each group's all-metrics table, the summary, the README
+    block); ``doc_dir`` is where the doc lives (its links are relative to it)."""
     cpu_all, gpu = load(results / "cpu"), load(results / "gpu")
     cpu, steps = [r for r in cpu_all if r["part"] == "cpu"], [r for r in cpu_all if r["part"] == "steps"]
     figs_cpu: dict[str, Path] = {}
@@ -173,11 +173,11 @@ def render(
     )
     summary = {"verdicts": rows, "runs": {"cpu": len(cpu), "gpu": len(gpu)}}
     reruns = [f"{r['run']} equals {same}" for r in steps if (same := rerun(r, cpu)) is not None]
-    files = {doc_dir / DOC.name: text.rstrip() + "\n"}  # the section; main() splices it into the doc
+    files: dict[Path, str] = {}
     for cmp, title, name in ((cpu_cmp, cpu_title, "cpu"), (gpu_cmp, gpu_title, "gpu_curve")):
         if cmp is not None:
             files[fig_dir / f"{name}_all_metrics.md"] = all_metrics(cmp, title)
-    return files, summary, readme_block(cpu_cmp, rows, reruns)
+    return text.rstrip() + "\n", files, summary, readme_block(cpu_cmp, rows, reruns)
 
 
 README_METRICS = (
@@ -251,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     results, doc, readme = Path(args.results), Path(args.doc), Path(args.readme)
-    files, summary, block = render(results, doc.parent, plots=not args.check)
-    section = files.pop(doc.parent / DOC.name)
+    for path, flag in ((doc, "--doc"), (readme, "--readme")):
+        if not path.is_file():
+            raise SystemExit(f"{flag} {path}: no such file (the report splices its section into an existing one)")
+    section, files, summary, block = render(results, doc.parent, plots=not args.check)
     new = {
         doc: splice(doc.read_text(), section),
         readme: splice_readme(readme.read_text(), block),
