@@ -60,6 +60,12 @@ def fmt_interval(i: Interval, signed: bool = False) -> str:
     return f"{f(i.mean)} [{fmt(i.lo)}, {fmt(i.hi)}] (n = {i.n})"
 
 
+def methods_in(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """The methods that have runs, in METHOD_NAMES' order (Hypersolid first): every table's and figure's order."""
+    present = {r["method"] for r in runs}
+    return [m for m in METHOD_NAMES if m in present]
+
+
 def by_seed(runs: Sequence[dict[str, Any]], method: str) -> dict[str, dict[int, float]]:
     """``{metric: {seed: value}}`` of one method's runs, from each run's final evaluation (numbers only)."""
     out: dict[str, dict[int, float]] = {}
@@ -82,7 +88,7 @@ class Comparison:
 
 def compare(runs: Sequence[dict[str, Any]]) -> Comparison:
     """Every method's per-seed values and, per family, its Holm-corrected paired differences to Hypersolid."""
-    methods = [m for m in METHOD_NAMES if any(r["method"] == m for r in runs)]
+    methods = methods_in(runs)
     values = {m: by_seed(runs, m) for m in methods}
     cmp = Comparison(methods, values)
     ref = values.get(REFERENCE, {})

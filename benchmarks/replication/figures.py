@@ -16,13 +16,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from hypersolid_scale.eval.stats import t_interval
-from replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, by_seed
+from replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, by_seed, methods_in
 
 COLOURS = {"hypersolid": "tab:red", "simclr": "tab:blue", "swav": "tab:green", "barlowtwins": "tab:purple"}
-
-
-def _methods(runs: Sequence[dict[str, Any]]) -> list[str]:
-    return [m for m in METHOD_NAMES if any(r["method"] == m for r in runs)]
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -34,7 +30,7 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def _headline(runs: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    methods = _methods(runs)
+    methods = methods_in(runs)
     values = {m: by_seed(runs, m) for m in methods}
     fig, axes = plt.subplots(3, 3, figsize=(12, 9))
     for ax, (key, label) in zip(axes.flat, HEADLINE):
@@ -55,11 +51,12 @@ def _headline(runs: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
 
 
 def _hdbscan(runs: Sequence[dict[str, Any]], path: Path) -> Path:
-    methods = _methods(runs)
+    methods = methods_in(runs)
+    values = {m: by_seed(runs, m) for m in methods}
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, metric, label in zip(axes, ("ami", "noise_fraction", "n_clusters"), ("AMI", "noise fraction", "clusters")):
         for m in methods:
-            vals = by_seed(runs, m)
+            vals = values[m]
             xs, means, los, his = [], [], [], []
             for mcs in HDBSCAN_MCS:
                 seeds = vals.get(f"{BB}hdbscan_mcs{mcs}.{metric}")
@@ -96,7 +93,7 @@ def _curves(runs: Sequence[dict[str, Any]], path: Path) -> Path:
             sel = [(x, y) for x, y, b in pts if b == bank]
             if sel:
                 ax.plot(*zip(*sel), marker, color=COLOURS[r["method"]], alpha=0.6)
-    for m in _methods(runs):
+    for m in methods_in(runs):
         ax.plot([], [], "-", color=COLOURS[m], label=METHOD_NAMES[m])
     ax.plot([], [], "o", color="grey", label="bank of 10,000 (protocol)")
     ax.plot([], [], "x", color="grey", label="bank of 60,000 (first GPU attempt's kNN suite)")

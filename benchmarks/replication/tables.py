@@ -16,12 +16,8 @@ from replication.claims import (
     Comparison,
     fmt,
     fmt_interval,
+    methods_in,
 )
-
-
-def _methods(runs: Sequence[dict[str, Any]]) -> list[str]:
-    present = {r["method"] for r in runs}
-    return [m for m in METHOD_NAMES if m in present]
 
 
 def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:
@@ -29,7 +25,7 @@ def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:
         "| method | seeds | steps | training s (mean) | evaluation s (mean) | machine | recorded commit |",
         "|---|---|---|---|---|---|---|",
     ]
-    for m in _methods(runs):
+    for m in methods_in(runs):
         rs = [r for r in runs if r["method"] == m]
         seeds = ", ".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"]))
         train = sum(r["train_s_total"] or r["train_s"] for r in rs) / len(rs)
