@@ -9,7 +9,8 @@ A claim **holds here** when Hypersolid differs from every baseline in the claime
 of the claim at Holm-adjusted p < 0.05 and in the opposite direction on none; it **does not hold here** when
 some baseline is better on some metric of the claim at that level; otherwise it is **inconclusive here**.
 For claims of parity (kNN and linear probe "competitive") only the second rule applies: no baseline
-significantly better is "holds here".
+significantly better is "holds here", provided every baseline was tested (at least two paired seeds);
+otherwise it is "inconclusive here".
 """
 
 from __future__ import annotations
