@@ -67,15 +67,22 @@ def methods_in(runs: Sequence[dict[str, Any]]) -> list[str]:
     return [m for m in METHOD_NAMES if m in present]
 
 
+def protocol_numbers(final: dict[str, Any]) -> dict[str, float]:
+    """The protocol's numeric metrics of one evaluation (``protocol.`` keys; flags and texts dropped)."""
+    return {
+        k: float(v)
+        for k, v in final.items()
+        if k.startswith("protocol.") and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 def by_seed(runs: Sequence[dict[str, Any]], method: str) -> dict[str, dict[int, float]]:
     """``{metric: {seed: value}}`` of one method's runs, from each run's final evaluation (numbers only)."""
     out: dict[str, dict[int, float]] = {}
     for r in runs:
-        if r["method"] != method:
-            continue
-        for k, v in r["final"].items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k.startswith("protocol."):
-                out.setdefault(k, {})[int(r["seed"])] = float(v)
+        if r["method"] == method:
+            for k, v in protocol_numbers(r["final"]).items():
+                out.setdefault(k, {})[int(r["seed"])] = v
     return out
 
 

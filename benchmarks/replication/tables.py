@@ -17,6 +17,7 @@ from replication.claims import (
     fmt,
     fmt_interval,
     methods_in,
+    protocol_numbers,
 )
 
 
@@ -177,6 +178,6 @@ def rerun(run: dict[str, Any], plain: Sequence[dict[str, Any]]) -> str | None:
     twin = next((p for p in plain if (p["method"], p["seed"]) == (run["method"], run["seed"])), None)
     if twin is None:
         return None
-    keys = [k for k, v in twin["final"].items() if k.startswith("protocol.") and isinstance(v, (int, float))]
-    same = sum(run["final"].get(k) == twin["final"][k] for k in keys)
-    return f"{twin['run']}'s (the same seed, trained and evaluated separately) on {same} of {len(keys)} metrics"
+    ours, theirs = protocol_numbers(run["final"]), protocol_numbers(twin["final"])
+    same = sum(ours.get(k) == v for k, v in theirs.items())
+    return f"{twin['run']}'s (the same seed, trained and evaluated separately) on {same} of {len(theirs)} metrics"
