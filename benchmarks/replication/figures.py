@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from hypersolid_scale.eval.stats import t_interval
-from replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, by_seed, methods_in
+from replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, Comparison, methods_in
 
 COLOURS = {"hypersolid": "tab:red", "simclr": "tab:blue", "swav": "tab:green", "barlowtwins": "tab:purple"}
 
@@ -29,9 +29,8 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-def _headline(runs: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    methods = methods_in(runs)
-    values = {m: by_seed(runs, m) for m in methods}
+def _headline(cmp: Comparison, path: Path, title: str) -> Path:
+    methods, values = cmp.methods, cmp.values
     fig, axes = plt.subplots(3, 3, figsize=(12, 9))
     for ax, (key, label) in zip(axes.flat, HEADLINE):
         for i, m in enumerate(methods):
@@ -50,9 +49,8 @@ def _headline(runs: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     return _save(fig, path)
 
 
-def _hdbscan(runs: Sequence[dict[str, Any]], path: Path) -> Path:
-    methods = methods_in(runs)
-    values = {m: by_seed(runs, m) for m in methods}
+def _hdbscan(cmp: Comparison, path: Path) -> Path:
+    methods, values = cmp.methods, cmp.values
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, metric, label in zip(axes, ("ami", "noise_fraction", "n_clusters"), ("AMI", "noise fraction", "clusters")):
         for m in methods:
@@ -104,12 +102,13 @@ def _curves(runs: Sequence[dict[str, Any]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def draw_cpu(runs: Sequence[dict[str, Any]], out: Path) -> dict[str, Path]:
-    if not runs:
+def draw_cpu(cmp: Comparison | None, out: Path) -> dict[str, Path]:
+    """The CPU group's figures, from its comparison's per-seed values (None: the group has no run)."""
+    if cmp is None:
         return {}
     return {
-        "cpu_headline": _headline(runs, out / "cpu_headline.png", "CPU group, one epoch: headline metrics per seed"),
-        "cpu_hdbscan": _hdbscan(runs, out / "cpu_hdbscan.png"),
+        "cpu_headline": _headline(cmp, out / "cpu_headline.png", "CPU group, one epoch: headline metrics per seed"),
+        "cpu_hdbscan": _hdbscan(cmp, out / "cpu_hdbscan.png"),
     }
 
 

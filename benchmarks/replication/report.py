@@ -59,11 +59,17 @@ def _rel(path: Path, base: Path) -> str:
 
 
 def group_section(
-    title: str, scope: str, runs: list[dict[str, Any]], figs: dict[str, Path], base: Path, appendix: Path
-) -> tuple[list[str], Comparison | None]:
-    if not runs:
-        return [f"### {title}", "", "Not run yet.", ""], None
-    cmp = compare(runs)
+    title: str,
+    scope: str,
+    runs: list[dict[str, Any]],
+    cmp: Comparison | None,
+    figs: dict[str, Path],
+    base: Path,
+    appendix: Path,
+) -> list[str]:
+    """One group's part of the Results section; ``cmp`` is ``compare(runs)`` (None when no run)."""
+    if not runs or cmp is None:
+        return [f"### {title}", "", "Not run yet.", ""]
     out = [f"### {title}", "", f"Scope: {scope}.", "", *run_table(runs), ""]
     out += [
         f"Every backbone metric (raw and centred), with the same tests: [{appendix.name}]({_rel(appendix, base)}).",
@@ -94,7 +100,7 @@ def group_section(
     if len(ex) > 2:
         out += ["Exclusion zone (Hypersolid's raw projector outputs, cosine > alpha):", "", *ex, ""]
     out += [f"![{name}]({_rel(path, base)})" for name, path in figs.items()] + [""]
-    return out, cmp
+    return out
 
 
 def render(
@@ -107,30 +113,33 @@ def render(
     figs_cpu: dict[str, Path] = {}
     figs_gpu: dict[str, Path] = {}
     fig_dir = results / "report"
+    curve = [r for r in gpu if r["part"] == "curve"]
+    cpu_cmp, gpu_cmp = (compare(runs) if runs else None for runs in (cpu, curve))
     if plots:
         from replication.figures import draw_cpu, draw_gpu
 
-        figs_cpu, figs_gpu = draw_cpu(cpu, fig_dir), draw_gpu(gpu, fig_dir)
+        figs_cpu, figs_gpu = draw_cpu(cpu_cmp, fig_dir), draw_gpu(gpu, fig_dir)
     else:  # --check: the links the plotting run writes, without drawing
         figs_cpu = {n: fig_dir / f"{n}.png" for n in ("cpu_headline", "cpu_hdbscan") if cpu}
         figs_gpu = {n: fig_dir / f"{n}.png" for n in ("gpu_curves",) if any(r["part"] == "curve" for r in gpu)}
     cpu_title, gpu_title = "CPU group: one epoch, each method's defaults", "GPU group: the learning curves' final epoch"
-    cpu_lines, cpu_cmp = group_section(
+    cpu_lines = group_section(
         cpu_title,
         "Fashion-MNIST, the quickstart's 4-block CNN at 28 px, 2 + 4 views, global batch 128, one epoch "
         "(468 steps), each method's defaults (no tuning), one process on a 2-core CPU; 5 seeds for Hypersolid "
         "and SimCLR, 3 for SwaV and Barlow Twins (fewer than the protocol's 5: the CPU budget)",
         cpu,
+        cpu_cmp,
         figs_cpu,
         doc_dir,
         fig_dir / "cpu_all_metrics.md",
     )
-    curve = [r for r in gpu if r["part"] == "curve"]
-    gpu_lines, gpu_cmp = group_section(
+    gpu_lines = group_section(
         gpu_title,
         "Fashion-MNIST, the same network and views, global batch 128, "
         f"{max((r['epochs'] for r in curve), default=0)} epochs, several runs at once on one GPU",
         curve,
+        gpu_cmp,
         figs_gpu,
         doc_dir,
         fig_dir / "gpu_curve_all_metrics.md",
