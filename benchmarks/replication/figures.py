@@ -112,6 +112,6 @@ def draw_cpu(cmp: Comparison | None, out: Path) -> dict[str, Path]:
     }
 
 
-def draw_gpu(runs: Sequence[dict[str, Any]], out: Path) -> dict[str, Path]:
-    curve = [r for r in runs if r["part"] == "curve"]
+def draw_gpu(curve: Sequence[dict[str, Any]], out: Path) -> dict[str, Path]:
+    """The GPU group's figures, from its learning-curve runs (plan part "curve")."""
     return {"gpu_curves": _curves(curve, out / "gpu_curves.png")} if curve else {}

@@ -110,18 +110,16 @@ def render(
     block); ``doc_dir`` is where the doc lives (its links are relative to it)."""
     cpu_all, gpu = load(results / "cpu"), load(results / "gpu")
     cpu, steps = [r for r in cpu_all if r["part"] == "cpu"], [r for r in cpu_all if r["part"] == "steps"]
-    figs_cpu: dict[str, Path] = {}
-    figs_gpu: dict[str, Path] = {}
     fig_dir = results / "report"
     curve = [r for r in gpu if r["part"] == "curve"]
     cpu_cmp, gpu_cmp = (compare(runs) if runs else None for runs in (cpu, curve))
     if plots:
         from replication.figures import draw_cpu, draw_gpu
 
-        figs_cpu, figs_gpu = draw_cpu(cpu_cmp, fig_dir), draw_gpu(gpu, fig_dir)
+        figs_cpu, figs_gpu = draw_cpu(cpu_cmp, fig_dir), draw_gpu(curve, fig_dir)
     else:  # --check: the links the plotting run writes, without drawing
         figs_cpu = {n: fig_dir / f"{n}.png" for n in ("cpu_headline", "cpu_hdbscan") if cpu}
-        figs_gpu = {n: fig_dir / f"{n}.png" for n in ("gpu_curves",) if any(r["part"] == "curve" for r in gpu)}
+        figs_gpu = {n: fig_dir / f"{n}.png" for n in ("gpu_curves",) if curve}
     cpu_title, gpu_title = "CPU group: one epoch, each method's defaults", "GPU group: the learning curves' final epoch"
     cpu_lines = group_section(
         cpu_title,
