@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from replication.claims import BB, fmt
+from replication.claims import BB, fmt_cell
 from replication.plan import GPU_SCALE, gpu_runs
 
 PARTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
@@ -61,7 +61,7 @@ def sweep_lines(runs: Sequence[dict[str, Any]]) -> list[str]:
             if r is None:
                 out.append(f"| {p.name} | {settings} | {p.epochs} | " + " | ".join("not run" for _ in metrics) + " |")
                 continue
-            cells = [fmt(r["final"][k]) if isinstance(r["final"].get(k), (int, float)) else "–" for k, _ in metrics]
+            cells = [fmt_cell(r["final"], k) for k, _ in metrics]
             out.append(f"| {p.name} | {settings} | {r['epochs']} | " + " | ".join(cells) + " |")
         out.append("")
     return out

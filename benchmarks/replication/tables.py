@@ -15,6 +15,7 @@ from replication.claims import (
     REFERENCE,
     Comparison,
     fmt,
+    fmt_cell,
     fmt_interval,
     methods_in,
     protocol_numbers,
@@ -158,7 +159,7 @@ def steps_lines(runs: Sequence[dict[str, Any]], plain: Sequence[dict[str, Any]] 
         out.append("| step | epoch | " + " | ".join(label for _, label in STEP_METRICS) + " |")
         out.append("|---|---|" + "---|" * len(STEP_METRICS))
         for e in r["per_epoch"]:
-            cells = [fmt(e[k]) if isinstance(e.get(k), (int, float)) else "–" for k, _ in STEP_METRICS]
+            cells = [fmt_cell(e, k) for k, _ in STEP_METRICS]
             out.append(f"| {e['step']} | {e['epoch']:g} | " + " | ".join(cells) + " |")
         out.append("")
         if (same := rerun(r, plain)) is not None:
