@@ -9,10 +9,12 @@ Two stages (docs/design.md §3e):
   in the worker with PIL, as the PIL path decodes it. A file whose header does not parse, or a JPEG without
   its end marker (truncated), is decoded in the worker too, so the PIL decoder's error skips and counts it.
 - `DeviceStage` runs in the main process, per batch: `torchvision.io.decode_jpeg(list, device=...)` decodes
-  the batch's JPEGs (nvJPEG on CUDA), then for each view each image's crop box is resized (bicubic with
-  antialiasing, rounded to 8-bit levels as PIL's resize is) and mirrored, and `BatchPhotometric.apply` runs
-  the photometric chain on the whole batch with the PIL path's decisions. On CUDA the work goes to a side
-  stream, so the next batch is prepared while the current step runs.
+  the batch's JPEGs (nvJPEG on CUDA) and one copy per image packs them into one zero-padded batch; then, per
+  view and for the whole batch at once, `batched_resize.crop_resize` cuts and resizes every crop box with
+  PIL's antialiased bicubic filter (8-bit levels, mirrored where drawn) and `BatchPhotometric.apply` runs the
+  photometric chain with the PIL path's decisions, as per-sample tensors. A fixed number of calls per view
+  whatever the batch size, and no read of a device value on the host. The loaders run the stage ahead of
+  the step, in a thread on a side CUDA stream (`prefetch.staged`, `data.prefetch`).
 
 A JPEG that fails on the device (it passed the header checks) is decoded on the CPU instead; one that fails
 there too is replaced by the batch's previous good image and counted in `stats["corrupt_skipped"]` with a
@@ -24,17 +26,19 @@ from __future__ import annotations
 import io
 import time
 import warnings
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import default_collate
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from hypersolid_scale.data import view_params as vp
+from hypersolid_scale.data.batched_resize import crop_resize, pad_images
 from hypersolid_scale.data.config import JPEG_DECODERS
+from hypersolid_scale.data.prefetch import staged
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.tensor_aug import BatchPhotometric, Decisions
 from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
@@ -95,36 +99,44 @@ def collate_host(items: list[tuple[Any, ...]]) -> tuple[Any, ...]:
 
 
 class DeviceStage:
-    """`HostBatch` -> the views [global_0, global_1, local_0, ...], normalised, float32, on `device`.
+    """`HostBatch` -> the views [global_0, global_1, local_0, ...], normalised, float32, on `device`
+    (channels-last unless `channels_last=False`; the trainer gives the step the model's format either way).
 
-    `cpu_seconds` adds up this process's CPU time spent here (decode calls, kernel launches; on the CPU
-    device, the whole of the device's work), `corrupt` the images replaced after a failed decode.
+    `cpu_seconds` adds up the CPU time spent here by the calling thread (decode calls, kernel launches; on
+    the CPU device, the whole of the device's work), `corrupt` the images replaced after a failed decode.
     """
 
-    def __init__(self, preset: MultiCropPreset, device: torch.device | str) -> None:
+    def __init__(
+        self, preset: MultiCropPreset, device: torch.device | str, *, channels_last: bool = True, prefetch: int = -1
+    ) -> None:
+        """prefetch: batches the loaders prepare ahead of the step (`prefetch.staged`); -1: 1 on CUDA, where the
+        stage overlaps the step on a side stream, 0 on the CPU, where both would share the same cores."""
         self.preset = preset
         self.device = torch.device(device)
+        self.prefetch = (1 if self.device.type == "cuda" else 0) if prefetch < 0 else prefetch
         self.photometric = BatchPhotometric(preset, self.device)
         self.read_mode = ImageReadMode.GRAY if preset.channels == 1 else ImageReadMode.RGB
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.cpu_seconds = 0.0
         self.corrupt = 0
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def __call__(self, batch: HostBatch) -> list[torch.Tensor]:
         t0 = time.thread_time()
         try:
-            if self._stream is None:
-                return self._views(batch)
-            with torch.cuda.stream(self._stream):
-                views = self._views(batch)
-            # The consumer's stream waits for this batch; the allocator must not hand its memory to the side
-            # stream's next batch while the consumer still reads it.
-            torch.cuda.current_stream(self.device).wait_stream(self._stream)
-            for v in views:
-                v.record_stream(torch.cuda.current_stream(self.device))
-            return views
+            return self._views(batch)
         finally:
             self.cpu_seconds += time.thread_time() - t0
+
+    def stage(self, item: tuple[Any, ...]) -> tuple[list[torch.Tensor], int]:
+        """For `prefetch.staged`: a loader's item (HostBatch, ...) -> (views, images of it replaced)."""
+        before = self.corrupt
+        views = self(item[0])
+        return views, self.corrupt - before
+
+    def ahead(self, items: Iterator[tuple[Any, ...]]) -> Iterator[tuple[list[torch.Tensor], int, tuple[Any, ...]]]:
+        """(views, replaced, item) for the loader's items (HostBatch, ...), `self.prefetch` batches ahead."""
+        for (views, replaced), item in staged(items, self.stage, depth=self.prefetch, device=self.device):
+            yield views, replaced, item
 
     def decode(self, batch: HostBatch) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The batch's images (C, H, W) uint8 on the device (JPEGs decoded in one batched call), and the
@@ -178,38 +190,29 @@ class DeviceStage:
 
     def _views(self, batch: HostBatch) -> list[torch.Tensor]:
         images, params = self.decode(batch)
+        padded = pad_images(images)
+        host = params.numpy()  # the draws on the host: the windows' sizes, with no read from the device
+        draws = params.to(torch.float32).to(self.device, non_blocking=True)  # (B, V, NUM_PARAMS): one copy
         out = []
         for v, size in enumerate(self.preset.view_sizes()):
-            rows = params[:, v].tolist()
-            crops = [_crop_resize(img, row, size) for img, row in zip(images, rows)]
-            x = torch.stack(crops).div_(255.0)
-            out.append(self.photometric.apply(x, _decisions(params[:, v], self.device)))
+            p = draws[:, v]
+            window = (int(host[:, v, vp.HEIGHT].max()), int(host[:, v, vp.WIDTH].max()))
+            boxes = p[:, vp.TOP : vp.WIDTH + 1]  # top, left, height, width
+            x = crop_resize(padded, boxes, p[:, vp.FLIP] > 0, size, window).div_(255.0)
+            x = x.contiguous(memory_format=self.memory_format)
+            out.append(self.photometric.apply(x, _decisions(p)))
         return out
 
 
-def _crop_resize(img: torch.Tensor, row: list[float], size: int) -> torch.Tensor:
-    """One view: the box of `row` cut from `img`, resized to size x size as PIL's bicubic resize (antialiased,
-    8-bit levels), mirrored; (C, size, size) float in [0, 255]."""
-    top, left, h, w = (int(row[k]) for k in (vp.TOP, vp.LEFT, vp.HEIGHT, vp.WIDTH))
-    crop = img[None, :, top : top + h, left : left + w]
-    if crop.is_cuda:  # CUDA resizes floats only
-        out = F.interpolate(crop.float(), size=(size, size), mode="bicubic", antialias=True, align_corners=False)
-        out = out.round_().clamp_(0.0, 255.0)[0]
-    else:  # the CPU's 8-bit kernel (channels-last) is PIL's algorithm and 15-40x faster than its float one
-        crop = crop.contiguous(memory_format=torch.channels_last)
-        out = F.interpolate(crop, size=(size, size), mode="bicubic", antialias=True, align_corners=False)[0].float()
-    return out.flip(-1) if row[vp.FLIP] else out
-
-
-def _decisions(p: torch.Tensor, device: torch.device) -> Decisions:
-    """The photometric decisions of one view's (B, NUM_PARAMS) rows: masks on the CPU (no device sync)."""
+def _decisions(p: torch.Tensor) -> Decisions:
+    """The photometric decisions of one view's (B, NUM_PARAMS) rows, where the rows are (no host read)."""
     on = lambda col: p[:, col] > 0  # noqa: E731
     return Decisions(
         jitter=on(vp.JITTER),
-        factors=p[:, vp.FACTORS : vp.FACTORS + 4].float().to(device, non_blocking=True),
+        factors=p[:, vp.FACTORS : vp.FACTORS + 4],
         order=p[:, vp.ORDER : vp.ORDER + 4].long(),
         gray=on(vp.GRAY),
         blur=on(vp.BLUR),
-        sigma=p[:, vp.SIGMA].float().to(device, non_blocking=True),
+        sigma=p[:, vp.SIGMA],
         solarize=on(vp.SOLARIZE),
     )

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from hypersolid_scale.data.builtin import ArraySplit
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed, rank_indices
+from hypersolid_scale.data.device_views import DeviceStage
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop
 from hypersolid_scale.data.transforms import seeded_global_rngs
@@ -143,15 +144,16 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         batch_size: int,
         num_workers: int,
         max_samples: int | None = None,
-        finish: Callable[[Any], list[torch.Tensor]] | None = None,
+        device_stage: DeviceStage | None = None,
         collate_fn: Callable | None = None,
         pin_memory: bool = False,
     ) -> None:
-        """finish: turns what the workers collated (`collate_fn`) into the views, in this process (the device
-        stage of data.decode=device, data/device_views.py); pin_memory: pin the workers' tensors for async copies."""
+        """device_stage: turns what the workers collated (`collate_fn`) into the views, in this process and ahead
+        of the step (data.decode=device, data/device_views.py); pin_memory: pin the workers' tensors for async
+        copies."""
         super().__init__()
         self.dataset = dataset
-        self.finish, self.collate_fn, self.pin_memory = finish, collate_fn, pin_memory
+        self.device_stage, self.collate_fn, self.pin_memory = device_stage, collate_fn, pin_memory
         n = len(dataset)  # type: ignore[arg-type]
         self.num_samples = n if max_samples is None else min(n, max_samples)
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -164,7 +166,7 @@ class MapStyleMultiCropLoader(ResumableEpochs):
     @property
     def device_stage_cpu_s(self) -> float:
         """This process's CPU seconds in the device stage (data.decode=device; 0 otherwise)."""
-        return float(getattr(self.finish, "cpu_seconds", 0.0))
+        return self.device_stage.cpu_seconds if self.device_stage is not None else 0.0
 
     def __iter__(self) -> Iterator[Batch]:
         start = self._begin()
@@ -192,9 +194,10 @@ class MapStyleMultiCropLoader(ResumableEpochs):
             collate_fn=self.collate_fn,
             pin_memory=self.pin_memory,
         )
-        for views, labels in loader:
-            if self.finish is not None:
-                views = self.finish(views)
+        batches: Iterator[Any] = iter(loader)
+        if self.device_stage is not None:  # the views prepared ahead of the step (data/prefetch.py)
+            batches = ((views, labels) for views, _, (_, labels) in self.device_stage.ahead(batches))
+        for views, labels in batches:
             self._count()
             yield views, labels
         self._skip = 0

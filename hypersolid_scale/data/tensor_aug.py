@@ -103,18 +103,17 @@ def sample_crop_boxes(
     boxes[:, 1] = torch.floor(pos[:, 1] * (height - ch + 1))
     boxes[:, 2] = cw
     boxes[:, 3] = ch
-    fallback = first < 0
-    if fallback.any():
-        in_ratio = width / height
-        if in_ratio < ratio[0]:
-            fw, fh = width, int(round(width / ratio[0]))
-        elif in_ratio > ratio[1]:
-            fw, fh = int(round(height * ratio[1])), height
-        else:
-            fw, fh = width, height
-        boxes[fallback] = torch.tensor(
-            [(width - fw) // 2, (height - fh) // 2, fw, fh], dtype=boxes.dtype, device=boxes.device
-        )
+    # torchvision's fallback, a centred box with the aspect clamped to `ratio`, where no attempt fit; chosen per
+    # row with `where` (no read of the device's mask on the host).
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        fw, fh = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        fw, fh = int(round(height * ratio[1])), height
+    else:
+        fw, fh = width, height
+    fallback_box = torch.tensor([(width - fw) // 2, (height - fh) // 2, fw, fh], dtype=boxes.dtype, device=u.device)
+    boxes = torch.where((first < 0)[:, None], fallback_box, boxes)
     return boxes
 
 
@@ -205,29 +204,27 @@ class BatchPhotometric:
             solarize=u[:, COL_SOLARIZE] < p.view_solarize_probs()[index],
         )
 
-    def _jitter(self, x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-        """torchvision ColorJitter semantics: the four jitters in the given order, per sample."""
+    def _jitter(self, x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+        """torchvision ColorJitter semantics: the four jitters in each sample's order, where `on`.
+
+        Every stage computes each jitter for the whole batch with the sample's factor where the sample takes
+        that jitter at that stage, and the neutral factor (1, exactly the identity) elsewhere; the hue, not
+        an identity at shift 0 in float, is chosen per sample with `where`. No host reads, a fixed number of
+        calls per batch.
+        """
         n = x.shape[0]
-        fb, fc, fs = (factors[:, k].view(n, 1, 1, 1) for k in range(3))
-        fh = factors[:, 3]
         rgb = x.shape[1] == 3
+        one = torch.ones((), device=x.device, dtype=x.dtype)
         for stage in range(4):
             op = order[:, stage]
-            for k in range(4):
-                m = op == k
-                if not bool(m.any()) or (k >= 2 and not rgb):  # saturation/hue: no-ops on one channel
-                    continue
-                xm = x[m]
-                if k == 0:
-                    y = xm * fb[m]
-                elif k == 1:
-                    mean = _gray(xm).mean(dim=(1, 2, 3), keepdim=True)
-                    y = fc[m] * xm + (1 - fc[m]) * mean
-                elif k == 2:
-                    y = fs[m] * xm + (1 - fs[m]) * _gray(xm)
-                else:
-                    y = kornia.enhance.adjust_hue(xm, fh[m] * 2 * math.pi)
-                x[m] = y.clamp(0.0, 1.0)
+            take = [((op == k) & on).view(n, 1, 1, 1) for k in range(4)]
+            fb, fc, fs = (torch.where(take[k], factors[:, k].view(n, 1, 1, 1), one) for k in range(3))
+            x = (x * fb).clamp(0.0, 1.0)
+            x = (fc * x + (1 - fc) * _gray(x).mean(dim=(1, 2, 3), keepdim=True)).clamp(0.0, 1.0)
+            if rgb:  # saturation and hue: no-ops on one channel
+                x = (fs * x + (1 - fs) * _gray(x)).clamp(0.0, 1.0)
+                hue = kornia.enhance.adjust_hue(x, factors[:, 3] * 2 * math.pi).clamp(0.0, 1.0)
+                x = torch.where(take[3], hue, x)
         return x
 
     def _blur(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -253,26 +250,30 @@ class BatchPhotometric:
             return self._apply(x, d, record)
 
     def _apply(self, x: torch.Tensor, d: Decisions, record: dict | None) -> torch.Tensor:
+        # Every decision is a per-sample tensor applied with `where` over the whole batch: no boolean-mask
+        # indexing and no read of a device value on the host, so the host never waits for the device and the
+        # number of calls does not depend on the batch (docs/design.md §3e).
         if x.dtype == torch.uint8:
             x = x.to(self.device, non_blocking=True).float().div_(255.0)
         else:
-            x = x.to(self.device).float().clone()
-        jit = d.jitter
-        if jit.any():
-            x[jit] = self._jitter(x[jit], d.factors[jit], d.order[jit])
-        if d.gray.any():
-            x[d.gray] = _gray(x[d.gray]).expand(-1, x.shape[1], -1, -1)
-        if d.blur.any():
-            x[d.blur] = self._blur(x[d.blur], d.sigma[d.blur])
-        sol = d.solarize
-        if sol.any():
-            xs = x[sol]
-            # PIL ImageOps.solarize(threshold=128) inverts pixels >= 128 (of 255).
-            x[sol] = torch.where(xs >= 128 / 255, 1.0 - xs, xs)
+            x = x.to(self.device).float()
+        n = x.shape[0]
+        jit, gray, blur, sol = (m.to(self.device, non_blocking=True) for m in (d.jitter, d.gray, d.blur, d.solarize))
+        factors = d.factors.to(self.device, non_blocking=True)
+        order = d.order.to(self.device, non_blocking=True)
+        if self.preset.cj_prob > 0:
+            x = self._jitter(x, factors, order, jit)
+        x = torch.where(gray.view(n, 1, 1, 1), _gray(x).expand_as(x), x)
+        if max(self.preset.view_blur_probs()) > 0:  # the preset's setting: no look at the data
+            # The sigma of a sample left sharp is any valid one (its blurred copy is not taken).
+            sigma = torch.where(blur, d.sigma.to(self.device, non_blocking=True), 1.0)
+            x = torch.where(blur.view(n, 1, 1, 1), self._blur(x, sigma), x)
+        # PIL ImageOps.solarize(threshold=128) inverts pixels >= 128 (of 255).
+        x = torch.where(sol.view(n, 1, 1, 1) & (x >= 128 / 255), 1.0 - x, x)
         if record is not None:
             record.setdefault("jitter", []).append(jit.cpu())
-            record.setdefault("gray", []).append(d.gray.cpu())
-            record.setdefault("blur", []).append(d.blur.cpu())
+            record.setdefault("gray", []).append(gray.cpu())
+            record.setdefault("blur", []).append(blur.cpu())
             record.setdefault("solarize", []).append(sol.cpu())
         return (x - self.mean) / self.std
 

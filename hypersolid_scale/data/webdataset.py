@@ -337,16 +337,19 @@ class WebDatasetLoader(ResumableEpochs):
         )
         per_epoch = self._len * self.batch_size
         lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
-        for views, labels, events in _unwrapped(loader):
+        items = _unwrapped(loader)
+        if self.device_stage is None:
+            batches: Iterator[Any] = ((views, labels, events, 0) for views, labels, events in items)
+        else:  # the views prepared ahead of the step (data/prefetch.py)
+            ahead = self.device_stage.ahead(items)
+            batches = ((views, labels, events, replaced) for views, replaced, (_, labels, events) in ahead)
+        for views, labels, events, replaced in batches:
             for text in events:
                 if text:
                     self._record(json.loads(text), lost)
             if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
                 raise DataError(self._loss_message(lost, per_epoch))
-            if self.device_stage is not None:
-                replaced = self.device_stage.corrupt
-                views = self.device_stage(views)
-                self.stats["corrupt_skipped"] += self.device_stage.corrupt - replaced
+            self.stats["corrupt_skipped"] += replaced
             self._count()
             yield views, labels
         self._skip = 0

@@ -49,7 +49,7 @@ class ImageFolderFormat(FileFormat):
 
             ds = image_folder(root, None, HostStage(preset, cfg.jpeg_decoder))
             device_stage = dict(
-                finish=DeviceStage(preset, device), collate_fn=collate_host, pin_memory=device.type == "cuda"
+                device_stage=DeviceStage(preset, device), collate_fn=collate_host, pin_memory=device.type == "cuda"
             )
         else:
             ds = image_folder(root, pil_mode(preset), build_pil_multicrop(preset))
