@@ -17,6 +17,7 @@ from torch import nn
 from hypersolid_scale.losses import HypersolidLoss
 from hypersolid_scale.models import (ModelConfig, backbone_names, build_backbone, build_model, get_backbone,
                                      register_backbone, unregister_backbone)
+from hypersolid_scale.safety.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_PROJ = dict(proj_hidden_dim=32, proj_dim=16)
@@ -58,8 +59,13 @@ def tiny_conv() -> Iterator[str]:
 
 
 def test_builtin_backbones_are_registered_with_their_settings() -> None:
-    assert backbone_names() == ("small_cnn", "resnet18", "resnet50", "vit_tiny")
-    assert [n for n in backbone_names() if get_backbone(n).small_stem] == ["resnet18", "resnet50"]
+    names = backbone_names()
+    assert names[0] == "small_cnn" == ModelConfig().arch  # the default first, then the registry's order
+    assert list(names) == sorted(names, key=lambda n: (get_backbone(n).order, n))
+    # every module of the package registers at least one backbone
+    modules = {p.stem for p in (ROOT / "hypersolid_scale" / "models" / "backbones").glob("[!_]*.py")}
+    assert modules == {get_backbone(n).build.__module__.rsplit(".", 1)[1] for n in names}
+    assert {"resnet18", "resnet50"} <= {n for n in names if get_backbone(n).small_stem}
     assert get_backbone("vit_tiny").check is not None and get_backbone("small_cnn").check is None
 
 
@@ -84,14 +90,14 @@ def test_a_backbone_registered_at_run_time_trains_one_step(tiny_conv: str) -> No
 
 
 def test_unknown_arch_lists_the_registered_names(tiny_conv: str) -> None:
-    with pytest.raises(ValueError, match=r"model.arch='resnet34' is unknown; choose one of") as err:
+    with pytest.raises(ConfigError, match=r"model.arch='resnet34' is not a known backbone; choose one of") as err:
         ModelConfig(arch="resnet34")
-    for name in backbone_names():
-        assert repr(name) in str(err.value)
-    assert "'tiny_conv'" in str(err.value)
+    listed = str(err.value).split("choose one of: ")[1].split(" (")[0].split(" | ")
+    assert listed == list(backbone_names()) and "tiny_conv" in listed
     cfg = ModelConfig()
     cfg.arch = "nope"  # e.g. set by an override after construction
-    with pytest.raises(ValueError, match=r"'nope' is unknown; choose one of \['small_cnn', 'resnet18'"):
+    with pytest.raises(ConfigError, match=r"'nope' is not a known backbone; choose one of: small_cnn \| .*"
+                                          r"a new backbone is a module in hypersolid_scale/models/backbones/"):
         build_backbone(cfg)
 
 
@@ -109,14 +115,14 @@ def test_the_registration_decides_small_stem_and_extra_checks() -> None:
             ModelConfig(arch="gray_conv", in_channels=3)
         with pytest.raises(ValueError, match=r"only applies to \['gray_conv', 'resnet18', 'resnet50'\]"):
             ModelConfig(arch="vit_tiny", small_stem=True)
-    with pytest.raises(ValueError, match="'gray_conv' is unknown"):
+    with pytest.raises(ValueError, match="'gray_conv' is not a known backbone"):
         ModelConfig(arch="gray_conv", in_channels=1)
 
 
 def test_a_name_is_registered_once() -> None:
-    with pytest.raises(ValueError, match="'resnet18' is empty or registered twice"):
+    with pytest.raises(ConfigError, match="two backbones are named 'resnet18'.*registered twice"):
         register_backbone("resnet18")(build_tiny_conv)
-    with pytest.raises(ValueError, match="is empty or registered twice"):
+    with pytest.raises(ConfigError, match="backbone name '' .* is not a non-empty name"):
         register_backbone("")(build_tiny_conv)
     assert get_backbone("resnet18").build is not build_tiny_conv
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.losses import HypersolidLoss, LossConfig
 from hypersolid_scale.losses.backends import (
     Backend,
     backend_names,
@@ -17,6 +19,7 @@ from hypersolid_scale.losses.backends import (
     unregister_backend,
 )
 from hypersolid_scale.losses.repulsion import dense_repulsion
+from hypersolid_scale.safety.errors import ConfigError
 from loss_reference import make_feats
 
 
@@ -58,7 +61,15 @@ def loss_and_grad(fn, feats):
 
 
 def test_the_built_in_backends_are_discovered_in_their_documented_order():
-    assert backend_names()[:4] == ("dense", "tiled", "neighbors", "auto")
+    names = backend_names()
+    assert names[0] == "dense" == LossConfig().backend  # the default first
+    assert list(names) == sorted(names, key=lambda n: (get_backend(n).order, n))
+    package = Path(__file__).resolve().parents[1] / "hypersolid_scale" / "losses" / "backends"
+    assert {get_backend(n).__module__.rsplit(".", 1)[1] for n in names} == {p.stem for p in package.glob("[!_]*.py")}
+    # docs/training.md's table of backends lists them in the registry's order
+    rows = re.findall(r"^\| `(\w+)` \|", (package.parents[2] / "docs" / "training.md").read_text(), re.M)
+    table = [n for n in rows if n in names]
+    assert table == [n for n in names if n in table] and table[0] == "dense"
 
 
 @pytest.mark.parametrize("regime", ["spread", "collapsed"])
@@ -102,7 +113,7 @@ def test_an_unknown_backend_lists_the_registered_ones(counting):
     with pytest.raises(ValueError) as err:
         HypersolidLoss(backend="sparse")
     assert f"choose one of {', '.join(names)}" in str(err.value) and "backend='sparse'" in str(err.value)
-    with pytest.raises(ValueError, match=f"not registered; choose one of {', '.join(names)}"):
+    with pytest.raises(ConfigError, match=f"'sparse' is not a known backend; choose one of: {' [|] '.join(names)}"):
         get_backend("sparse")
 
 

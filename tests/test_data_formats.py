@@ -31,7 +31,9 @@ def test_a_format_in_data_dataset_says_to_set_data_format(fmt: str) -> None:
 
 
 def test_format_and_dataset_are_checked() -> None:
-    assert formats.names() == ("builtin", "ffcv", "imagefolder", "webdataset")
+    names = formats.names()
+    modules = {p.stem for p in (Path(formats.__file__).parent).glob("[!_]*.py")}
+    assert names[0] == "builtin" == DataConfig().format and set(names) == modules  # one module per format
     with pytest.raises(ConfigError, match=r"data.format='parquet' is not one of \('builtin', 'ffcv'"):
         DataConfig(format="parquet").validate()
     with pytest.raises(ConfigError, match=r"data.dataset='cifar10' is not a builtin dataset.*data.format=webdataset"):
@@ -102,7 +104,8 @@ class _Arrays(formats.Format):
 def arrays_format():
     fmt = formats.register(_Arrays())
     yield fmt
-    del formats._REGISTRY[fmt.name]
+    formats.unregister(fmt.name)
+    assert fmt.name not in formats.names()
 
 
 def test_a_registered_format_is_used_by_every_entry_point(arrays_format) -> None:

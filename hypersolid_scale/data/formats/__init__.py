@@ -1,7 +1,8 @@
 """The registry of storage formats (data.format): how each builds its training loader and evaluation data.
 
 Every module of this package defines one `Format` subclass and registers an instance with `register`;
-`get` and `names` import them all on first use. A new format is one new module here (plus its tests).
+`get` and `names` import them all on first use (``python -m hypersolid_scale.data.formats`` lists them). A
+new format is one new module here (plus its tests).
 Modules here stay cheap to import: torch, webdataset or FFCV are imported inside the methods that need
 them, so validating a config or running the converter does not load them.
 
@@ -13,12 +14,11 @@ to the split (`<root>/<split>` and `<root>/test`).
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.common import find_manifest
+from hypersolid_scale.config.registry import DEFAULT_ORDER, Registry
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ class Format:
 
     name: str = ""
     needs_path: bool = True  # data.path is required
+    order: int = DEFAULT_ORDER  # place in names() (then by name): the default, builtin, comes first
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
@@ -134,31 +135,24 @@ def is_unlabeled(path: str) -> bool:
     return manifest.get("splits", {}).get(name, {}).get("labeled", True) is False
 
 
-_REGISTRY: dict[str, Format] = {}
+FORMATS: Registry[Format] = Registry("format", "data.format", "hypersolid_scale.data.formats")
 
 
 def register(fmt: Format) -> Format:
-    if not fmt.name or fmt.name in _REGISTRY:
-        raise ValueError(f"format name {fmt.name!r} is empty or registered twice")
-    _REGISTRY[fmt.name] = fmt
-    return fmt
+    """Register the format instance ``fmt`` under its ``name``."""
+    return FORMATS.register(fmt.name, fmt)
 
 
-def _discover() -> None:
-    if _REGISTRY:
-        return
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+def unregister(name: str) -> None:
+    """Remove a registered format (tests that register one of their own)."""
+    FORMATS.unregister(name)
 
 
 def names() -> tuple[str, ...]:
-    """The registered formats, "builtin" first."""
-    _discover()
-    return tuple(sorted(_REGISTRY, key=lambda n: (n != "builtin", n)))
+    """The registered formats, "builtin" (the default) first, then by name."""
+    return FORMATS.names()
 
 
 def get(name: str) -> Format:
-    _discover()
-    if name not in _REGISTRY:
-        raise ConfigError(f"data.format={name!r} is not one of {names()}")
-    return _REGISTRY[name]
+    """The format registered as ``name``; a ConfigError listing the known names otherwise."""
+    return FORMATS.get(name)

@@ -1,7 +1,8 @@
 """The registry of repulsion backends (``method.hypersolid.backend``): how the repulsion's row part is computed.
 
 Every module of this package defines one :class:`Backend` subclass and registers it with
-:func:`register_backend`; :func:`get_backend` and :func:`backend_names` import them all on first use. A new
+:func:`register_backend`; :func:`get_backend` and :func:`backend_names` import them all on first use
+(``python -m hypersolid_scale.losses.backends`` lists them). A new
 backend is one new module here (plus its tests): :class:`~hypersolid_scale.losses.HypersolidLoss` and
 :class:`~hypersolid_scale.losses.LossConfig` name no backend. A backend defined elsewhere (a test, a user's
 module) registers the same way, once its module is imported.
@@ -19,10 +20,10 @@ asks its backend for:
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from hypersolid_scale.config.registry import DEFAULT_ORDER, Registry
 
 if TYPE_CHECKING:
     import torch
@@ -36,7 +37,7 @@ class Backend:
     """How the repulsion is computed. Subclasses set :attr:`name` and implement :meth:`repulsion`."""
 
     name: str = ""
-    order: int = 100  # place in backend_names() (then by name): the built-ins list in their documented order
+    order: int = DEFAULT_ORDER  # place in backend_names() (then by name): the built-ins list in their documented order
     stat_names: tuple[str, ...] = ()  # extra statistics, packed after the loss's own, in this order
 
     def __init__(self, cfg: LossConfig) -> None:
@@ -66,42 +67,24 @@ class Backend:
         """Called with the call's packed statistics (reduced, identical on every rank) once they exist."""
 
 
-_REGISTRY: dict[str, type[Backend]] = {}
-_discovered = False
+BACKENDS: Registry[type[Backend]] = Registry("backend", "method.hypersolid.backend", "hypersolid_scale.losses.backends")
 
 
 def register_backend(cls: type[Backend]) -> type[Backend]:
     """Register a :class:`Backend` subclass under its ``name`` (usable as a class decorator)."""
-    _discover()
-    if not cls.name or cls.name in _REGISTRY:
-        raise ValueError(f"backend name {cls.name!r} is empty or registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return BACKENDS.register(cls.name, cls)
 
 
 def unregister_backend(name: str) -> None:
     """Remove a registered backend (tests that register one of their own)."""
-    _REGISTRY.pop(name, None)
-
-
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True  # first: the modules imported below register themselves through register_backend
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
+    BACKENDS.unregister(name)
 
 
 def backend_names() -> tuple[str, ...]:
     """The registered backends: the built-ins as documented (dense, tiled, neighbors, auto), then the others."""
-    _discover()
-    return tuple(sorted(_REGISTRY, key=lambda n: (_REGISTRY[n].order, n)))
+    return BACKENDS.names()
 
 
 def get_backend(name: str) -> type[Backend]:
-    """The backend class registered as ``name``."""
-    _discover()
-    if name not in _REGISTRY:
-        raise ValueError(f"backend {name!r} is not registered; choose one of {', '.join(backend_names())}")
-    return _REGISTRY[name]
+    """The backend class registered as ``name``; a ConfigError listing the known names otherwise."""
+    return BACKENDS.get(name)

@@ -1,7 +1,8 @@
 """The registry of backbones (model.arch): images (N, C, H, W) -> features (N, F).
 
 Every module of this package defines one family of backbones and registers each by name with
-`register_backbone`; `get_backbone`, `backbone_names` and `build_backbone` import them all on first use. A new
+`register_backbone`; `get_backbone`, `backbone_names` and `build_backbone` import them all on first use
+(``python -m hypersolid_scale.models.backbones`` lists them). A new
 backbone is one new module here (plus its tests): its builder, and what is specific to it — whether
 ``model.small_stem`` applies, extra validation of the config — in its registration. `ModelConfig.validate`
 asks this registry, so it names no architecture itself. Modules here stay cheap to import: torchvision and
@@ -22,11 +23,11 @@ A backbone registered at run time (a script, a test) is built like the ones here
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from hypersolid_scale.config.registry import DEFAULT_ORDER, Registry
 
 if TYPE_CHECKING:
     from torch import nn
@@ -48,62 +49,51 @@ class Backbone:
             otherwise that setting is rejected.
         check: extra validation of the config, called by ``ModelConfig.validate`` after the checks common to
             all backbones; raises ValueError naming the bad field and the fix.
+        order: its place in `backbone_names()` (then by name); the default, ``small_cnn``, comes first.
     """
 
     name: str
     build: Builder
     small_stem: bool = False
     check: Callable[[ModelConfig], None] | None = None
+    order: int = DEFAULT_ORDER
 
 
-_REGISTRY: dict[str, Backbone] = {}
-_discovered = False
+BACKBONES: Registry[Backbone] = Registry(
+    "backbone", "model.arch", "hypersolid_scale.models.backbones", documented_by=lambda b: b.build
+)
 
 
 def register_backbone(
-    name: str, *, small_stem: bool = False, check: Callable[[ModelConfig], None] | None = None
+    name: str,
+    *,
+    small_stem: bool = False,
+    check: Callable[[ModelConfig], None] | None = None,
+    order: int = DEFAULT_ORDER,
 ) -> Callable[[Builder], Builder]:
     """Decorator registering ``build(cfg) -> (module, feature_dim)`` as the backbone ``name`` (see `Backbone`
     for the options). Returns the builder unchanged, so one builder may be registered under several names."""
 
     def decorator(build: Builder) -> Builder:
-        if not name or name in _REGISTRY:
-            raise ValueError(f"backbone name {name!r} is empty or registered twice")
-        _REGISTRY[name] = Backbone(name, build, small_stem, check)
+        BACKBONES.register(name, Backbone(name, build, small_stem, check, order))
         return build
 
     return decorator
 
 
-def unregister_backbone(name: str) -> Backbone:
+def unregister_backbone(name: str) -> Backbone | None:
     """Remove the backbone ``name`` (one registered at run time, e.g. by a test) and return its entry."""
-    _discover()
-    return _REGISTRY.pop(name)
-
-
-def _discover() -> None:
-    # A flag, not "the registry is empty": a backbone registered at run time before the first look-up must
-    # not hide the modules of this package.
-    global _discovered
-    if _discovered:
-        return
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    _discovered = True
+    return BACKBONES.unregister(name)
 
 
 def backbone_names() -> tuple[str, ...]:
     """The registered backbones: ``small_cnn`` (the default, for CPU runs) first, then by name."""
-    _discover()
-    return tuple(sorted(_REGISTRY, key=lambda n: (n != "small_cnn", n)))
+    return BACKBONES.names()
 
 
 def get_backbone(name: str) -> Backbone:
-    """The registered backbone ``name``; a ValueError listing the registered names when there is none."""
-    names = backbone_names()
-    if name not in names:
-        raise ValueError(f"model.arch={name!r} is unknown; choose one of {list(names)}")
-    return _REGISTRY[name]
+    """The registered backbone ``name``; a ConfigError listing the registered names when there is none."""
+    return BACKBONES.get(name)
 
 
 def build_backbone(cfg: ModelConfig) -> tuple[nn.Module, int]:

@@ -46,7 +46,7 @@ class SmallCNN(nn.Module):
         return self.pool(self.features(x)).flatten(1)
 
 
-@register_backbone("small_cnn")  # keeps resolution already: no small_stem
+@register_backbone("small_cnn", order=0)  # the default, listed first; keeps resolution already: no small_stem
 def build_small_cnn(cfg: ModelConfig) -> tuple[nn.Module, int]:
     """SmallCNN of ``cfg.in_channels`` and ``cfg.small_cnn_width``."""
     net = SmallCNN(cfg.in_channels, cfg.small_cnn_width)
