@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypersolid_scale.data.common import find_manifest
 from hypersolid_scale.config.registry import DEFAULT_ORDER, Registry
+from hypersolid_scale.data.common import find_manifest
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
