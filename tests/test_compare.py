@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hypersolid_scale.compare import figures, table
-from hypersolid_scale.compare.plan import Training, check_budget, config_path, parse_methods, plan
+from hypersolid_scale.compare.plan import Training, check_budget, parse_methods, plan, setting_config
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import acquire_run_lock
@@ -54,9 +54,32 @@ def test_plan_gives_the_multi_seed_methods_their_seeds():
 
 def test_a_missing_setting_names_the_ones_that_exist(tmp_path):
     (tmp_path / "baselines").mkdir()
-    (tmp_path / "baselines" / "simclr_tiny.yaml").write_text("loss:\n  name: simclr\n")
-    with pytest.raises(ConfigError, match=r"simclr_huge.yaml does not exist; simclr has the settings tiny"):
-        config_path(tmp_path, "huge", "simclr")
+    (tmp_path / "tiny.yaml").write_text("seed: 1\n")
+    (tmp_path / "baselines" / "simclr_huge.yaml").write_text("method:\n  name: simclr\n")
+    with pytest.raises(ConfigError, match=r"no setting 'huge' for byol: neither .*huge.yaml nor .*byol_huge.yaml "
+                                          r"exists; the settings are tiny"):
+        setting_config(tmp_path, "huge", "byol")
+    # a setting of the baselines' files only (e.g. cifar10_lars) keeps working for them
+    assert setting_config(tmp_path, "huge", "simclr") == (tmp_path / "baselines" / "simclr_huge.yaml", ())
+
+
+def test_a_method_without_a_config_of_its_own_trains_on_the_setting_s_config(tmp_path):
+    """Its defaults on the setting's config; only the two global views for a method that uses no others."""
+    (tmp_path / "baselines").mkdir()
+    setting = tmp_path / "quickstart.yaml"
+    setting.write_text((CONFIGS / "quickstart.yaml").read_text())
+    (tmp_path / "baselines" / "byol_quickstart.yaml").write_text("method:\n  name: byol\n")
+    assert setting_config(tmp_path, "quickstart", "hypersolid") == (setting, ())
+    assert setting_config(tmp_path, "quickstart", "byol") == (tmp_path / "baselines" / "byol_quickstart.yaml", ())
+    two_views = ("method.name=simclr", "data.num_local_views=0")
+    assert setting_config(tmp_path, "quickstart", "simclr") == (setting, two_views)
+    assert setting_config(tmp_path, "quickstart", "dino") == (setting, ("method.name=dino",))
+    got = plan(tmp_path, "quickstart", ["hypersolid", "dino"], 1, 1, ["a=1"])
+    assert [(t.method, t.config, t.overrides) for t in got] == [
+        ("hypersolid", setting, ("a=1",)), ("dino", setting, ("method.name=dino", "a=1"))]
+    budget = check_budget(plan(tmp_path, "quickstart", ["hypersolid", "simclr", "dino"], 1, 1, []), steps=5, nproc=2,
+                          out_dir=tmp_path)
+    assert budget.views == {"hypersolid": 6, "simclr": 2, "dino": 6}
 
 
 def test_the_budget_is_images_seen_and_needs_one_global_batch(tmp_path):

@@ -1,6 +1,7 @@
 """The baseline configs (configs/baselines/<method>_<setting>.yaml): each loads, names its method, differs from
 its setting's Hypersolid config (configs/<setting>.yaml) only in the objective and in the keys its header
-documents, sees the views its method is defined on, and can take a training step.
+documents, sees the views its method is defined on, and can take a training step. A method without such a
+file trains in every setting on the setting's config with its own defaults (compare.plan.setting_config).
 
 A fair comparison needs the same data, backbone, seed, global batch, training length and optimizer; what a
 baseline changes beyond its ``method`` section is listed in ``DOCUMENTED`` (and named in the file's header).
@@ -19,10 +20,11 @@ import pytest
 import torch
 import yaml
 
+from hypersolid_scale.compare.plan import setting_config
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.schema import Config, load_config, to_dict
 from hypersolid_scale.data.presets import resolve_preset
-from hypersolid_scale.methods import Method, count_global_views, method_names
+from hypersolid_scale.methods import Method, count_global_views, get_method, method_names
 from hypersolid_scale.methods.dino import DINO
 from hypersolid_scale.methods.swav import SwaV
 from hypersolid_scale.safety.errors import ConfigError
@@ -36,7 +38,7 @@ SETTINGS = ("quickstart", "cifar10", "cifar100")
 LARS_PATHS = sorted((CONFIGS / "baselines").glob("*_lars.yaml"))
 PATHS = sorted(set((CONFIGS / "baselines").glob("*.yaml")) - set(LARS_PATHS))
 CIFAR_PATHS = [p for p in PATHS if not p.stem.endswith("_quickstart")]
-TWO_VIEW = ("simclr", "vicreg", "barlowtwins", "byol")  # the others (DINO, SwaV) are multi-crop methods
+TWO_VIEW = tuple(m for m in BASELINES if not get_method(m).uses_local_views)  # the others are multi-crop methods
 # Keys that do not take part in the comparison: the run's name, the objective, Hypersolid's own projector.
 NOT_COMPARED = ("run_dir", "method.", "model.proj_")
 # What each baseline changes beyond the objective, by (setting, method); its header names every key.
@@ -73,10 +75,16 @@ def _raw_diff(a: Path, b: Path) -> dict[str, tuple[Any, Any]]:
     return {k: (x.get(k), y.get(k)) for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)}
 
 
-def test_every_method_has_a_config_for_every_setting() -> None:
-    """The globs below see every file, and no file outside the naming scheme escapes the checks."""
-    assert sorted(p.stem for p in PATHS) == sorted(f"{m}_{s}" for m in BASELINES for s in SETTINGS)
-    assert [p.stem for p in LARS_PATHS] == ["byol_cifar10_lars", "simclr_cifar10_lars"]
+def test_every_file_is_a_method_s_setting_and_every_method_has_every_setting() -> None:
+    """The globs below see every file, and no file outside the naming scheme escapes the checks: each is
+    ``<registered baseline>_<setting>``; a method without one gets the setting's config with its defaults."""
+    assert {_method_and_setting(p) for p in PATHS} <= {(m, s) for m in BASELINES for s in SETTINGS}
+    assert all(p.stem.removesuffix("_cifar10_lars") in BASELINES for p in LARS_PATHS) and LARS_PATHS
+    for method in METHODS:
+        for setting in SETTINGS:
+            path, overrides = setting_config(CONFIGS, setting, method)
+            assert load_config(path, overrides).method.name == method
+            assert (path == CONFIGS / "baselines" / f"{method}_{setting}.yaml") == (path in PATHS)
 
 
 @pytest.mark.parametrize("path", PATHS, ids=_ids)
@@ -117,7 +125,7 @@ def test_the_launch_command_runs_this_file_on_as_many_processes_as_hypersolid(pa
     assert ours.group(1) == theirs.group(1)
 
 
-@pytest.mark.parametrize("method", BASELINES)
+@pytest.mark.parametrize("method", [m for m in BASELINES if (CONFIGS / "baselines" / f"{m}_cifar10.yaml").is_file()])
 def test_cifar100_differs_from_cifar10_as_the_hypersolid_configs_do(method: str) -> None:
     """The CIFAR-100 baseline is the CIFAR-10 one with the dataset swapped, as for Hypersolid."""
     ours = _raw_diff(*(CONFIGS / "baselines" / f"{method}_{s}.yaml" for s in ("cifar10", "cifar100")))

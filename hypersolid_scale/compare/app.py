@@ -4,7 +4,8 @@
         [--steps 300] [--nproc 2] [--out DIR] [--quick] [--protocol paper] [--no-mlflow] [key=value ...]
 
 For each (method, seed): ``torchrun launch/train.py`` with the setting's config (``configs/<setting>.yaml`` for
-Hypersolid, ``configs/baselines/<method>_<setting>.yaml``), the seed and ``max_steps=--steps``; then
+Hypersolid, ``configs/baselines/<method>_<setting>.yaml`` where a method has one, else the setting's config with
+``method.name=<method>``: ``plan.setting_config``), the seed and ``max_steps=--steps``; then
 ``launch/eval.py`` on its final checkpoint (kNN, linear probe, clustering, geometry; backbone features). Then
 ``<out>/compare.md`` / ``compare.json`` (mean ± std over seeds), ``dbscan_nmi_vs_eps.png`` and
 ``metrics.png``. MLflow: one parent run (the table's numbers, the files) with one child run per training (the
@@ -51,7 +52,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--setting",
         default="quickstart",
-        help="configs/<setting>.yaml and configs/baselines/<method>_<setting>.yaml (default: quickstart)",
+        help="configs/<setting>.yaml, and configs/baselines/<method>_<setting>.yaml where a method has one "
+        "(default: quickstart)",
     )
     p.add_argument("--methods", default="all", help="comma-separated methods, or all (default)")
     p.add_argument("--seeds", type=int, default=3, help="seeds of Hypersolid and SimCLR (default 3)")

@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from hypersolid_scale.config.schema import Config, load_config
 from hypersolid_scale.data import plan_batch
-from hypersolid_scale.methods import method_names
+from hypersolid_scale.methods import get_method, method_names
+from hypersolid_scale.methods.config import DEFAULT_METHOD, move_loss_section
 from hypersolid_scale.safety.errors import ConfigError
 
 # The methods that get the full number of seeds by default; the others get ``baseline_seeds``.
@@ -35,21 +38,38 @@ class Training:
         return f"{self.method}-seed{self.seed}"
 
 
-def config_path(configs_dir: Path, setting: str, method: str) -> Path:
-    """``configs/<setting>.yaml`` for Hypersolid, ``configs/baselines/<method>_<setting>.yaml`` for the others."""
-    path = (
-        configs_dir / f"{setting}.yaml"
-        if method == "hypersolid"
-        else configs_dir / "baselines" / f"{method}_{setting}.yaml"
-    )
-    if not path.is_file():
-        have = sorted(p.stem.split("_", 1)[1] for p in (configs_dir / "baselines").glob(f"{method}_*.yaml"))
+def _trains(path: Path) -> str:
+    """The method.name the config file at ``path`` sets (its default when it sets none)."""
+    try:
+        d = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:  # noqa: BLE001 - an unreadable file is reported where check_budget loads it, with its cause
+        return ""
+    d, _ = move_loss_section({str(k): v for k, v in d.items()} if isinstance(d, dict) else {})
+    method = d.get("method")
+    return str(method.get("name", DEFAULT_METHOD)) if isinstance(method, dict) else DEFAULT_METHOD
+
+
+def setting_config(configs_dir: Path, setting: str, method: str) -> tuple[Path, tuple[str, ...]]:
+    """The config and overrides that train ``method`` in ``setting``: ``configs/<setting>.yaml`` for the method
+    it trains (Hypersolid's), else ``configs/baselines/<method>_<setting>.yaml`` where that file exists (a
+    baseline's tuned settings), else ``configs/<setting>.yaml`` with ``method.name=<method>``: the method's
+    defaults on the setting's data, backbone, batch and optimizer, and only the two global views when the
+    method uses no others (``data.num_local_views=0``)."""
+    base = configs_dir / f"{setting}.yaml"
+    own = configs_dir / "baselines" / f"{method}_{setting}.yaml"
+    if base.is_file() and _trains(base) == method:
+        return base, ()
+    if own.is_file():
+        return own, ()
+    if not base.is_file():
+        have = sorted(p.stem for p in configs_dir.glob("*.yaml"))
         raise ConfigError(
-            f"no config for {method} in the setting {setting!r}: {path} does not exist"
-            + (f"; {method} has the settings {', '.join(have)}" if have else "")
+            f"no setting {setting!r} for {method}: neither {base} nor {own} exists"
+            + (f"; the settings are {', '.join(have)}" if have else "")
             + "; pick one with --setting or add the file"
         )
-    return path
+    views = () if get_method(method).uses_local_views else ("data.num_local_views=0",)
+    return base, (f"method.name={method}", *views)
 
 
 def parse_methods(text: str) -> list[str]:
@@ -76,8 +96,8 @@ def plan(
     out = []
     for method in methods:
         n = seeds if method in MULTI_SEED_METHODS else baseline_seeds
-        path = config_path(configs_dir, setting, method)
-        out += [Training(method, seed, path, tuple(overrides)) for seed in range(n)]
+        path, own = setting_config(configs_dir, setting, method)
+        out += [Training(method, seed, path, (*own, *overrides)) for seed in range(n)]
     return out
 
 
