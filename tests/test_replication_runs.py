@@ -3,6 +3,7 @@ resumes a training from its checkpoint instead of starting it again."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "replication"))
 
+import plan as planmod  # noqa: E402
 from plan import plan  # noqa: E402
 
 from hypersolid_scale.config.schema import load_config  # noqa: E402
@@ -34,7 +36,7 @@ def test_every_planned_run_is_a_valid_config(group: str, tmp_path: Path) -> None
     distinct = {(r.config, r.overrides, r.curve, r.eval_every_steps): r for r in runs}.values()  # seeds aside
     for run, quick in [(r, False) for r in distinct] + [(r, True) for r in plan(group, quick=True)]:
         cfg = load_config(run.config, [f"run_dir={tmp_path / run.name}", *run.train_overrides("cpu", quick)])
-        assert cfg.seed == run.seed and cfg.epochs == run.epochs and cfg.max_steps == 0
+        assert cfg.seed == run.seed and cfg.epochs == run.epochs and cfg.max_steps == (1 if run.random_init else 0)
         assert not cfg.tracking.enabled and cfg.method.name == run.method
 
 
@@ -46,6 +48,72 @@ def test_gpu_plan_shape() -> None:
     assert all("data.eval_split=holdout" in r.overrides for r in parts["tune"])
     assert all(r.epochs == 5 for p in ("tune", "alpha", "backend", "batch") for r in parts[p])
     assert plan("gpu", scale=0.1)[0].epochs == 2 and plan("gpu", scale=0.1)[-1].epochs == 1
+
+
+def _tune_results(knn: dict[str, float]) -> dict[str, dict]:
+    """Tuning results by run name, every seed of a value at ``knn[<value's override>]`` held-out kNN@5."""
+    return {
+        r.name: {"final": {planmod.TUNE_METRIC: knn[r.overrides[0]]}}
+        for r in planmod.tune_runs()
+        if r.overrides[0] in knn
+    }
+
+
+def test_cpu_plan_parts_order_and_tuning() -> None:
+    runs = plan("cpu", results={})
+    parts = {p: [r for r in runs if r.part == p] for p in ("cpu", "steps", "random", "tune", "views", "budget")}
+    assert [len(v) for v in parts.values()] == [20, 1, 5, 12, 5, 5]
+    # Priority order: the first pass, then the floor, the tuning, 2 views, the extra seeds, the 5-epoch runs.
+    order = [part for part, _ in itertools.groupby(r.part for r in runs)]
+    assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget"]
+    assert all(r.random_init and r.seed == i for i, r in enumerate(parts["random"]))
+    assert all("data.eval_split=holdout" in r.overrides and r.epochs == 1 for r in parts["tune"])
+    assert sorted((r.method, r.overrides[0], r.seed) for r in parts["tune"]) == sorted(
+        (m, f"{key}={v}", s) for m, (key, vals) in planmod.CPU_TUNE.items() for v in vals for s in range(2)
+    )
+    assert all(r.overrides == ("data.num_local_views=0",) and r.method == "hypersolid" for r in parts["views"])
+    assert {(r.method, r.seed) for r in parts["cpu"]} == {(m, s) for m in planmod.CONFIGS for s in range(5)}
+    # Before the tuning is complete only the paper's alpha is planned at 5 epochs, evaluated after 1, 2, 5.
+    assert {r.overrides for r in parts["budget"]} == {("method.hypersolid.alpha=0.9",)}
+    assert all(r.epochs == 5 and r.eval_epochs == (1, 2, 5) for r in parts["budget"])
+    assert planmod.budget_settings({}) == [("hypersolid", 0.9), ("hypersolid", None), ("simclr", None)]
+
+
+def test_tuned_values_follow_held_out_knn() -> None:
+    knn = {"method.hypersolid.alpha=0.5": 80.0, "method.hypersolid.alpha=0.75": 81.0}
+    knn |= {"method.simclr.temperature=0.1": 70.0, "method.simclr.temperature=0.2": 72.0}
+    # One value of each method missing: nothing is chosen yet.
+    assert planmod.tuned("hypersolid", _tune_results(knn)) is None
+    knn |= {"method.hypersolid.alpha=0.9": 79.0, "method.simclr.temperature=0.5": 72.0}
+    results = _tune_results(knn)
+    assert planmod.tuned("hypersolid", results) == 0.75
+    assert planmod.tuned("simclr", results) == 0.2  # a tie: the first listed value
+    budget = [r for r in plan("cpu", results=results) if r.part == "budget"]
+    assert sorted({r.overrides[0] for r in budget}) == [
+        "method.hypersolid.alpha=0.75",
+        "method.hypersolid.alpha=0.9",
+        "method.simclr.temperature=0.2",
+    ]
+    assert len(budget) == 15 and [r.seed for r in budget[:3]] == [0, 0, 0]  # seed-major
+    # Tuned alpha = the paper's: one Hypersolid setting, not two copies of it.
+    knn["method.hypersolid.alpha=0.9"] = 90.0
+    assert planmod.budget_settings(_tune_results(knn)) == [("hypersolid", 0.9), ("simclr", 0.2)]
+
+
+def test_random_init_and_epoch_evaluations(tmp_path: Path) -> None:
+    """A random-init run evaluates its step-0 weights and nothing else; a run with eval_epochs is evaluated at
+    each of those epochs (quick: 2 epochs of 4 steps)."""
+    _drive(tmp_path, "--group", "cpu", "--runs", "cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0")
+    out = tmp_path / "out" / "cpu"
+    init = json.loads((out / "cpu-random-s0.json").read_text())
+    assert init["part"] == "random" and init["final_step"] == 0
+    assert [(e["epoch"], e["step"]) for e in init["per_epoch"]] == [(0, 0)]
+    ckpts = tmp_path / "scratch" / "cpu" / "cpu-random-s0" / "run" / "checkpoints"
+    assert [p.name for p in ckpts.glob("step_*.pt")] == ["step_00000000.pt"]
+    assert "random_init.py" in init["command"] and "max_steps=1" in init["command"]
+    budget = json.loads((out / "cpu-budget-hypersolid-alpha0.9-s0.json").read_text())
+    assert [(e["epoch"], e["step"]) for e in budget["per_epoch"]] == [(1, 4), (2, 8)]
+    assert init["final"]["knn_k20_weighted"] != budget["final"]["knn_k20_weighted"]
 
 
 def test_trains_evaluates_skips_and_resumes(tmp_path: Path) -> None:
@@ -100,6 +168,11 @@ def test_a_run_evaluated_every_few_steps(tmp_path: Path) -> None:
     assert r["part"] == "steps" and [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(0.5, 2), (1.0, 4)]
     assert all(0 <= e["knn_k20_weighted"] <= 100 for e in r["per_epoch"])
     where = ["--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch"), "--quick"]
-    bad = subprocess.run([sys.executable, "benchmarks/replication/run.py", "--group", "cpu", *where, "--runs", "cpu-x"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "benchmarks/replication/run.py", "--group", "cpu", *where, "--runs", "cpu-x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode != 0 and "--runs: no run cpu-x in the cpu group" in bad.stderr

@@ -3,10 +3,19 @@
     python benchmarks/replication/plan.py --group gpu [--scale 0.5]     # list the runs and their epochs
 
 Groups:
-* ``cpu``: one epoch of each method's defaults; Hypersolid and SimCLR seeds 0-4, SwaV and Barlow Twins
-  seeds 0-2. The same seed gives the same initialisation and batch order (the loader's permutation depends
-  only on (seed, epoch)), so methods are compared pairwise by seed. Last, Hypersolid's seed 0 once more,
-  evaluated every 100 steps (part ``steps``): the exclusion zone and the clustering over the epoch.
+* ``cpu``: in the order they run (finished runs are skipped, so the order is the priority):
+  (a) ``cpu``: one epoch of each method's defaults, seeds 0-4 (SwaV and Barlow Twins seeds 3-4 come after
+  (e)). The same seed gives the same initialisation and batch order (the loader's permutation depends only
+  on (seed, epoch)), so methods are compared pairwise by seed. (b) ``steps``: Hypersolid's seed 0 once more,
+  evaluated every 100 steps: the exclusion zone and the clustering over the epoch. (c) ``random``: the
+  floor, Hypersolid's initial weights (step 0) of seeds 0-4 evaluated with the same protocol (one training
+  step is taken only to write a checkpoint with the run's config; its weights are replaced by the initial
+  ones). (d) ``tune``: equal tuning on the held-out 10 % of the training split (``data.eval_split=holdout``;
+  the test split is not read), 3 values of one knob, 2 seeds each, one epoch, the value chosen by held-out
+  kNN@5: Hypersolid's alpha and SimCLR's temperature. (e) ``views``: Hypersolid on 2 views (no local
+  crops), seeds 0-4: multi-crop apart from the objective. (f) ``budget``: 5 epochs, the protocol after
+  epochs 1, 2 and 5, seeds 0-4: Hypersolid at the paper's alpha 0.9 and at the tuned alpha, SimCLR at the
+  tuned temperature (the tuned entries join the plan once (d) is complete, read from its committed JSON).
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -21,7 +30,10 @@ device budget without dropping a comparison; the seeds and sweep values stay.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 HYPERSOLID = "configs/quickstart.yaml"
 CONFIGS = {
@@ -30,7 +42,33 @@ CONFIGS = {
     "swav": "configs/baselines/swav_quickstart.yaml",
     "barlowtwins": "configs/baselines/barlowtwins_quickstart.yaml",
 }
-CPU_SEEDS = {"hypersolid": 5, "simclr": 5, "swav": 3, "barlowtwins": 3}
+CPU_SEEDS = {"hypersolid": 5, "simclr": 5, "swav": 5, "barlowtwins": 5}
+FIRST_CPU_SEEDS = {"hypersolid": 5, "simclr": 5, "swav": 3, "barlowtwins": 3}  # the group's first pass
+CPU_RESULTS = "benchmarks/results/replication/cpu"  # relative to the repository root
+# (d) the cpu group's equal tuning (held-out split, 2 seeds per value, chosen by held-out kNN@5) and (f) its
+# 5-epoch budget, the protocol after the epochs of BUDGET_EVAL_EPOCHS.
+CPU_TUNE = {
+    "hypersolid": ("method.hypersolid.alpha", (0.5, 0.75, 0.9)),
+    "simclr": ("method.simclr.temperature", (0.1, 0.2, 0.5)),
+}
+CPU_DEFAULTS = {"hypersolid": 0.9, "simclr": 0.2}  # the quickstart configs' values of those knobs
+TUNE_SEEDS = 2
+TUNE_METRIC = "protocol.backbone.raw.knn_k5_majority"
+BUDGET_EPOCHS = 5
+BUDGET_EVAL_EPOCHS = (1, 2, 5)
+BUDGET_SEEDS = 5
+RANDOM_SEEDS = 5
+VIEWS_SEEDS = 5
+# The views each method trains on in the cpu group (its quickstart config's data.num_local_views), and the
+# reason each keeps its own: the table scope lines print these.
+VIEWS = {
+    "hypersolid": "2 + 4 views (multi-crop, the paper's setup)",
+    "hypersolid2v": "2 views (no local crops: multi-crop apart from the objective)",
+    "simclr": "2 views (its loss pairs two views, as in the SimCLR paper)",
+    "swav": "2 + 4 views (multi-crop, as in the SwaV paper)",
+    "barlowtwins": "2 views (its loss pairs two views, as in the Barlow Twins paper)",
+    "random": "no training (the initial weights)",
+}
 CURVE_SEEDS = {"hypersolid": 3, "simclr": 3, "swav": 2, "barlowtwins": 2}
 CURVE_EPOCHS = 20
 SHORT_EPOCHS = 5  # parts (b)-(e), and the curve epoch that is evaluated with the full protocol
@@ -92,23 +130,32 @@ class Run:
     # > 0: evaluate (full protocol) the checkpoint at every multiple of this step and the last one: the
     # exclusion-zone diagnostic and the clustering over training within an epoch.
     eval_every_steps: int = 0
+    # Evaluate (full protocol) the checkpoints at the end of these epochs, not only the last.
+    eval_epochs: tuple[int, ...] = ()
+    # Evaluate the run's initial weights (step 0) instead of trained ones: one step is trained only to write
+    # a checkpoint with the run's config, then replaced by the initial weights (random_init.py).
+    random_init: bool = False
 
     def train_overrides(self, device: str, quick: bool) -> list[str]:
         """Everything after ``--config``: the study's settings, then what the driver needs to run it."""
+        every = 100 if self.group == "cpu" else 0
         ckpt = (
             # Curves keep every epoch's checkpoint for evaluation; the gpu group's runs are short enough
             # to restart an epoch, the cpu group's (5 min/epoch here) save every 100 steps to resume.
             ["checkpoint.keep_last=0", "checkpoint.every_n_steps=0"]
-            if self.curve
+            if self.curve or self.random_init
             else ["checkpoint.keep_last=0", f"checkpoint.every_n_steps={self.eval_every_steps}"]
             if self.eval_every_steps
-            else ["checkpoint.keep_last=2", f"checkpoint.every_n_steps={100 if self.group == 'cpu' else 0}"]
+            else ["checkpoint.keep_last=0", f"checkpoint.every_n_steps={every}"]
+            if self.eval_epochs
+            else ["checkpoint.keep_last=2", f"checkpoint.every_n_steps={every}"]
         )
         return [
             *self.overrides,
             f"seed={self.seed}",
             f"epochs={self.epochs}",
             *COMMON,
+            *(("max_steps=1",) if self.random_init else ()),  # after COMMON's max_steps=0
             f"dist.device={device}",  # the quickstart configs say cpu
             *ckpt,
             *((*QUICK, *QUICK_HEADS[self.method]) if quick else ()),
@@ -119,18 +166,111 @@ def _scaled(epochs: int, scale: float) -> int:
     return max(1, round(epochs * scale))
 
 
-def cpu_runs() -> list[Run]:
-    runs = [
+def _knob(key: str, v: float) -> str:
+    return f"{key.rsplit('.', 1)[1]}{v:g}"
+
+
+def tune_runs() -> list[Run]:
+    """(d): seed-major, so that an interrupted part still holds every value at seed 0."""
+    return [
+        Run(
+            f"cpu-tune-{m}-{_knob(key, v)}-s{s}",
+            m,
+            CONFIGS[m],
+            (f"{key}={v}", "data.eval_split=holdout"),
+            s,
+            "cpu",
+            "tune",
+            1,
+        )
+        for s in range(TUNE_SEEDS)
+        for m, (key, values) in CPU_TUNE.items()
+        for v in values
+    ]
+
+
+def tuned(method: str, results: dict[str, dict[str, Any]]) -> float | None:
+    """The tuned value of ``method``'s knob: the highest held-out kNN@5 averaged over seeds, once every
+    planned tuning run of the method has a result (``results``: run name -> its JSON); None before."""
+    key, values = CPU_TUNE[method]
+    means = []
+    for v in values:
+        got = [results.get(r.name) for r in tune_runs() if r.method == method and r.overrides[0] == f"{key}={v}"]
+        if any(g is None for g in got):
+            return None
+        means.append(sum(float(g["final"][TUNE_METRIC]) for g in got if g) / len(got))
+    return values[means.index(max(means))]  # ties: the first listed value
+
+
+def load_results(folder: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """The committed result JSON of the cpu group, by run name."""
+    path = Path(folder) if folder is not None else Path(__file__).resolve().parents[2] / CPU_RESULTS
+    if not path.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(path.glob("*.json")) if not p.name.startswith("_")}
+
+
+def budget_settings(results: dict[str, dict[str, Any]]) -> list[tuple[str, float | None]]:
+    """(method, knob value) of the 5-epoch part: Hypersolid at the paper's alpha and at the tuned one, SimCLR
+    at the tuned temperature; None where the tuning has not finished (the entry waits for it)."""
+    alpha = tuned("hypersolid", results)
+    settings: list[tuple[str, float | None]] = [("hypersolid", CPU_DEFAULTS["hypersolid"])]
+    if alpha != CPU_DEFAULTS["hypersolid"]:
+        settings.append(("hypersolid", alpha))
+    return [*settings, ("simclr", tuned("simclr", results))]
+
+
+def budget_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
+    """(f): the settings whose value is known, seed-major."""
+    known = [(m, v) for m, v in budget_settings(results) if v is not None]
+    return [
+        Run(
+            f"cpu-budget-{m}-{_knob(CPU_TUNE[m][0], v)}-s{s}",
+            m,
+            CONFIGS[m],
+            (f"{CPU_TUNE[m][0]}={v}",),
+            s,
+            "cpu",
+            "budget",
+            BUDGET_EPOCHS,
+            eval_epochs=BUDGET_EVAL_EPOCHS,
+        )
+        for s in range(BUDGET_SEEDS)
+        for m, v in known
+    ]
+
+
+def cpu_runs(results: dict[str, dict[str, Any]] | None = None) -> list[Run]:
+    """The cpu group in priority order; ``results`` (default: the committed JSON) decides the tuned values."""
+    results = load_results() if results is None else results
+    first = [
+        Run(f"cpu-{m}-s{s}", m, CONFIGS[m], (), s, "cpu", "cpu", 1)
+        for s in range(max(FIRST_CPU_SEEDS.values()))
+        for m in CONFIGS
+        if s < FIRST_CPU_SEEDS[m]  # seed-major order: an interrupted group still holds complete seed pairs
+    ]
+    more = [
         Run(f"cpu-{m}-s{s}", m, CONFIGS[m], (), s, "cpu", "cpu", 1)
         for s in range(max(CPU_SEEDS.values()))
         for m in CONFIGS
-        if s < CPU_SEEDS[m]  # seed-major order: an interrupted group still holds complete seed pairs
+        if FIRST_CPU_SEEDS[m] <= s < CPU_SEEDS[m]
     ]
-    # Last: Hypersolid's seed 0 again, evaluated every 100 steps (the exclusion zone over training; part
-    # "steps", kept out of the comparison of methods).
     return [
-        *runs,
+        *first,
+        # Hypersolid's seed 0 again, evaluated every 100 steps (the exclusion zone over training; part
+        # "steps", kept out of the comparison of methods).
         Run("cpu-hypersolid-s0-steps", "hypersolid", HYPERSOLID, (), 0, "cpu", "steps", 1, eval_every_steps=100),
+        *(
+            Run(f"cpu-random-s{s}", "hypersolid", HYPERSOLID, (), s, "cpu", "random", 1, random_init=True)
+            for s in range(RANDOM_SEEDS)
+        ),
+        *tune_runs(),
+        *(
+            Run(f"cpu-hypersolid2v-s{s}", "hypersolid", HYPERSOLID, ("data.num_local_views=0",), s, "cpu", "views", 1)
+            for s in range(VIEWS_SEEDS)
+        ),
+        *more,
+        *budget_runs(results),
     ]
 
 
@@ -184,12 +324,15 @@ def gpu_runs(scale: float) -> list[Run]:
     return runs
 
 
-def plan(group: str, scale: float | None = None, quick: bool = False) -> list[Run]:
+def plan(
+    group: str, scale: float | None = None, quick: bool = False, results: dict[str, dict[str, Any]] | None = None
+) -> list[Run]:
     """The group's runs, longest first within the gpu group (curves), so that the last to finish are short.
 
-    ``quick``: one epoch of two runs of different methods (what tests and dry runs exercise)."""
+    ``quick``: one epoch of two runs of different methods (what tests and dry runs exercise). ``results``:
+    the cpu group's results by run name (default: the committed JSON), which fix the tuned values."""
     if group == "cpu":
-        runs = cpu_runs()
+        runs = cpu_runs(results)
     elif group == "gpu":
         runs = gpu_runs(GPU_SCALE if scale is None else scale)
     else:
@@ -203,7 +346,10 @@ def plan(group: str, scale: float | None = None, quick: bool = False) -> list[Ru
 
 
 def quick_run(run: Run) -> Run:
-    """One epoch of QUICK's 4 steps, a step evaluation (if any) at its checkpoint every 2 steps."""
+    """One epoch of QUICK's 4 steps, a step evaluation (if any) at its checkpoint every 2 steps; a run with
+    epoch evaluations keeps two epochs (both evaluated)."""
+    if run.eval_epochs:
+        return replace(run, epochs=2, eval_epochs=(1, 2))
     return replace(run, epochs=1, eval_every_steps=2 if run.eval_every_steps else 0)
 
 

@@ -140,7 +140,8 @@ class Driver:
         threads = max(1, (os.cpu_count() or 1) // args.parallel)  # N processes must not each take every core
         self.env = {
             **os.environ,
-            "OMP_NUM_THREADS": str(threads),
+            # The caller's setting wins (a shared machine: cpu.sh's OMP_NUM_THREADS=1 under nice).
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or str(threads),
             "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
             "PYTHONUNBUFFERED": "1",
             "MPLBACKEND": "Agg",
@@ -187,7 +188,9 @@ class Driver:
     def train_task(self, run: Run) -> Task:
         home = self.scratch / run.name
         where = ["--config", run.config, f"run_dir={home / 'run'}"]
-        cmd = [self.py, "launch/train.py", *where, *run.train_overrides(self.args.device, self.args.quick)]
+        # A random-init run trains one step to write a checkpoint, then swaps in the initial weights.
+        script = "benchmarks/replication/random_init.py" if run.random_init else "launch/train.py"
+        cmd = [self.py, script, *where, *run.train_overrides(self.args.device, self.args.quick)]
         self.states[run.name] = State(run, home, cmd)
         return Task(run, "train", cmd, home / "train.log")
 
@@ -198,9 +201,11 @@ class Driver:
         final = int(done["final_step"])
         per_epoch = final // run.epochs
         ckpts = checkpoints(st.home / "run")
-        epochs = range(1, run.epochs + 1) if run.curve else [run.epochs]
+        epochs = range(1, run.epochs + 1) if run.curve else run.eval_epochs or [run.epochs]
         full = {run.epochs, max(1, round(run.epochs / 4))}
         points: list[tuple[float, int]] = [(e, e * per_epoch) for e in epochs]
+        if run.random_init:  # the initial weights only (random_init.py left no other checkpoint)
+            points = [(0, 0)]
         if run.eval_every_steps:  # fractional epochs: the step's position in the run
             every = sorted({*range(run.eval_every_steps, final + 1, run.eval_every_steps), final})
             points = [(round(s / per_epoch, 3), s) for s in every]
@@ -290,9 +295,10 @@ class Driver:
         resumed = RESUMED.findall(text)
         start = int(resumed[-1]) if resumed else 0
         final = max(checkpoints(st.home / "run"), default=0)
-        per_epoch_s = max(0.0, seconds - self.startup_s) * final / max(1, (final - start)) / task.run.epochs
-        self.epoch_s = max(self.epoch_s, per_epoch_s) if self.measured["train"] else per_epoch_s
-        self.measured["train"] = True
+        if not task.run.random_init:  # one step says nothing about an epoch's time
+            per_epoch_s = max(0.0, seconds - self.startup_s) * final / max(1, (final - start)) / task.run.epochs
+            self.epoch_s = max(self.epoch_s, per_epoch_s) if self.measured["train"] else per_epoch_s
+            self.measured["train"] = True
         write_json(
             st.home / "train_done.json",
             {"final_step": final, "train_s": round(seconds, 2), "resumed_from_step": start if resumed else None},
