@@ -3,6 +3,7 @@ through launch/train.py without any other change, and configs / checkpoints of t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,9 +17,11 @@ import pytest
 import torch
 from torch import nn
 
+from hypersolid_scale.checkpoint import build_model_from_checkpoint
 from hypersolid_scale.config import schema
 from hypersolid_scale.config.schema import from_dict, load_config, to_dict
 from hypersolid_scale.methods import Method, build_method, get_method, method_names, register
+from hypersolid_scale.methods import config as method_config
 from hypersolid_scale.methods.base import encode
 from hypersolid_scale.methods.config import move_loss_section
 from hypersolid_scale.methods.registry import unregister
@@ -30,12 +33,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_method_module_registers_one_method_in_order():
-    assert method_names() == ("hypersolid", "simclr", "vicreg", "barlowtwins", "byol", "dino", "swav")
-    for name in method_names():
+    names = method_names()
+    assert names[0] == "hypersolid" == load_config(None).method.name  # the default first
+    assert list(names) == sorted(names, key=lambda n: (get_method(n).order, n))
+    for name in names:
         cls = get_method(name)
         assert cls.name == name and issubclass(cls, Method)
         # one module per method, named after it
         assert cls.__module__ == f"hypersolid_scale.methods.{name}"
+    modules = {p.stem for p in (REPO / "hypersolid_scale" / "methods").glob("[!_]*.py")}
+    assert modules - set(names) == {"base", "config", "params", "registry"}  # the package's helpers
     with pytest.raises(ConfigError, match=r"method.name='moco' is not a known method; choose one of: hypersolid"):
         get_method("moco")
 
@@ -44,7 +51,7 @@ def test_a_second_class_under_a_taken_name_is_refused():
     class Impostor(Method):
         name = "simclr"
 
-    with pytest.raises(ValueError, match="two methods are named 'simclr'"):
+    with pytest.raises(ConfigError, match="two methods are named 'simclr'"):
         register(Impostor)
     assert get_method("simclr").__name__ == "SimCLR"
 
@@ -103,9 +110,24 @@ def test_a_method_registered_at_run_time_builds_validates_and_trains_a_step(thro
     assert any(k.startswith("method.head.") for k in moved) and any(k.startswith("backbone.") for k in moved)
 
 
-@pytest.mark.slow
-def test_a_copied_method_file_trains_with_no_other_change(tmp_path):
-    """Copy simclr.py under a new name: the config gains `method.simclr_copy.*`, launch/train.py trains it.
+# In the copy's repository, one process (one torch import): the compare plan for `--methods hypersolid,simclr_copy`
+# on the quickstart setting, printed as JSON, then `python launch/train.py ARGS...` as its own __main__.
+_PLAN_THEN_TRAIN = """
+import json, runpy, sys
+from pathlib import Path
+from hypersolid_scale.compare.plan import check_budget, parse_methods, plan
+trainings = plan(Path("configs"), "quickstart", parse_methods("hypersolid,simclr_copy"), 1, 1, [])
+budget = check_budget(trainings, steps=2, nproc=1, out_dir=Path(sys.argv[1]))
+print(json.dumps([[t.method, str(t.config), list(t.overrides)] for t in trainings] + [budget.views]), flush=True)
+sys.argv = sys.argv[2:]
+runpy.run_path("launch/train.py", run_name="__main__")
+"""
+
+
+def test_a_copied_method_file_trains_and_is_compared_with_no_other_change(tmp_path):
+    """Copy simclr.py under a new name and change nothing else: the config gains `method.simclr_copy.*`,
+    launch/train.py trains it on the quickstart setting's config (it has no config file of its own), its
+    checkpoint stores its own method section only, and the comparison plans it next to Hypersolid.
 
     In a copy of the package, launch/ and configs/ (imported first through PYTHONPATH): the repository's own
     package never holds the copy, so no other test running meanwhile discovers it."""
@@ -116,18 +138,56 @@ def test_a_copied_method_file_trains_with_no_other_change(tmp_path):
     text = src.read_text()
     assert '"simclr"' in text
     src.with_name("simclr_copy.py").write_text(text.replace('"simclr"', '"simclr_copy"'))
+    assert not list((repo / "configs").rglob("simclr_copy*"))
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "launch/train.py", "--config", "configs/baselines/simclr_quickstart.yaml",
-         "method.name=simclr_copy", "method.simclr_copy.hidden_dim=32", "method.simclr_copy.out_dim=16",
-         "data.max_train_samples=256", "data.batch_size_per_gpu=32", "model.small_cnn_width=4", "max_steps=2",
-         "eval.every_n_epochs=0", "tracking.enabled=false", "progress=false", f"run_dir={run_dir}"],
-        cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True, timeout=600)
+    train = ["launch/train.py", "--config", "configs/quickstart.yaml", "method.name=simclr_copy",
+             "method.simclr_copy.hidden_dim=32", "method.simclr_copy.out_dim=16", "data.dataset=digits",
+             "data.num_local_views=0", "data.batch_size_per_gpu=32", "model.small_cnn_width=4", "max_steps=2",
+             "dist.device=cpu", "eval.every_n_epochs=0", "tracking.enabled=false", "progress=false",
+             f"run_dir={run_dir}"]
+    proc = subprocess.run([sys.executable, "-c", _PLAN_THEN_TRAIN, str(tmp_path / "compare"), *train], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = torch.load(sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1], map_location="cpu", weights_only=True)
     assert ckpt["config"]["method"]["name"] == "simclr_copy" and ckpt["step"] == 2
+    assert set(ckpt["config"]["method"]) == {"name", "simclr_copy"}  # the chosen method's section only
     assert any(k.startswith("head.") for k in ckpt["method"]) and all(k.startswith("backbone.") for k in ckpt["model"])
+
+    *trainings, views = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("[[")))
+    assert trainings == [["hypersolid", "configs/quickstart.yaml", []],
+                         ["simclr_copy", "configs/quickstart.yaml", ["method.name=simclr_copy",
+                                                                     "data.num_local_views=0"]]]
+    assert views == {"hypersolid": 6, "simclr_copy": 2}  # a two-view method gets the two global views
     assert "simclr_copy" not in method_names()  # this process never imported the copy
+
+
+def test_a_stored_config_with_a_method_no_longer_installed_reads_with_one_note(capfd, monkeypatch):
+    """A checkpoint stores its own method's section; one written when every method's section was stored reads
+    without the sections of methods removed since (one note), and evaluates its backbone."""
+    monkeypatch.setattr(method_config, "_said_dropped", False)  # said once per process
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = load_config(None, ["method.name=simclr", "model.small_cnn_width=4", "model.in_channels=1"])
+    stored = to_dict(cfg, stored=True)
+    assert set(stored["method"]) == {"name", "simclr"}
+    assert stored["method"]["simclr"] == to_dict(cfg)["method"]["simclr"]
+    assert to_dict(from_dict(stored)) == to_dict(cfg)
+    old = to_dict(cfg)  # an earlier version's: every method's section, one of a method removed since
+    old["method"]["simclr_copy"] = dict(old["method"]["simclr"])
+    assert to_dict(from_dict(old)) == to_dict(cfg)
+    torch.manual_seed(0)
+    backbone = build_backbone(cfg.model)[0]
+    weights = {f"backbone.{k}": v for k, v in backbone.state_dict().items()}
+    model, got = build_model_from_checkpoint({"model": weights, "method": {"head.w": torch.zeros(1)},
+                                              "config": old, "step": 2, "path": "old.pt"})
+    assert got.method.name == "simclr"
+    assert all(torch.equal(v, weights[f"backbone.{k}"]) for k, v in model.backbone.state_dict().items())
+    notes = [line for line in capfd.readouterr().err.splitlines() if "not installed" in line]
+    assert notes == [("note: a stored config has sections of methods not installed here (method.simclr_copy); "
+                      "they are left out")]
+    old["method"]["simclr_copy"] = 3  # not a section: a bad key stays an error
+    with pytest.raises(ConfigError, match="simclr_copy"):
+        from_dict(old)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def run_state(
         "epoch": int(loader_state["epoch"]),
         "rng": rngs,  # one state per rank, rank order
         "loader": loader_state,
-        "config": to_dict(cfg),
+        "config": to_dict(cfg, stored=True),
         "config_fingerprint": fingerprint(cfg),
         "mlflow_run_id": mlflow_run_id,
         "tracking_uri": tracking_uri,

@@ -28,7 +28,7 @@ from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method
-from hypersolid_scale.methods.config import MOVED_NOTE, move_loss_section
+from hypersolid_scale.methods.config import MOVED_NOTE, chosen_section, drop_missing_sections, move_loss_section
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import not_a_directory
@@ -293,9 +293,11 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return cfg
 
 
-def to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain nested dict (what checkpoints store and ``config.yaml`` holds)."""
-    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+def to_dict(cfg: Config, *, stored: bool = False) -> dict[str, Any]:
+    """Plain nested dict (what ``config.yaml`` holds); ``stored``: with the chosen method's section only (what
+    a checkpoint stores, so that removing another method's module leaves it readable)."""
+    d = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    return {**d, "method": chosen_section(d["method"])} if stored else d
 
 
 _FORMAT_NAMES = ("webdataset", "ffcv", "imagefolder")  # once values of data.dataset, now of data.format
@@ -325,7 +327,7 @@ def migrate(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict stored by an older version (a checkpoint's), as this version names it: renamed keys
     under their new name, the ``loss`` section as ``method``, and a storage format written as
     ``data.dataset`` moved to ``data.format``."""
-    d = _moved(d, "a stored config")
+    d = drop_missing_sections(_moved(d, "a stored config"), "a stored config")
     for old, new in _RENAMED.items():
         (section, old_key), new_key = old.split("."), new.split(".")[1]
         if isinstance(d.get(section), dict) and old_key in d[section]:

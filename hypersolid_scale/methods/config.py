@@ -2,6 +2,10 @@
 registered method has its own section ``method.<name>.*`` (its ``Config`` dataclass), read only when it is
 the chosen one. The section's schema is built from the registry, so a new method file adds its keys.
 
+A checkpoint stores only the chosen method's section (:func:`chosen_section`), so removing or renaming another
+method's module leaves it readable; a config stored by an earlier version, with every method's section, reads
+with the sections of methods not installed here left out (:func:`drop_missing_sections`), said in one line.
+
 Earlier versions called this section ``loss``: Hypersolid's keys sat at ``loss.<key>`` and a baseline's at
 ``loss.<name>.<key>``. :func:`move_loss_section` moves such a config (a YAML file, an override, a
 checkpoint's config) to the present layout and says so in one line.
@@ -10,6 +14,8 @@ checkpoint's config) to the present layout and says so in one line.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from typing import Any
 
 from hypersolid_scale.methods.registry import get_method, method_names
@@ -76,3 +82,40 @@ def move_loss_section(d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         },
     }
     return {**{k: v for k, v in d.items() if k != "loss"}, "method": merged}, True
+
+
+def chosen_section(method: dict[str, Any]) -> dict[str, Any]:
+    """A ``method`` section (a nested dict) cut to its ``name`` and the chosen method's own section."""
+    name = method.get("name", DEFAULT_METHOD)
+    return {"name": name, **({name: method[name]} if name in method else {})}
+
+
+_said_dropped = False
+
+
+def drop_missing_sections(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """``d`` (a stored nested config dict) without the ``method.<name>`` sections of methods not installed here,
+    said once per process (rank 0) naming ``where`` the config comes from. A mistyped key stays (an error)."""
+    global _said_dropped
+    method = d.get("method")
+    if not isinstance(method, dict):
+        return d
+    known = set(method_names())
+    gone = sorted(k for k, v in method.items() if k != "name" and isinstance(v, dict) and k not in known)
+    if not gone:
+        return d
+    if not _said_dropped and os.environ.get("RANK", "0") == "0":
+        _said_dropped = True
+        name = method.get("name", DEFAULT_METHOD)
+        print(
+            f"note: {where} has sections of methods not installed here ({', '.join(f'method.{g}' for g in gone)}); "
+            "they are left out"
+            + (
+                f", and method.name={name} itself is not installed: only its backbone can be used"
+                if name in gone
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+    return {**d, "method": {k: v for k, v in method.items() if k not in gone}}
