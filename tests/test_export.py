@@ -27,7 +27,7 @@ from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.export import export_checkpoint, load_backbone, load_projector_state, read_export
 from hypersolid_scale.export.cli import cli
-from hypersolid_scale.models import build_model
+from hypersolid_scale.models import build_backbone, build_model
 from hypersolid_scale.safety.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,11 @@ def test_exported_backbone_loads_strict_into_the_library_and_gives_the_same_feat
     projector = load_projector_state(out)
     trained = load_checkpoint(ckpt)["method"]
     assert projector.keys() == {k.removeprefix("projector.") for k in trained if k.startswith("projector.")}
-    assert meta["projector"]["out_dim"] == 16
+    assert meta["projector"] == {
+        "module": "method.projector",
+        "tensors": len(projector),
+        "settings": {"proj_layers": 2, "proj_hidden_dim": 32, "proj_dim": 16},
+    }
 
 
 def test_small_cnn_is_exported_as_its_own_module_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -133,6 +137,26 @@ def test_small_cnn_is_exported_as_its_own_module_with_a_note(tmp_path: Path, cap
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         assert type(net).__name__ == "SmallCNN" and torch.equal(net(x), model.backbone(x))
+
+
+def test_a_baselines_head_is_its_projector(tmp_path: Path) -> None:
+    from hypersolid_scale.checkpoint.run_state import split_method_state
+    from hypersolid_scale.methods.registry import build_method
+
+    cfg = load_config(None, [*RGB32, "model.arch=small_cnn", "model.small_cnn_width=4", "method.name=simclr"])
+    backbone, dim = build_backbone(cfg.model)
+    method = build_method(cfg.method, backbone, dim, steps_per_epoch=1, model_cfg=cfg.model)
+    trained = nn.ModuleDict({"backbone": backbone, "method": method})
+    model, heads = split_method_state(trained.state_dict())
+    state = {"model": model, "method": heads, "step": 3, "epoch": 0, "config": to_dict(cfg)}
+    ckpt = save_checkpoint(tmp_path / "run", {**state, "config_fingerprint": fingerprint(cfg)})
+    meta = export_checkpoint(ckpt, tmp_path / "out")
+    assert meta["method"] == "simclr" and meta["projector"]["module"] == "method.head"
+    head = load_projector_state(tmp_path / "out")
+    assert head and head.keys() == {k.removeprefix("head.") for k in heads if k.startswith("head.")}
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(load_backbone(tmp_path / "out")(x), backbone.eval()(x))
 
 
 # ---------------------------------------------------------------------------------------------- errors

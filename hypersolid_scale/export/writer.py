@@ -94,11 +94,12 @@ def _eval_backbone(meta: dict[str, Any]) -> list[str] | None:
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path, info: dict[str, str]) -> None:
-    from safetensors.torch import save_file
+    """The tensors as a safetensors file, written under a temporary name and renamed (no half-written file)."""
+    from safetensors.torch import save
 
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt", **info})
+        tmp.write_bytes(save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt", **info}))
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -124,6 +125,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike) -> 
         ConfigError: ``out`` cannot be a directory.
     """
     from hypersolid_scale import __version__
+    from hypersolid_scale.config.schema import to_dict
     from hypersolid_scale.tracking.metadata import git_commit
 
     path = Path(checkpoint)
@@ -145,7 +147,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike) -> 
             f"describes it ({first})"
         ) from None
     method = cfg.method.name
-    prefix = PROJECTOR_PREFIX.get(method)
+    prefix = PROJECTOR_PREFIX.get(method, "")
     projector = {
         k[len(prefix) :]: v
         for k, v in (ckpt.get("method") or {}).items()
@@ -168,10 +170,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike) -> 
     )
     if projector:
         meta["files"]["projector"] = "projector.safetensors"
+        section = to_dict(cfg)["method"].get(method) or {}
+        shape = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k.startswith("proj_")}
         meta["projector"] = {
-            "module": f"method.{prefix}",
-            "layers": cfg.model.proj_layers if method == "hypersolid" else None,
-            "out_dim": next(v for k, v in reversed(projector.items()) if k.endswith("weight")).shape[0],
+            "module": f"method.{prefix.rstrip('.')}",  # its tensors' names are those of this module
+            "tensors": len(projector),
+            "settings": shape if method == "hypersolid" else section,
         }
     args = _eval_backbone(meta)
     meta["eval"] = None if args is None else ["--backbone", args[0], "--weights", "<out>/backbone.pt", *args[1:]]
