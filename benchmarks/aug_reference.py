@@ -1,5 +1,7 @@
 """Simple references for the batched augmentation: one crop at a time and boolean-mask subsets.
 
+Used by the tests (tests/test_device_stage.py) and by benchmarks/device_stage.py (the "before" rows).
+
 They are what the batched code replaced (`data/batched_resize.py`, `BatchPhotometric`): each step written the
 plain way, per crop or per masked subset of the batch, with host reads where convenient. The tests hold the
 batched code to them.

@@ -190,17 +190,21 @@ class DeviceStage:
 
     def _views(self, batch: HostBatch) -> list[torch.Tensor]:
         images, params = self.decode(batch)
-        padded = pad_images(images)
-        host = params.numpy()  # the draws on the host: the windows' sizes, with no read from the device
-        draws = params.to(torch.float32).to(self.device, non_blocking=True)  # (B, V, NUM_PARAMS): one copy
+        return self.views_of(pad_images(images), params)
+
+    def views_of(self, padded: torch.Tensor, params: torch.Tensor) -> list[torch.Tensor]:
+        """The views of a decoded batch (`pad_images`) and its draws (B, V, NUM_PARAMS) on the CPU: per view, a
+        fixed number of calls for the whole batch, and nothing read back from the device."""
+        host = params.numpy()  # the windows' sizes come from the host's copy of the draws
+        draws = params.to(torch.float32).to(self.device, non_blocking=True)  # one copy for all views
         out = []
         for v, size in enumerate(self.preset.view_sizes()):
             p = draws[:, v]
             window = (int(host[:, v, vp.HEIGHT].max()), int(host[:, v, vp.WIDTH].max()))
             boxes = p[:, vp.TOP : vp.WIDTH + 1]  # top, left, height, width
             x = crop_resize(padded, boxes, p[:, vp.FLIP] > 0, size, window).div_(255.0)
-            x = x.contiguous(memory_format=self.memory_format)
-            out.append(self.photometric.apply(x, _decisions(p)))
+            x = self.photometric.apply(x, _decisions(p))
+            out.append(x.contiguous(memory_format=self.memory_format))
         return out
 
 

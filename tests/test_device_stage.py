@@ -1,0 +1,228 @@
+"""The batched device stage (docs/design.md §3e): every crop of a view in one resize, the photometric chain
+as per-sample `where`, a number of calls that does not grow with the batch, no host synchronisation (CUDA),
+and the stage run ahead of the step (data/prefetch.py). Held to the plain per-crop / masked references."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hypersolid_scale.data import PRESETS
+from hypersolid_scale.data import view_params as vp
+from hypersolid_scale.data.batched_resize import crop_resize, pad_images
+from hypersolid_scale.data.device_views import DeviceStage, HostBatch, HostStage, _decisions, collate_host
+from hypersolid_scale.data.prefetch import staged
+from hypersolid_scale.data.tensor_aug import TensorMultiCrop, keyed_uniforms
+from hypersolid_scale.data.transforms import seeded_global_rngs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from aug_reference import crop_resize_one, masked_photometric  # noqa: E402
+from test_device_decode import EPOCH, SEED, SMALL, photos  # noqa: E402
+
+
+def host_batch(preset: Any, data: list[bytes]) -> HostBatch:
+    host = HostStage(preset)
+    items = []
+    for i, d in enumerate(data):
+        with seeded_global_rngs(SEED, EPOCH, i):
+            items.append((host(d), i))
+    return collate_host(items)[0]
+
+
+@pytest.fixture(scope="module")
+def decoded() -> tuple[Any, list[torch.Tensor], torch.Tensor]:
+    stage = DeviceStage(PRESETS["default"], "cpu")
+    images, params = stage.decode(host_batch(PRESETS["default"], photos(16, seed=11)))
+    return stage, images, params
+
+
+def test_the_batched_resize_is_the_per_crop_8bit_kernel(decoded: Any) -> None:
+    """Against torch's 8-bit antialiased bicubic kernel (PIL's algorithm), one call per crop: whole levels,
+    differing on rounding ties only (measured: 0.2-0.4 % of pixels, by one or two levels)."""
+    _, images, params = decoded
+    padded = pad_images(images)
+    for v, size in enumerate(PRESETS["default"].view_sizes()):
+        p = params[:, v].float()
+        window = (int(p[:, vp.HEIGHT].max()), int(p[:, vp.WIDTH].max()))
+        got = crop_resize(padded, p[:, : vp.WIDTH + 1], p[:, vp.FLIP] > 0, size, window)
+        ref = torch.stack([crop_resize_one(im, row, size) for im, row in zip(images, params[:, v].tolist())])
+        diff = (got - ref).abs()
+        assert torch.equal(got, got.round()) and float(diff.max()) <= 2 and float((diff > 0).float().mean()) < 0.01
+        # A wrong draw fails: the box one pixel to the right, or the mirror image.
+        moved = p.clone()
+        moved[:, vp.LEFT] = (moved[:, vp.LEFT] + 1).clamp(max=(moved[:, vp.IMAGE_WIDTH] - moved[:, vp.WIDTH]))
+        shifted = crop_resize(padded, moved[:, : vp.WIDTH + 1], p[:, vp.FLIP] > 0, size, window)
+        mirrored = crop_resize(padded, p[:, : vp.WIDTH + 1], p[:, vp.FLIP] <= 0, size, window)
+        assert float((shifted - ref).abs().mean()) > 20 * float(diff.mean()) + 0.1
+        assert float((mirrored - ref).abs().mean()) > 100 * float(diff.mean()) + 1
+
+
+def test_upscaled_and_unscaled_boxes() -> None:
+    """A box smaller than the view (upsampling: the filter is not widened) and one of the view's size
+    (identity), against the per-crop kernel."""
+    img = torch.randint(0, 256, (3, 40, 50), dtype=torch.uint8)
+    for box, size in (((3, 5, 10, 12), 32), ((4, 6, 16, 16), 16), ((0, 0, 40, 50), 16)):
+        row = [0.0] * vp.NUM_PARAMS
+        row[vp.TOP], row[vp.LEFT], row[vp.HEIGHT], row[vp.WIDTH] = box
+        got = crop_resize(img[None], torch.tensor([box], dtype=torch.float32), torch.tensor([False]), size, box[2:])
+        ref = crop_resize_one(img, row, size)
+        assert float((got[0] - ref).abs().max()) <= 1
+    box = (4, 6, 16, 16)
+    same = crop_resize(img[None], torch.tensor([box], dtype=torch.float32), torch.tensor([False]), 16, (16, 16))
+    assert torch.equal(same[0], img[:, 4:20, 6:22].float())
+
+
+@pytest.mark.parametrize("preset", [SMALL, PRESETS["default"]], ids=lambda p: p.name)
+def test_the_photometric_chain_equals_the_masked_reference(preset: Any) -> None:
+    """Per-sample `where` over the whole batch gives what the masked subsets gave: the same values, but for the
+    summation order of the contrast's per-image mean over a whole batch or a subset (measured: at most 4e-7 on
+    224 px views, 1e-4 of a level; exactly equal on small views). A decision taken on the wrong sample is a
+    whole jitter away."""
+    stage = DeviceStage(preset, "cpu")
+    images, params = stage.decode(host_batch(preset, photos(12, seed=12)))
+    padded = pad_images(images)
+    for v, size in enumerate(preset.view_sizes()):
+        p = params[:, v].float()
+        x = crop_resize(padded, p[:, : vp.WIDTH + 1], p[:, vp.FLIP] > 0, size, (size * 8, size * 8)).div_(255)
+        d = _decisions(p)
+        got, ref = stage.photometric.apply(x, d), masked_photometric(stage.photometric, x, d)
+        assert float((got - ref).abs().max()) <= 1e-6
+        d.jitter = d.jitter.roll(1)  # a wrong decision
+        assert float((stage.photometric.apply(x, d) - ref).abs().max()) > 0.05
+
+
+def test_tensor_multicrop_equals_the_masked_reference() -> None:
+    """The in-memory path (keyed draws on the device) too, one channel and three."""
+    for preset, channels in ((PRESETS["fashion_mnist"], 1), (SMALL, 3)):
+        aug = TensorMultiCrop(preset, "cpu", seed=3)
+        images = torch.randint(0, 256, (16, channels, 40, 40), dtype=torch.uint8)
+        idx = torch.arange(16)
+        views = aug(images, idx, epoch=2)
+        raw = aug.photometric.view  # the photometric step of each view, compared on the cropped views
+        for i, view in enumerate(views):
+            u = keyed_uniforms(3, 2, idx, i)
+            d = aug.photometric.decisions(u, i)
+            # undo normalisation to get the cropped view back, then rerun both chains on it
+            crops = view * aug.photometric.std + aug.photometric.mean
+            assert float((raw(crops, i, u) - masked_photometric(aug.photometric, crops, d)).abs().max()) <= 1e-6
+
+
+def _ops(fn: Any) -> int:
+    """Operator calls made by `fn()` (top-level: what the Python code asks of torch)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.cpu_parent is None)
+
+
+def test_operator_calls_do_not_grow_with_the_batch() -> None:
+    """The views of a decoded batch: the same number of calls at 4 and at 12 images; the packing of the
+    decoded images costs one copy per image, and nothing else grows."""
+    preset = PRESETS["default"]
+    stage = DeviceStage(preset, "cpu")
+    counts = {}
+    for n in (4, 12):
+        images, params = stage.decode(host_batch(preset, photos(n, seed=13)))
+        padded = pad_images(images)
+        counts[n] = (
+            _ops(lambda padded=padded, params=params: stage.views_of(padded, params)),
+            _ops(lambda images=images: pad_images(images)),
+        )
+    assert counts[4][0] == counts[12][0], counts
+    grown = counts[12][1] - counts[4][1]
+    assert 8 <= grown <= 8 * 6, counts  # a few calls (index, copy) per image
+    aug = TensorMultiCrop(PRESETS["fashion_mnist"], "cpu")
+    calls = [_ops(lambda n=n: aug(torch.zeros(n, 1, 28, 28, dtype=torch.uint8), torch.arange(n), 0)) for n in (4, 12)]
+    assert calls[0] == calls[1], calls
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_device_stage_never_synchronises_with_the_host() -> None:
+    """torch's sync debug mode raises on any host synchronisation inside the views of a decoded batch."""
+    preset = PRESETS["default"]
+    stage = DeviceStage(preset, "cuda")
+    images, params = stage.decode(host_batch(preset, photos(16, seed=14)))
+    padded = pad_images(images)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        views = stage.views_of(padded, params)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [v.shape[-1] for v in views] == preset.view_sizes()
+
+
+# ------------------------------------------------------------------- prefetch ------------------------
+def _stage(item: int) -> tuple[list[torch.Tensor], int]:
+    return [torch.full((2,), float(item))], item * 10
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_staged_gives_every_item_in_order(depth: int) -> None:
+    got = [(views[0].tolist(), extra, item) for (views, extra), item in staged(iter(range(7)), _stage, depth=depth,
+                                                                              device=torch.device("cpu"))]
+    assert got == [([float(i)] * 2, i * 10, i) for i in range(7)]
+
+
+def test_staged_raises_where_the_source_failed_and_stops_its_thread() -> None:
+    def source() -> Iterator[int]:
+        yield 0
+        yield 1
+        raise ValueError("shard 2 is damaged")
+
+    seen = []
+    with pytest.raises(ValueError, match="shard 2 is damaged"):
+        for _, item in staged(source(), _stage, depth=2, device=torch.device("cpu")):
+            seen.append(item)
+    assert seen == [0, 1]
+    assert not [t for t in threading.enumerate() if t.name == "device-stage"]
+
+
+def test_leaving_early_closes_the_source_and_the_thread() -> None:
+    closed = []
+
+    def source() -> Iterator[int]:
+        try:
+            yield from range(100)
+        finally:
+            closed.append(True)
+
+    gen = staged(source(), _stage, depth=2, device=torch.device("cpu"))
+    assert next(gen)[1] == 0
+    gen.close()
+    assert closed == [True]
+    assert not [t for t in threading.enumerate() if t.name == "device-stage"]
+
+
+def test_prefetched_loader_batches_equal_inline_ones(tmp_path: Path) -> None:
+    """An image folder through the device stage, prepared 2 batches ahead in the thread and inline."""
+    from hypersolid_scale.data import DataConfig, build_train_loader
+
+    for i, data in enumerate(photos(16, seed=15)):
+        (tmp_path / f"c{i % 2}").mkdir(exist_ok=True)
+        (tmp_path / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(data)
+    cfg = DataConfig(format="imagefolder", path=str(tmp_path), decode="device", global_batch_size=4, num_workers=0,
+                     num_local_views=2, global_crop_size=32, local_crop_size=16, num_classes=2)
+    runs = []
+    for depth in (0, 2):
+        loader = build_train_loader(cfg, rank=0, world_size=1, seed=SEED, device=torch.device("cpu"))
+        loader.device_stage.prefetch = depth
+        runs.append(list(loader))
+    assert len(runs[0]) == len(runs[1]) == 4
+    for (va, la), (vb, lb) in zip(*runs):
+        assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(va, vb))
+
+
+def test_views_are_channels_last_unless_asked_otherwise() -> None:
+    batch = host_batch(SMALL, photos(4, seed=16))
+    for channels_last, fmt in ((True, torch.channels_last), (False, torch.contiguous_format)):
+        views = DeviceStage(SMALL, "cpu", channels_last=channels_last)(batch)
+        assert len(views) == SMALL.num_views and all(v.is_contiguous(memory_format=fmt) for v in views)
