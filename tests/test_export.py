@@ -303,9 +303,14 @@ def readme_block(marker: str) -> str:
 
 def test_readme_encoder_example_runs_on_an_export(tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path / "runs" / "stl10", ARCHS["resnet18-standard"])
-    shell = readme_block("export-command")
-    assert "python -m hypersolid_scale.export --checkpoint" in shell and "--out runs/stl10/export" in shell
-    export_checkpoint(ckpt, tmp_path / "runs" / "stl10" / "export")
+    command = readme_block("export-command").strip()
+    launcher = "python -m hypersolid_scale.export "
+    assert command.startswith(launcher) and "\n" not in command
+    # the shell expands the arguments in a directory laid out as the README's; the module runs in this process
+    shell = ["bash", "-c", f'set -- {command.removeprefix(launcher)}; printf "%s\\n" "$@"']
+    argv = subprocess.run(shell, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert argv == ["--checkpoint", str(ckpt.relative_to(tmp_path)), "--out", "runs/stl10/export"]
+    assert cli([str(tmp_path / a) if a.startswith("runs/") else a for a in argv]) == 0
     code = readme_block("load-encoder").replace("runs/stl10/export", str(tmp_path / "runs" / "stl10" / "export"))
     scope: dict[str, Any] = {}
     exec(compile(code, "README.md:load-encoder", "exec"), scope)
