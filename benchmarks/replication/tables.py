@@ -9,6 +9,7 @@ from typing import Any
 from hypersolid_scale.eval.stats import t_interval
 from replication.claims import (
     BB,
+    FAMILY_NAMES,
     HDBSCAN_MCS,
     LEVEL,
     METHOD_NAMES,
@@ -39,34 +40,47 @@ def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def means_table(cmp: Comparison, metrics: Sequence[tuple[str, str]]) -> list[str]:
-    head = "| metric | " + " | ".join(METHOD_NAMES[m] for m in cmp.methods) + " |"
-    lines = [head, "|---|" + "---|" * len(cmp.methods)]
+def _cell(vals: dict[int, float] | None, missing: str = "not run") -> str:
+    return fmt_interval(t_interval(list(vals.values()))) if vals else missing
+
+
+def means_table(
+    cmp: Comparison, metrics: Sequence[tuple[str, str]], floor: bool = False, names: dict[str, str] | None = None
+) -> list[str]:
+    """Mean [95 % interval] (n) per method; ``floor``: a last column with the random-init values ("not run"
+    until those runs exist; "–" for a metric they lack)."""
+    names = {**METHOD_NAMES, **(names or {})}
+    head = "| metric | " + " | ".join(names[m] for m in cmp.methods) + (" | random init |" if floor else " |")
+    lines = [head, "|---|" + "---|" * (len(cmp.methods) + floor)]
     for key, label in metrics:
-        cells = []
-        for m in cmp.methods:
-            vals = list(cmp.values[m].get(key, {}).values())
-            cells.append(fmt_interval(t_interval(vals)) if vals else "not run")
+        cells = [_cell(cmp.values[m].get(key)) for m in cmp.methods]
+        if floor:
+            cells.append(_cell(cmp.floor.get(key), "–") if cmp.floor else "not run")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def diff_table(cmp: Comparison, family: str, metrics: Sequence[tuple[str, str]]) -> list[str]:
+def diff_table(cmp: Comparison, metrics: Sequence[tuple[str, str]], names: dict[str, str] | None = None) -> list[str]:
+    """Per baseline, the paired difference to Hypersolid with its Holm p, corrected within the metric's family
+    (the family column)."""
+    names = {**METHOD_NAMES, **(names or {})}
     others = [m for m in cmp.methods if m != REFERENCE]
+    family = {k: f for f, per in cmp.diffs.items() for diffs in per.values() for k in diffs}
     lines = [
-        "| metric | " + " | ".join(f"{METHOD_NAMES[m]} − Hypersolid (Holm p)" for m in others) + " |",
-        "|---|" + "---|" * len(others),
+        "| metric | Holm family | " + " | ".join(f"{names[m]} − {names[REFERENCE]} (Holm p)" for m in others) + " |",
+        "|---|---|" + "---|" * len(others),
     ]
     for key, label in metrics:
         cells = []
         for m in others:
-            d = cmp.diffs[family].get(m, {}).get(key)
+            d = cmp.diff(m, key)
             if d is None:
                 cells.append("fewer than 2 paired seeds")
                 continue
             star = " *" if d.p_holm < LEVEL else ""
             cells.append(f"{fmt_interval(d.diff, signed=True)} (p {d.p_holm:.3g}){star}")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        fam = FAMILY_NAMES.get(family.get(key, ""), "–")
+        lines.append(f"| {label} | {fam} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -168,8 +182,25 @@ def steps_lines(runs: Sequence[dict[str, Any]], plain: Sequence[dict[str, Any]] 
 
 
 def verdict_table(rows: Sequence[dict[str, str]]) -> list[str]:
-    lines = ["| claim of the paper | tested on | verdict here | evidence |", "|---|---|---|---|"]
-    lines += [f"| {r['claim']} | {r['metrics']} | **{r['verdict']}** | {r['evidence']} |" for r in rows]
+    """One row per claim, one verdict column per scope (budget and tuning), in the rows' order."""
+    scopes = list(dict.fromkeys(r["short"] for r in rows))
+    claims = list(dict.fromkeys(r["claim"] for r in rows))
+    at = {(r["claim"], r["short"]): r for r in rows}
+    lines = [
+        "| claim of the paper | the paper says | Holm family | " + " | ".join(f"verdict: {s}" for s in scopes) + " |",
+        "|---|---|---|" + "---|" * len(scopes),
+    ]
+    for c in claims:
+        first = next(r for r in rows if r["claim"] == c)
+        cells = [f"**{at[(c, s)]['verdict']}**" if (c, s) in at else "–" for s in scopes]
+        lines.append(f"| {c} | {first['paper']} | {first['family']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def evidence_table(rows: Sequence[dict[str, str]]) -> list[str]:
+    """The verdicts of one scope with their evidence (the closest call where nothing is significant)."""
+    lines = ["| claim | verdict | evidence (method − Hypersolid, mean [95 % interval], Holm p) |", "|---|---|---|"]
+    lines += [f"| {r['claim']} | **{r['scoped']}** | {r['evidence']} |" for r in rows]
     return lines
 
 
