@@ -273,6 +273,10 @@ def test_random_init_tuning_views_and_budget_in_the_report(tmp_path):
     kmeans_row = next(line for line in text.splitlines() if line.startswith("| K-Means AMI | "))
     assert kmeans_row.rstrip(" |").endswith("0.100 [0.100, 0.100] (n = 2)")
     assert "| random init |" in readme and summary["runs"]["random"] == 2
+    row = next(line for line in text.splitlines() if line.startswith("| random init (the initial weights) | 0 | "))
+    assert row.split(" | ")[4] == "0.100 [0.100, 0.100] (n = 2)"  # the learning curves' K-Means column
+    hdbscan = next(line for line in text.splitlines() if line.startswith("| 10 | "))
+    assert hdbscan.count(" / ") == 4 * 5 and "not run" not in hdbscan  # 4 methods and the floor
     # Tuning table: 2 of 2 seeds per value, the chosen value marked.
     assert "| Hypersolid | alpha 0.75 | 2 of 2 | 90.50 [90.50, 90.50] (n = 2) |" in text
     assert text.count("**chosen**") == 2

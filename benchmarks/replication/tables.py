@@ -84,15 +84,20 @@ def diff_table(cmp: Comparison, metrics: Sequence[tuple[str, str]], names: dict[
     return lines
 
 
-def hdbscan_table(cmp: Comparison) -> list[str]:
-    lines = ["| min_cluster_size | " + " | ".join(METHOD_NAMES[m] for m in cmp.methods) + " |"]
-    lines.append("|---|" + "---|" * len(cmp.methods))
+def hdbscan_table(cmp: Comparison, floor: bool = False) -> list[str]:
+    """Mean AMI / NMI / ARI / noise fraction / clusters per setting and method; ``floor``: a random-init column."""
+    columns = [cmp.values[m] for m in cmp.methods] + ([cmp.floor] if floor else [])
+    names = [METHOD_NAMES[m] for m in cmp.methods] + (["random init"] if floor else [])
+    lines = ["| min_cluster_size | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for mcs in HDBSCAN_MCS:
         cells = []
-        for m in cmp.methods:
+        for values in columns:
+            if not values:
+                cells.append("not run")
+                continue
             part = []
             for metric in ("ami", "nmi", "ari", "noise_fraction", "n_clusters"):
-                vals = list(cmp.values[m].get(f"{BB}hdbscan_mcs{mcs}.{metric}", {}).values())
+                vals = list(values.get(f"{BB}hdbscan_mcs{mcs}.{metric}", {}).values())
                 part.append(fmt(sum(vals) / len(vals)) if vals else "–")
             cells.append(" / ".join(part))
         lines.append(f"| {mcs} | " + " | ".join(cells) + " |")
