@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"eval", "tracking"},
     {"config"},
     {"checkpoint"},
-    {"training"},
+    {"training", "export"},
     {"eval.app", "eval.source"},
     {"compare"},
 ]

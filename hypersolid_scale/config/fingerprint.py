@@ -34,6 +34,7 @@ _RESUMABLE_PREFIXES = (
     "dist.backend",
     "dist.device",
     "data.num_workers",
+    "model.channels_last",  # a memory format: the same numbers, within float rounding
     # How the global batch is stated and split (data/batch.py): the checkpoint's global batch is compared
     # instead, so a requeue onto another GPU count, or with another accumulation count, continues.
     "data.global_batch_size",

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from hypersolid_scale.models.backbones import backbone_names, get_backbone
 
+CHANNELS_LAST = ("auto", "true", "false")
+
 
 @dataclass
 class ModelConfig:
@@ -35,6 +37,10 @@ class ModelConfig:
         proj_layers: number of Linear layers in the projector (1 = a single linear map).
         proj_hidden_dim: width of the projector's hidden layers (unused when proj_layers == 1).
         proj_dim: projector output dimension D fed to the loss (paper default 1024).
+        channels_last: ``auto | true | false``: the model's weights and the views it is given in channels-last
+            memory format (NHWC), which the GPU's convolution kernels run fastest on. ``auto``: on CUDA, for a
+            convolutional backbone (more than one 2-D convolution: not a ViT, whose only one is its patch
+            embedding). Results equal the NCHW run's within float rounding (tests/test_channels_last.py).
     """
 
     arch: str = "small_cnn"
@@ -46,6 +52,7 @@ class ModelConfig:
     proj_layers: int = 3
     proj_hidden_dim: int = 2048
     proj_dim: int = 1024
+    channels_last: str = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -67,6 +74,9 @@ class ModelConfig:
             # bool is an int subclass; reject it so `in_channels: true` in YAML does not become 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"model.{name}={value!r} must be a positive integer")
+        self.channels_last = str(self.channels_last).lower()  # YAML reads `true` as a bool
+        if self.channels_last not in CHANNELS_LAST:
+            raise ValueError(f"model.channels_last={self.channels_last!r} is not one of {CHANNELS_LAST}")
         if self.small_stem and not backbone.small_stem:
             stems = [n for n in backbone_names() if get_backbone(n).small_stem]
             raise ValueError(

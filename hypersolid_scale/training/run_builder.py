@@ -143,6 +143,8 @@ class Run:
     transport: str  # the process group's (gloo | nccl), "none" in a single process
     batch: BatchPlan  # the global batch's split over processes and accumulation steps
     guard: NonFiniteGuard = field(init=False)
+    # The views' memory format for the step: channels-last where the model is (model.channels_last).
+    memory_format: torch.memory_format = field(init=False, default=torch.contiguous_format)
 
     def __post_init__(self) -> None:
         self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
@@ -193,6 +195,15 @@ def _method_model(cfg: Config, steps_per_epoch: int) -> MethodModel:
     return MethodModel(backbone, feature_dim, method)
 
 
+def resolve_channels_last(setting: str, backbone: nn.Module, device: torch.device) -> bool:
+    """``model.channels_last``: auto is on for CUDA and a convolutional backbone (more than one 2-D convolution:
+    a ViT's only one is its patch embedding)."""
+    if setting == "auto":
+        convs = sum(isinstance(m, nn.Conv2d) for m in backbone.modules())
+        return device.type == "cuda" and convs > 1
+    return setting == "true"
+
+
 def _trainable_only(make: Callable[[Any], torch.optim.Optimizer]) -> Callable[[Any], torch.optim.Optimizer]:
     """The optimizer over the parameters that require grad: a momentum teacher only follows by EMA."""
     return lambda params: make([p for p in params if p.requires_grad])
@@ -215,6 +226,9 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         loader = on_every_rank(lambda: _train_loader(cfg, info, device, batch), info.rank)
     steps_per_epoch = _steps_per_epoch(loader, batch)
     model = _method_model(cfg, steps_per_epoch)  # identical on every rank: the seed was set just before
+    channels_last = resolve_channels_last(cfg.model.channels_last, model.backbone, device)
+    if channels_last:  # the weights in NHWC before any engine or optimizer holds them; the views follow (trainer)
+        model = model.to(memory_format=torch.channels_last)
     o = cfg.optim
     engine = build_engine(
         model,
@@ -236,4 +250,6 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     lrs = lr_schedule(
         o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch, global_batch=batch.global_batch
     )
-    return Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, bf16, transport, batch)
+    run = Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, bf16, transport, batch)
+    run.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    return run

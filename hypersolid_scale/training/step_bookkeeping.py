@@ -110,6 +110,7 @@ class EpochMeter:
         self.losses = torch.zeros(steps_per_epoch, dtype=torch.float64, device=device)  # for the loss plot
         self.t_epoch = self.t_window = time.perf_counter()
         self.window_steps, self.window_data_s = 0, 0.0
+        self.data_s = 0.0  # this epoch's time waiting for the loader
 
     def add(self, stats: PackedStats, data_time_s: float) -> None:
         if self.sum is None or self.names != stats.names:
@@ -123,6 +124,7 @@ class EpochMeter:
         self.n += 1
         self.window_steps += 1
         self.window_data_s += data_time_s
+        self.data_s += data_time_s
 
     def window(self, global_batch: int) -> dict[str, float]:
         """Mean timings since the last call (call right after a host transfer, i.e. once the GPU caught up)."""
@@ -132,6 +134,9 @@ class EpochMeter:
             "images_per_s": global_batch * steps / elapsed,
             "step_time_s": elapsed / steps,
             "data_time_s": self.window_data_s / steps,
+            # The share of the wall time spent waiting for the next batch: near 0 when the loader keeps up,
+            # the GPU's idle share when it starves it.
+            "data_wait_share": self.window_data_s / elapsed,
         }
         self.t_window, self.window_steps, self.window_data_s = now, 0, 0.0
         return out
@@ -141,7 +146,9 @@ class EpochMeter:
         assert self.sum is not None  # summary() follows add()
         values = torch.cat([self.sum / max(1, self.summed), self.losses[: min(self.n, self.losses.numel())]]).tolist()
         mean = dict(zip(self.names, values[: len(self.names)]))
-        mean["images_per_s"] = global_batch * self.n / max(time.perf_counter() - self.t_epoch, 1e-9)
+        elapsed = max(time.perf_counter() - self.t_epoch, 1e-9)
+        mean["images_per_s"] = global_batch * self.n / elapsed
+        mean["data_wait_share"] = self.data_s / elapsed
         return mean, values[len(self.names) :]
 
 

@@ -100,13 +100,12 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
     """One optimizer step of any method, in the order :mod:`hypersolid_scale.methods` asks for: forward (the
     engine's wrapped module holds backbone and method, and returns the method's loss over the global batch),
     backward (both in ``optim.accumulate_steps`` micro-batches when asked: ``accumulated_step``), the method's
-    gradient schedule, (clip,) optimizer step, the method's post-step update (a
-    teacher's EMA). No host synchronisation.
+    gradient schedule, (clip,) optimizer step, the method's post-step update (a teacher's EMA). No host sync.
 
     Returns the step's statistics on the device (the method's, then lr and grad_norm); read them with
-    ``.to_dict()`` only where floats are needed. A method whose statistics are per rank (each rank's loss is
-    its share of the global-batch loss) has them averaged over ranks here: one small all-reduce, no host
-    read. The finiteness of the step is recorded in ``run.guard``.
+    ``.to_dict()`` only where floats are needed. Per-rank statistics (each rank's loss its share of the
+    global-batch loss) are averaged over ranks here: one small all-reduce, no host read. ``run.guard``
+    records whether the step was finite.
     """
     lr = float(run.lr[min(step, len(run.lr) - 1)])  # a host array: no device involved
     for group in run.engine.param_groups:
@@ -301,7 +300,7 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
             preempted, t_last = False, time.perf_counter()
             for views, _labels in run.loader:
                 t_data = time.perf_counter() - t_last
-                views = [v.to(device, non_blocking=True) for v in views]
+                views = [v.to(device, non_blocking=True, memory_format=run.memory_format) for v in views]
                 stats = train_step(run, views, step)
                 step += 1
                 meter.add(stats, t_data)
@@ -335,9 +334,11 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                 if rank0:
                     bar.write(
                         f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
-                        f"{mean['images_per_s']:.0f} img/s | {time.perf_counter() - meter.t_epoch:.0f} s"
+                        f"{mean['images_per_s']:.0f} img/s | data wait {mean['data_wait_share']:.0%} | "
+                        f"{time.perf_counter() - meter.t_epoch:.0f} s"
                     )
-                    tracker.log_metrics({f"loader/{k}": v for k, v in loader_stats.items()}, step=step)
+                    waited = {"loader/data_wait_share": mean["data_wait_share"]}  # the epoch's share waiting for data
+                    tracker.log_metrics({**{f"loader/{k}": v for k, v in loader_stats.items()}, **waited}, step=step)
             if not preempted and step < run.total_steps:
                 preempted = stop.now(stop_requested())  # before a monitor that may take minutes
             # max_steps reached mid-epoch, or the last epoch done: a last look at the representation, then stop.
