@@ -87,6 +87,8 @@ def test_tuned_values_follow_held_out_knn() -> None:
     knn |= {"method.hypersolid.alpha=0.9": 79.0, "method.simclr.temperature=0.5": 72.0}
     results = _tune_results(knn)
     assert planmod.tuned("hypersolid", results) == 0.75
+    skipped = {**results, "cpu-tune-hypersolid-alpha0.5-s1": {"final": {}}}  # its kNN@5 was not measured
+    assert planmod.tuned("hypersolid", skipped) is None
     assert planmod.tuned("simclr", results) == 0.2  # a tie: the first listed value
     budget = [r for r in plan("cpu", results=results) if r.part == "budget"]
     assert sorted({r.overrides[0] for r in budget}) == [

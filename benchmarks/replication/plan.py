@@ -196,9 +196,10 @@ def tuned(method: str, results: dict[str, dict[str, Any]]) -> float | None:
     means = []
     for v in values:
         got = [results.get(r.name) for r in tune_runs() if r.method == method and r.overrides[0] == f"{key}={v}"]
-        if any(g is None for g in got):
+        scores = [g["final"].get(TUNE_METRIC) for g in got if g is not None]
+        if len(scores) < len(got) or any(x is None for x in scores):  # a run missing, or its kNN@5 skipped
             return None
-        means.append(sum(float(g["final"][TUNE_METRIC]) for g in got if g) / len(got))
+        means.append(sum(float(x) for x in scores) / len(scores))
     return values[means.index(max(means))]  # ties: the first listed value
 
 
