@@ -203,13 +203,13 @@ class DeviceStage:
             window = (int(host[:, v, vp.HEIGHT].max()), int(host[:, v, vp.WIDTH].max()))
             boxes = p[:, vp.TOP : vp.WIDTH + 1]  # top, left, height, width
             x = crop_resize(padded, boxes, p[:, vp.FLIP] > 0, size, window).div_(255.0)
-            x = self.photometric.apply(x, _decisions(p))
+            x = self.photometric.apply(x, _decisions(params[:, v].float()))  # decided on the host
             out.append(x.contiguous(memory_format=self.memory_format))
         return out
 
 
 def _decisions(p: torch.Tensor) -> Decisions:
-    """The photometric decisions of one view's (B, NUM_PARAMS) rows, where the rows are (no host read)."""
+    """The photometric decisions of one view's (B, NUM_PARAMS) rows (on the CPU: they travel with the views)."""
     on = lambda col: p[:, col] > 0  # noqa: E731
     return Decisions(
         jitter=on(vp.JITTER),

@@ -18,16 +18,16 @@ Pass ``record={}`` to get the per-sample decisions back (used by the parity test
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import kornia
 import torch
 import torch.nn.functional as F
 
+from hypersolid_scale.data.color import gray, hue_shift
 from hypersolid_scale.data.common import DOMAIN_TENSOR_VIEW, hash32, sample_hash, stream_key
 from hypersolid_scale.data.presets import MultiCropPreset
-
-_GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2, as torchvision/PIL "L"
 
 # Column layout of one view's row of uniforms.
 CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop tries
@@ -58,14 +58,6 @@ def keyed_uniforms(seed: int, epoch: int, indices: torch.Tensor, view: int, colu
     cols = hash32(torch.arange(columns, device=indices.device, dtype=torch.int64) + 0x632BE5AB)  # (columns,)
     bits = hash32(rows[:, None] ^ cols[None, :])  # (n, columns) in [0, 2**32)
     return (bits >> 8).to(torch.float32) * (1.0 / (1 << 24))
-
-
-def _gray(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) -> (B, 1, H, W) luminance; one channel stays as is."""
-    if x.shape[1] == 1:
-        return x
-    w = torch.tensor(_GRAY_WEIGHTS, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    return (x * w).sum(dim=1, keepdim=True)
 
 
 def sample_crop_boxes(
@@ -170,15 +162,23 @@ class BatchPhotometric:
     """Color jitter, grayscale, blur, solarization and normalisation of a batch of views, per sample.
 
     Draws come from `keyed_uniforms(seed, epoch, indices, view)`, so they follow the samples (`view`); or
-    they are given (`apply`: the device path passes the PIL path's own draws).
+    they are given (`apply`: the device path passes the PIL path's own draws). The decisions are made on the
+    CPU and sent to the device with the views.
     """
 
-    def __init__(self, preset: MultiCropPreset, device: torch.device | str, seed: int = 0) -> None:
+    def __init__(
+        self, preset: MultiCropPreset, device: torch.device | str, seed: int = 0, compile: bool | None = None
+    ) -> None:
+        """compile: run the chain through ``torch.compile`` (default: on CUDA), which fuses its elementwise
+        calls into a few kernels per view; a compiler that fails falls back to the eager chain with a warning."""
         self.preset = preset
         self.device = torch.device(device)
         self.seed = int(seed)
         self.mean = torch.tensor(preset.mean, device=self.device).view(1, -1, 1, 1)
         self.std = torch.tensor(preset.std, device=self.device).view(1, -1, 1, 1)
+        if compile is None:
+            compile = self.device.type == "cuda"
+        self._compiled = torch.compile(self._chain, fullgraph=True, dynamic=False) if compile else None
 
     def decisions(self, u: torch.Tensor, index: int) -> Decisions:
         """View `index`'s decisions from its uniforms `u` (B, NUM_COLUMNS) (torchvision's ColorJitter ranges)."""
@@ -220,11 +220,10 @@ class BatchPhotometric:
             take = [((op == k) & on).view(n, 1, 1, 1) for k in range(4)]
             fb, fc, fs = (torch.where(take[k], factors[:, k].view(n, 1, 1, 1), one) for k in range(3))
             x = (x * fb).clamp(0.0, 1.0)
-            x = (fc * x + (1 - fc) * _gray(x).mean(dim=(1, 2, 3), keepdim=True)).clamp(0.0, 1.0)
+            x = (fc * x + (1 - fc) * gray(x).mean(dim=(1, 2, 3), keepdim=True)).clamp(0.0, 1.0)
             if rgb:  # saturation and hue: no-ops on one channel
-                x = (fs * x + (1 - fs) * _gray(x)).clamp(0.0, 1.0)
-                hue = kornia.enhance.adjust_hue(x, factors[:, 3] * 2 * math.pi).clamp(0.0, 1.0)
-                x = torch.where(take[3], hue, x)
+                x = (fs * x + (1 - fs) * gray(x)).clamp(0.0, 1.0)
+                x = torch.where(take[3], hue_shift(x, factors[:, 3]).clamp(0.0, 1.0), x)
         return x
 
     def _blur(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -238,50 +237,73 @@ class BatchPhotometric:
     def view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: dict | None = None) -> torch.Tensor:
         """Augment and normalise view number `index` ((B, C, H, W) float in [0, 1] or uint8).
 
-        `u`: (B, NUM_COLUMNS) uniforms of this view (`keyed_uniforms`); the photometric columns are used.
-        Always float32, also when called inside an autocast region (the augmentations write their results
-        back into the batch, which must keep one dtype, and the views must not depend on the caller).
+        `u`: (B, NUM_COLUMNS) uniforms of this view (`keyed_uniforms`, on the CPU: the decisions are made on
+        the host and sent with the views, so nothing is read back); the photometric columns are used.
+        Always float32, also when called inside an autocast region (the views must not depend on the caller).
         """
-        return self.apply(x, self.decisions(u.to(self.device), index), record)
+        return self.apply(x, self.decisions(u.cpu(), index), record)
 
     def apply(self, x: torch.Tensor, d: Decisions, record: dict | None = None) -> torch.Tensor:
-        """Augment and normalise a batch of views with the decisions `d` (masks may stay on the CPU)."""
-        with torch.autocast(self.device.type, enabled=False):
-            return self._apply(x, d, record)
-
-    def _apply(self, x: torch.Tensor, d: Decisions, record: dict | None) -> torch.Tensor:
-        # Every decision is a per-sample tensor applied with `where` over the whole batch: no boolean-mask
-        # indexing and no read of a device value on the host, so the host never waits for the device and the
-        # number of calls does not depend on the batch (docs/design.md §3e).
+        """Augment and normalise a batch of views with the decisions `d` (made on the CPU: `_chain` sends them)."""
         if x.dtype == torch.uint8:
             x = x.to(self.device, non_blocking=True).float().div_(255.0)
         else:
             x = x.to(self.device).float()
+        blur = d.blur.cpu()
+        # A sample left sharp gets any valid sigma (its blurred copy is not taken); on the CPU, where kornia
+        # checks it without reading the device.
+        sigma = torch.where(blur, d.sigma.cpu(), 1.0)
+        masks = [m.to(self.device, non_blocking=True) for m in (d.jitter, d.gray, blur, d.solarize)]
+        args = (*masks, d.factors.to(self.device, non_blocking=True), d.order.to(self.device, non_blocking=True))
+        with torch.autocast(self.device.type, enabled=False):
+            out = self._run_chain(x, sigma, *args)
+        if record is not None:
+            for name, m in zip(("jitter", "gray", "blur", "solarize"), (d.jitter, d.gray, blur, d.solarize)):
+                record.setdefault(name, []).append(m.cpu())
+        return out
+
+    def _run_chain(self, x: torch.Tensor, sigma: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        if self._compiled is None:
+            return self._chain(x, sigma, *args)
+        try:
+            # Compiled, the blur's sigma travels with the other inputs (kornia checks it only in eager mode).
+            return self._compiled(x, sigma.to(self.device, non_blocking=True), *args)
+        except Exception as err:  # noqa: BLE001 - a compiler that cannot run here: the eager chain, once warned
+            warnings.warn(
+                f"the compiled photometric chain failed ({type(err).__name__}: {err}); running it eagerly", stacklevel=2
+            )
+            self._compiled = None
+            return self._chain(x, sigma, *args)
+
+    def _chain(
+        self,
+        x: torch.Tensor,
+        sigma: torch.Tensor,
+        jit: torch.Tensor,
+        grays: torch.Tensor,
+        blur: torch.Tensor,
+        sol: torch.Tensor,
+        factors: torch.Tensor,
+        order: torch.Tensor,
+    ) -> torch.Tensor:
+        # Every decision is a per-sample tensor applied with `where` over the whole batch: no boolean-mask
+        # indexing and no read of a device value on the host, so the host never waits for the device and the
+        # number of calls does not depend on the batch (docs/design.md §3e). Static shapes: compilable.
         n = x.shape[0]
-        jit, gray, blur, sol = (m.to(self.device, non_blocking=True) for m in (d.jitter, d.gray, d.blur, d.solarize))
-        factors = d.factors.to(self.device, non_blocking=True)
-        order = d.order.to(self.device, non_blocking=True)
         if self.preset.cj_prob > 0:
             x = self._jitter(x, factors, order, jit)
-        x = torch.where(gray.view(n, 1, 1, 1), _gray(x).expand_as(x), x)
+        x = torch.where(grays.view(n, 1, 1, 1), gray(x).expand_as(x), x)
         if max(self.preset.view_blur_probs()) > 0:  # the preset's setting: no look at the data
-            # The sigma of a sample left sharp is any valid one (its blurred copy is not taken).
-            sigma = torch.where(blur, d.sigma.to(self.device, non_blocking=True), 1.0)
             x = torch.where(blur.view(n, 1, 1, 1), self._blur(x, sigma), x)
         # PIL ImageOps.solarize(threshold=128) inverts pixels >= 128 (of 255).
         x = torch.where(sol.view(n, 1, 1, 1) & (x >= 128 / 255), 1.0 - x, x)
-        if record is not None:
-            record.setdefault("jitter", []).append(jit.cpu())
-            record.setdefault("gray", []).append(gray.cpu())
-            record.setdefault("blur", []).append(blur.cpu())
-            record.setdefault("solarize", []).append(sol.cpu())
         return (x - self.mean) / self.std
 
     def __call__(
         self, views: list[torch.Tensor], indices: torch.Tensor, epoch: int, record: dict | None = None
     ) -> list[torch.Tensor]:
-        """views[i]: (B, C, H, W) of view i; indices: (B,) the samples' dataset indices."""
-        idx = _check_indices(indices, views[0].shape[0]).to(self.device)
+        """views[i]: (B, C, H, W) of view i; indices: (B,) the samples' dataset indices (on the CPU)."""
+        idx = _check_indices(indices, views[0].shape[0]).cpu()
         return [self.view(v, i, keyed_uniforms(self.seed, epoch, idx, i), record) for i, v in enumerate(views)]
 
 
@@ -315,7 +337,7 @@ class TensorMultiCrop:
     def _crops(
         self, images: torch.Tensor, indices: torch.Tensor, epoch: int, record: dict | None
     ) -> list[torch.Tensor]:
-        idx = _check_indices(indices, images.shape[0]).to(self.device)
+        idx = _check_indices(indices, images.shape[0]).cpu()  # the draws on the host: nothing read back
         x = images.to(self.device).float().div_(255.0)
         _, _, h, w = x.shape
         out = []
