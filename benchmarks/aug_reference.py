@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from hypersolid_scale.data import view_params as vp
 from hypersolid_scale.data.color import gray as _gray
-from hypersolid_scale.data.tensor_aug import BatchPhotometric, Decisions
+from hypersolid_scale.data.photometric import BatchPhotometric, Decisions
 
 
 def crop_resize_one(img: torch.Tensor, row: list[float], size: int) -> torch.Tensor:

@@ -138,24 +138,34 @@ def _ops(fn: Any) -> int:
 
 
 def test_operator_calls_do_not_grow_with_the_batch() -> None:
-    """The views of a decoded batch: the same number of calls at 4 and at 12 images; the packing of the
-    decoded images costs one copy per image, and nothing else grows."""
-    preset = PRESETS["default"]
-    stage = DeviceStage(preset, "cpu")
+    """The views of a decoded batch: at most a fixed number of calls per view (a step whose rows are all
+    empty is skipped), the same at 32 and 64 images; the packing of the decoded images costs a few calls
+    per image (index, copy), and nothing else grows. The compiled chain's graph: the same at any batch."""
+    stage = DeviceStage(SMALL, "cpu")
     counts = {}
-    for n in (4, 12):
-        images, params = stage.decode(host_batch(preset, photos(n, seed=13)))
+    for n in (4, 32, 64):
+        images, params = stage.decode(host_batch(SMALL, photos(n, seed=13)))
         padded = pad_images(images)
         counts[n] = (
             _ops(lambda padded=padded, params=params: stage.views_of(padded, params)),
             _ops(lambda images=images: pad_images(images)),
         )
-    assert counts[4][0] == counts[12][0], counts
-    grown = counts[12][1] - counts[4][1]
-    assert 8 <= grown <= 8 * 6, counts  # a few calls (index, copy) per image
+    assert counts[4][0] <= counts[32][0] == counts[64][0], counts
+    grown = counts[64][1] - counts[32][1]
+    assert 32 <= grown <= 32 * 6, counts
     aug = TensorMultiCrop(PRESETS["fashion_mnist"], "cpu")
-    calls = [_ops(lambda n=n: aug(torch.zeros(n, 1, 28, 28, dtype=torch.uint8), torch.arange(n), 0)) for n in (4, 12)]
+    calls = [_ops(lambda n=n: aug(torch.zeros(n, 1, 28, 28, dtype=torch.uint8), torch.arange(n), 0)) for n in (32, 64)]
     assert calls[0] == calls[1], calls
+    inputs = {n: (torch.rand(n, 3, 16, 16), _chain_args(n)) for n in (4, 64)}
+    where = [_ops(lambda x=x, a=a: stage.photometric._chain(x, *a)) for x, a in inputs.values()]
+    assert where[0] == where[1], where
+
+
+def _chain_args(n: int) -> list[torch.Tensor]:
+    """Inputs of the `where` chain for n rows: every step taken by some rows."""
+    on = torch.arange(n) % 2 == 0
+    order = torch.stack([torch.randperm(4) for _ in range(n)])
+    return [torch.full((n,), 1.0), on, ~on, on, ~on, torch.rand(n, 4) * 0.2 + 0.9, order]
 
 
 @pytest.mark.cuda

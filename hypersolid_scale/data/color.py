@@ -1,7 +1,7 @@
 """Colour arithmetic of the photometric augmentations, on batches (B, C, H, W) of floats in [0, 1].
 
 Hand-written hue rotation: kornia's ``adjust_hue`` (RGB -> HSV -> RGB) issues about a hundred calls; the batched
-chain (`tensor_aug.BatchPhotometric`) evaluates the hue at each of the four jitter stages for the whole batch,
+chain (`photometric.BatchPhotometric`) evaluates the hue at each of the four jitter stages for the whole batch,
 so the same HSV rotation is written here in about twenty elementwise calls (equal to kornia's within float
 rounding: tests/test_device_stage.py).
 """

@@ -38,9 +38,9 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from hypersolid_scale.data import view_params as vp
 from hypersolid_scale.data.batched_resize import crop_resize, pad_images
 from hypersolid_scale.data.config import JPEG_DECODERS
+from hypersolid_scale.data.photometric import BatchPhotometric, Decisions
 from hypersolid_scale.data.prefetch import staged
 from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.tensor_aug import BatchPhotometric, Decisions
 from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
 from hypersolid_scale.safety.errors import DataError
 

@@ -3,7 +3,7 @@
 One FFCV pipeline per view reads the same `image` field, each with its own random-resized-crop + flip
 decoder at the view's size and scale, then goes to the device. The photometric part of the preset
 (color jitter, grayscale, blur, solarization, normalisation) runs per sample but batched on the
-device (`tensor_aug.BatchPhotometric`, kornia kernels), with the preset's probabilities per view.
+device (`photometric.BatchPhotometric`), with the preset's probabilities per view.
 FFCV stores RGB images only; a one-channel preset keeps the first channel on the device.
 
 What does not depend on the world size, the rank or the number of FFCV threads (docs/design.md §3b):
@@ -35,8 +35,8 @@ import torch
 from hypersolid_scale.data.common import ResumableEpochs, epoch_permutation, mix_seed, split_global_batches
 from hypersolid_scale.data.ffcv_crop import KeyedRandomResizedCropFlip, _SharedKernel
 from hypersolid_scale.data.ffcv_writer import write_beton  # noqa: F401  (part of this module's API)
+from hypersolid_scale.data.photometric import BatchPhotometric
 from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.tensor_aug import BatchPhotometric
 
 try:
     from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder
