@@ -261,3 +261,35 @@ def test_lars_refuses_parameters_of_another_model() -> None:
     with pytest.raises(ValueError, match="not those of the model"):
         optimizer_factory(LARS, model=model)(twin.parameters())
     assert len(optimizer_factory(LARS, model=twin)(twin.parameters()).param_groups) == 2
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_fused_optimizer_gives_the_same_update(name: str) -> None:
+    """optim.fused=true (torch's fused kernels) and false (multi-tensor) make the same update within float rounding;
+    auto is multi-tensor on the CPU (fused only where every parameter is on CUDA)."""
+    from hypersolid_scale.training.optim import OptimConfig, optimizer_factory
+
+    updates = {}
+    for fused in ("true", "false", "auto"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        start = [p.detach().clone() for p in model.parameters()]
+        opt = optimizer_factory(OptimConfig(name=name, lr=0.05, fused=fused, momentum=0.9))(model.parameters())
+        assert bool(opt.defaults.get("fused")) == (fused == "true")
+        for step in range(3):
+            x = torch.randn(32, 8, generator=torch.Generator().manual_seed(step))
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+        updates[fused] = torch.cat([(p.detach() - s).flatten() for p, s in zip(model.parameters(), start)])
+    scale = float(updates["false"].norm())
+    assert scale > 0 and float((updates["true"] - updates["false"]).norm()) <= 1e-5 * scale
+    assert torch.equal(updates["auto"], updates["false"])
+
+
+def test_optim_fused_is_checked() -> None:
+    from hypersolid_scale.safety.errors import ConfigError
+    from hypersolid_scale.training.optim import OptimConfig, check
+
+    with pytest.raises(ConfigError, match="optim.fused"):
+        check(OptimConfig(fused="fast"))

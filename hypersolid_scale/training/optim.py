@@ -48,6 +48,10 @@ class OptimConfig:
     reference_batch_size: int | None = None  # the global batch lr (and min_lr) were tuned for; None: unknown
     lr_scaling: str = "none"  # none | linear (lr x B / B_ref) | sqrt (lr x sqrt(B / B_ref)), B the global batch
     lars_trust_coefficient: float = 1e-3  # LARS only: lightly's trust_coefficient (eta)
+    # AdamW and SGD: torch's fused kernels (true) or its multi-tensor implementation (false); auto: fused where
+    # every parameter is on CUDA (torch's documentation names fused the fastest there; the GPU speed benchmark,
+    # benchmarks/gpu_speed.py, measures both), multi-tensor on the CPU. The same update within float rounding.
+    fused: str = "auto"
 
 
 def _no_reference(o: OptimConfig) -> ConfigError:
@@ -57,8 +61,14 @@ def _no_reference(o: OptimConfig) -> ConfigError:
     )
 
 
+FUSED = ("auto", "true", "false")
+
+
 def check(o: OptimConfig) -> None:
     """What the section's CHOICES and RANGES (config/schema.py) cannot see: combinations of its keys."""
+    o.fused = str(o.fused).lower()  # YAML reads `true` as a bool
+    if o.fused not in FUSED:
+        raise ConfigError(f"config key 'optim.fused' = {o.fused!r} is not one of {FUSED}")
     if o.lr_scaling.lower() != "none" and o.reference_batch_size is None:
         raise _no_reference(o)
     if o.name.lower() == "lars" and o.weight_decay == 0:
@@ -112,16 +122,18 @@ def build_optimizer(
     momentum: float,
     betas: tuple[float, float],
     trust_coefficient: float = 1e-3,
+    fused: bool | None = None,
 ) -> torch.optim.Optimizer:
     """AdamW (paper default), SGD with momentum (paper: needs momentum ~0.99 to learn) or lightly's LARS.
 
     Groups in ``params`` keep their own ``weight_decay``; LARS skips its trust ratio where that is 0.
+    ``fused``: AdamW and SGD in torch's fused kernels (None: torch's default implementation).
     """
     name = name.lower()
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=momentum)
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay, momentum=momentum, fused=fused)
     if name == "lars":
         return LARS(params, lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient)
     raise ValueError(f"unknown optimizer {name!r}; choose adamw, sgd or lars")
@@ -169,6 +181,9 @@ def optimizer_factory(o: OptimConfig, model: nn.Module | None = None) -> Callabl
     def make(params: Any) -> torch.optim.Optimizer:
         if lars and model is not None:
             params = lars_groups(params, model)
+        params = list(params)
+        on_cuda = all(p.is_cuda for p in params if isinstance(p, torch.Tensor))
+        fused = o.fused == "true" or (o.fused == "auto" and on_cuda and bool(params))
         return build_optimizer(
             o.name,
             params,
@@ -177,6 +192,7 @@ def optimizer_factory(o: OptimConfig, model: nn.Module | None = None) -> Callabl
             momentum=o.momentum,
             betas=(o.betas[0], o.betas[1]),
             trust_coefficient=o.lars_trust_coefficient,
+            fused=True if fused and not lars else None,
         )
 
     return make
