@@ -66,7 +66,8 @@ from hypersolid_scale.safety.run_lock import RunDirLocked, RunLock, acquire_run_
 from hypersolid_scale.tracking import Tracker, make_tracker
 from hypersolid_scale.training.accumulation import accumulated_step
 from hypersolid_scale.training.checkpointer import Checkpointer
-from hypersolid_scale.training.epoch_report import log_monitor, memory_gb, plot_loss, summed_loader_stats
+from hypersolid_scale.training.epoch_end import Decision, EpochEnd
+from hypersolid_scale.training.epoch_report import memory_gb, plot_loss
 from hypersolid_scale.training.run_builder import Run, batch_lines, build, on_every_rank, seed_everything
 from hypersolid_scale.training.step_bookkeeping import (
     EpochMeter,
@@ -287,11 +288,10 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
         desc="train",
         unit="step",
     )
-    history: list[tuple[int, float]] = []
     status = "FAILED"
-    monitor_enabled = cfg.eval.every_n_epochs > 0
     stop = StopVote(device)
     checkpoint = Checkpointer(run, tracker, last_saved=step if resumed else -1)
+    end_epoch = EpochEnd(run, tracker, bar, stop, checkpoint)  # the monitor, checkpoint and stop decisions
     try:
         while step < run.total_steps and epoch < cfg.epochs:
             run.loader.set_epoch(epoch)
@@ -325,40 +325,15 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                 if step >= run.total_steps:
                     break
                 t_last = time.perf_counter()
-            epoch_done = run.loader.state_dict().get("batches_done", 0) >= run.steps_per_epoch
-            if meter.n:
-                mean, losses = meter.summary(global_batch)  # every rank: the guard must agree everywhere
-                run.guard.check()
-                history.extend(zip(range(step - meter.n + 1, step + 1), losses))
-                loader_stats = summed_loader_stats(run)  # collective: every rank, before rank 0 logs
-                if rank0:
-                    bar.write(
-                        f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
-                        f"{mean['images_per_s']:.0f} img/s | data wait {mean['data_wait_share']:.0%} | "
-                        f"{time.perf_counter() - meter.t_epoch:.0f} s"
-                    )
-                    waited = {"loader/data_wait_share": mean["data_wait_share"]}  # the epoch's share waiting for data
-                    tracker.log_metrics({**{f"loader/{k}": v for k, v in loader_stats.items()}, **waited}, step=step)
-            if not preempted and step < run.total_steps:
-                preempted = stop.now(stop_requested())  # before a monitor that may take minutes
-            # max_steps reached mid-epoch, or the last epoch done: a last look at the representation, then stop.
-            finished = not epoch_done or step >= run.total_steps or epoch + 1 >= cfg.epochs
-            if monitor_enabled and not preempted and (not epoch_done or (epoch + 1) % cfg.eval.every_n_epochs == 0):
-                monitor_enabled = log_monitor(run, tracker, bar, epoch, step) or not epoch_done
-            checkpoint(step, epoch_end=epoch if epoch_done else None, stopping=preempted or finished)
-            if preempted:
-                if rank0:
-                    bar.write(
-                        f"[hypersolid] preempted: checkpoint at step {step} written; exiting with "
-                        f"{EXIT_PREEMPTED} (requeue)"
-                    )
+            decision = end_epoch(epoch, step, meter, preempted=preempted)
+            if decision is Decision.PREEMPTED:
                 status = "KILLED"
                 return EXIT_PREEMPTED
-            if finished:
+            if decision is Decision.FINISHED:
                 break
             epoch += 1
-        if rank0 and history:
-            tracker.log_artifact(plot_loss(history, Path(cfg.run_dir) / "plots" / "loss.png"))
+        if rank0 and end_epoch.history:
+            tracker.log_artifact(plot_loss(end_epoch.history, Path(cfg.run_dir) / "plots" / "loss.png"))
         status = "FINISHED"
         return 0
     finally:

@@ -1,0 +1,94 @@
+"""What the training loop does when an epoch's step loop ends, and what it decides: go on, stop because the
+run is finished, or stop because it was preempted (docs/design.md §5).
+
+At an epoch's end (a full pass over the loader, ``max_steps`` reached mid-epoch, or a preemption vote that
+broke the step loop) :class:`EpochEnd` summarises the epoch (the epoch line, the loader's counters over all
+ranks, the non-finite check), takes a synchronous stop vote before anything slow, runs the online monitor
+on its cadence (every ``eval.every_n_epochs`` epochs, and once more when the run stops mid-epoch), saves
+a checkpoint when one is due and returns its :class:`Decision`. Every rank calls it and takes the same
+decision: the collectives inside (loader counters, stop vote, monitor, checkpoint) meet on every rank.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, stop_requested
+from hypersolid_scale.tracking import Tracker
+from hypersolid_scale.training.checkpointer import Checkpointer
+from hypersolid_scale.training.epoch_report import log_monitor, summed_loader_stats
+from hypersolid_scale.training.run_builder import Run
+from hypersolid_scale.training.step_bookkeeping import EpochMeter, StopVote
+
+__all__ = ["Decision", "EpochEnd"]
+
+# (run, tracker, bar, epoch, step) -> False when the monitor cannot run on this data (it then stays off).
+Monitor = Callable[[Run, Tracker, tqdm, int, int], bool]
+
+
+class Decision(enum.Enum):
+    CONTINUE = "continue"  # the next epoch
+    FINISHED = "finished"  # the last epoch done, or max_steps reached: exit 0
+    PREEMPTED = "preempted"  # a stop signal on some rank: the checkpoint is written, exit 75 (requeue)
+
+
+@dataclass
+class EpochEnd:
+    """The epoch-end block of the training loop, called once per epoch with that epoch's step count, meter
+    and whether the step loop stopped on a preemption vote. It keeps what lasts across epochs: the loss
+    history (``(step, loss)`` pairs, the loss plot's) and whether the monitor is still on."""
+
+    run: Run
+    tracker: Tracker
+    bar: tqdm
+    stop: StopVote
+    checkpoint: Checkpointer
+    monitor: Monitor = log_monitor
+    history: list[tuple[int, float]] = field(default_factory=list)
+    monitor_enabled: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.monitor_enabled = self.run.cfg.eval.every_n_epochs > 0
+
+    def __call__(self, epoch: int, step: int, meter: EpochMeter, *, preempted: bool) -> Decision:
+        run, cfg, rank0 = self.run, self.run.cfg, self.run.info.rank == 0
+        epoch_done = run.loader.state_dict().get("batches_done", 0) >= run.steps_per_epoch
+        if meter.n:
+            self._summary(epoch, step, meter, rank0)
+        if not preempted and step < run.total_steps:
+            preempted = self.stop.now(stop_requested())  # before a monitor that may take minutes
+        # max_steps reached mid-epoch, or the last epoch done: a last look at the representation, then stop.
+        finished = not epoch_done or step >= run.total_steps or epoch + 1 >= cfg.epochs
+        every = cfg.eval.every_n_epochs
+        if self.monitor_enabled and not preempted and (not epoch_done or (epoch + 1) % every == 0):
+            self.monitor_enabled = self.monitor(run, self.tracker, self.bar, epoch, step) or not epoch_done
+        self.checkpoint(step, epoch_end=epoch if epoch_done else None, stopping=preempted or finished)
+        if preempted:
+            if rank0:
+                self.bar.write(
+                    f"[hypersolid] preempted: checkpoint at step {step} written; exiting with "
+                    f"{EXIT_PREEMPTED} (requeue)"
+                )
+            return Decision.PREEMPTED
+        return Decision.FINISHED if finished else Decision.CONTINUE
+
+    def _summary(self, epoch: int, step: int, meter: EpochMeter, rank0: bool) -> None:
+        """The epoch's summary on every rank (the guard must agree everywhere), logged by rank 0."""
+        run = self.run
+        mean, losses = meter.summary(run.batch.global_batch)
+        run.guard.check()
+        self.history.extend(zip(range(step - meter.n + 1, step + 1), losses))
+        loader_stats = summed_loader_stats(run)  # collective: every rank, before rank 0 logs
+        if rank0:
+            self.bar.write(
+                f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
+                f"{mean['images_per_s']:.0f} img/s | data wait {mean['data_wait_share']:.0%} | "
+                f"{time.perf_counter() - meter.t_epoch:.0f} s"
+            )
+            waited = {"loader/data_wait_share": mean["data_wait_share"]}  # the epoch's share waiting for data
+            self.tracker.log_metrics({**{f"loader/{k}": v for k, v in loader_stats.items()}, **waited}, step=step)
