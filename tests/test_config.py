@@ -29,7 +29,50 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
     f.write_text("optim:\n  lr: 0.5\n  name: sgd\nseed: 7\n")
     cfg = load_config(f, ["optim.lr=0.25", "data.batch_size_per_gpu=32", "dist.bf16=True"])
     assert (cfg.optim.lr, cfg.optim.name, cfg.seed, cfg.data.batch_size_per_gpu) == (0.25, "sgd", 7, 32)
-    assert cfg.dist.bf16 == "true"  # YAML booleans are normalised to the documented spelling
+    assert cfg.dist.precision == "bf16"  # dist.bf16, its former spelling, as a YAML boolean
+
+
+@pytest.mark.parametrize("layers, expected", [
+    ({}, "auto"), ({"bf16": "true"}, "bf16"), ({"bf16": False}, "fp32"), ({"bf16": "auto"}, "auto"),
+    ({"precision": "fp64"}, "fp64"), ({"precision": "FP64"}, "fp64"), ({"precision": "fp32", "bf16": "false"}, "fp32"),
+    ({"precision": "fp64", "override": "dist.bf16=true"}, "bf16"),  # a later layer wins, in either spelling
+    ({"bf16": True, "override": "dist.precision=fp64"}, "fp64"),
+])
+def test_precision_and_its_former_spelling_bf16(tmp_path: Path, layers: dict, expected: str) -> None:
+    f = tmp_path / "c.yaml"
+    dist = {k: v for k, v in layers.items() if k != "override"}
+    f.write_text(yaml.safe_dump({"dist": dist}) if dist else "seed: 0\n")
+    cfg = load_config(f, [layers["override"]] if "override" in layers else [])
+    assert cfg.dist.precision == expected
+    assert "bf16" not in to_dict(cfg)["dist"]  # config.yaml holds one spelling
+    # A stored config of an earlier version, with dist.bf16: read as dist.precision.
+    old = to_dict(cfg)
+    old["dist"] = {**{k: v for k, v in old["dist"].items() if k != "precision"}, "bf16": "false"}
+    assert from_dict(old).dist.precision == "fp32"
+
+
+def test_precision_contradicted_in_one_layer_or_unknown_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("dist:\n  precision: fp64\n  bf16: true\n")
+    with pytest.raises(ConfigError, match=r"'dist.bf16' = true .*'dist.precision' = 'fp64'.*disagree"):
+        load_config(f)
+    with pytest.raises(ConfigError, match=r"dist.bf16.*auto \| true \| false"):
+        load_config(None, ["dist.bf16=fp16"])
+    with pytest.raises(ConfigError, match=r"dist.precision.*auto \| bf16 \| fp32 \| fp64"):
+        load_config(None, ["dist.precision=fp16"])
+    with pytest.raises(ConfigError, match=r"fp64 runs under dist.engine=ddp"):
+        load_config(None, ["dist.precision=fp64", "dist.engine=deepspeed"])
+
+
+def test_precision_enters_the_fingerprint_and_the_former_spelling_resumes() -> None:
+    base = load_config(None, [])
+    assert fingerprint(load_config(None, ["dist.precision=fp64"])) != fingerprint(base)
+    assert fingerprint(load_config(None, ["dist.bf16=auto"])) == fingerprint(base)
+    old = to_dict(base)  # as an earlier version stored it
+    old["dist"] = {**{k: v for k, v in old["dist"].items() if k != "precision"}, "bf16": "auto"}
+    assert config_diff(old, to_dict(base)) == []
+    assert config_diff(old, to_dict(load_config(None, ["dist.precision=fp32"]))) == [
+        "dist.precision: 'auto' -> 'fp32'"]
 
 
 @pytest.mark.parametrize("yaml_value, expected", [

@@ -198,7 +198,7 @@ def test_scale_config_loads_and_states_its_launch():
     assert (REPO / "launch" / "slurm" / "multinode.sbatch").is_file()
     # 8 views: the 2 global views every preset has, plus 6 local ones; 224 and 96 px
     assert (cfg.data.num_local_views, cfg.data.global_crop_size, cfg.data.local_crop_size) == (6, 224, 96)
-    assert cfg.model.arch == "resnet50" and cfg.method.hypersolid.backend == "auto" and cfg.dist.bf16 == "true"
+    assert cfg.model.arch == "resnet50" and cfg.method.hypersolid.backend == "auto" and cfg.dist.precision == "bf16"
     # the LR rule stated in the header: square-root scaling from the paper's 1e-3 at batch 512
     o = cfg.optim
     assert "sqrt" in header and (o.lr, o.reference_batch_size, o.lr_scaling) == (1e-3, 512, "sqrt")

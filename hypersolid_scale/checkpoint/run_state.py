@@ -83,7 +83,8 @@ METHOD_PREFIX = "method."  # the method's heads, loss, teacher and state inside 
 
 
 def _portable(v: Any) -> Any:
-    """fp32 CPU tensors; a module's extra state (a dict of host values and tensors, SwaV's queue) likewise."""
+    """fp32 CPU tensors (fp64 ones, a dist.precision=fp64 run's, kept as they are); a module's extra state (a dict
+    of host values and tensors, SwaV's queue) likewise."""
     if isinstance(v, torch.Tensor):
         return (v.float() if v.is_floating_point() else v).cpu()
     if isinstance(v, dict):

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
 from hypersolid_scale.config.nested import flatten
+from hypersolid_scale.config.precision import PRECISIONS, bf16_as_precision, check_precision
 from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_key
 from hypersolid_scale.data.config import DataConfig
 from hypersolid_scale.eval.config import EvalConfig
@@ -53,7 +54,11 @@ class DistConfig:
     # CUDA uses torch's SyncBatchNorm, CPU/gloo hypersolid_scale.distributed.batchnorm.GlobalBatchNorm.
     sync_bn: str = "auto"
     compile: bool = False  # torch.compile the model
-    bf16: str = "auto"  # auto (bf16 autocast on GPU, fp32 on CPU) | true | false
+    # auto (bf16 autocast on a GPU that has it, else fp32) | bf16 (autocast) | fp32 | fp64 (the model and the views in
+    # float64: N processes = 1 checked to ~1e-9 of the update, docs/design.md §3b). Formerly dist.bf16 (auto | true
+    # | false), still read: auto -> auto, true -> bf16, false -> fp32 (both in one file or override and not the same:
+    # an error).
+    precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     timeout_minutes: int = 30  # process-group timeout
 
@@ -99,7 +104,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "dist.engine": ("ddp", "deepspeed"),
     "dist.transport": ("auto", "gloo", "nccl"),
     "dist.zero_stage": (0, 1, 2),
-    "dist.bf16": ("auto", "true", "false"),
+    "dist.precision": PRECISIONS,
     "dist.sync_bn": ("auto", "true", "false"),
     "dist.device": ("auto", "cpu", "cuda"),
     "checkpoint.resume": ("auto", "never", "force"),
@@ -184,6 +189,7 @@ def validate(cfg: Config) -> None:
             f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
             "the cosine schedule decays from optim.lr down to optim.min_lr"
         )
+    check_precision(cfg.dist.precision, cfg.dist.engine)
     if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
         raise ConfigError(
             f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
@@ -229,7 +235,7 @@ def _read_yaml(path: str | Path) -> DictConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
     _refuse_renamed(set(flatten(data)), f"in {path}")
-    return OmegaConf.create(_moved(data, f"in {path}"))
+    return OmegaConf.create(bf16_as_precision(_moved(data, f"in {path}"), f"in {path}"))
 
 
 def parse_override(ov: str) -> DictConfig:
@@ -282,8 +288,7 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
                 f"in {path}" if path is not None else "",
             )
         raise ConfigError(f"{_explain(err, schema)}{f' ({where})' if where else ''}") from None
-    # Normalise spellings that YAML turns into other types (``bf16: true`` is read as the string "True").
-    cfg.dist.bf16 = str(cfg.dist.bf16).lower()
+    cfg.dist.precision = cfg.dist.precision.lower()
     validate(cfg)
     if (why := not_a_directory(cfg.run_dir)) is not None:
         raise ConfigError(
@@ -318,16 +323,17 @@ def _moved(d: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _moved_override(ov: str) -> DictConfig:
     layer = parse_override(ov)
-    if "loss" not in layer:
+    if "loss" not in layer and "dist" not in layer:
         return layer
-    return OmegaConf.create(_moved(cast(dict[str, Any], OmegaConf.to_container(layer)), f"the override {ov!r}"))
+    d = _moved(cast(dict[str, Any], OmegaConf.to_container(layer)), f"the override {ov!r}")
+    return OmegaConf.create(bf16_as_precision(d, f"from the command-line override {ov!r}"))
 
 
 def migrate(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict stored by an older version (a checkpoint's), as this version names it: renamed keys
     under their new name, the ``loss`` section as ``method``, and a storage format written as
     ``data.dataset`` moved to ``data.format``."""
-    d = drop_missing_sections(_moved(d, "a stored config"), "a stored config")
+    d = drop_missing_sections(bf16_as_precision(_moved(d, "a stored config"), "a stored config"), "a stored config")
     for old, new in _RENAMED.items():
         (section, old_key), new_key = old.split("."), new.split(".")[1]
         if isinstance(d.get(section), dict) and old_key in d[section]:

@@ -4,13 +4,14 @@ Both engines *average* gradients over ranks. The loss returns the global loss an
 local gradient P x its share of the global gradient (docs/design.md §3), so after averaging every rank holds the
 gradient a single process would compute on the concatenated batch. Nothing here rescales gradients.
 
-Interface (:class:`Engine`): ``forward(views) -> feats (B, V, D) float32`` under ``autocast()``,
-``backward(loss)``, ``step() -> grad norm or None`` (clips when asked, steps, zeroes the gradients; the norm is
-a 0-dim tensor: read it only when logging, on CUDA a read waits for the GPU), ``param_groups`` (for the
-step-indexed lr / wd schedules), ``model`` (the unwrapped ``HypersolidModel``), ``train(mode)``,
-``load_model_state(state_dict)`` (resume weights; under DeepSpeed it also refreshes the fp32 master copy),
-``optimizer_state()`` / ``load_optimizer_state(state)``.
-Parameters are fp32 under every engine; bf16 means autocast in ``forward``.
+Interface (:class:`Engine`): ``forward(views) -> feats (B, V, D) float32`` (float64 for a float64 model) under
+``autocast()``, ``backward(loss)``, ``step() -> grad norm or None`` (clips when asked, steps, zeroes the
+gradients; the norm is a 0-dim tensor: read it only when logging, on CUDA a read waits for the GPU),
+``param_groups`` (for the step-indexed lr / wd schedules), ``model`` (the unwrapped ``HypersolidModel``),
+``train(mode)``, ``load_model_state(state_dict)`` (resume weights; under DeepSpeed it also refreshes the fp32
+master copy), ``optimizer_state()`` / ``load_optimizer_state(state)``.
+Parameters are fp32 under every engine (fp64 when the trainer converted the model, ``dist.precision=fp64``);
+bf16 means autocast in ``forward``.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class Engine(Protocol):
     def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
         with self.autocast():
             feats = self.wrapped(views)
-        # The loss decides its thresholds in fp32 (docs/design.md §2), whatever the autocast dtype.
-        return feats.float()
+        # The loss decides its thresholds in fp32 or better (docs/design.md §2), whatever the autocast dtype.
+        return feats if feats.dtype == torch.float64 else feats.float()
 
     def train(self, mode: bool = True) -> None:
         self.wrapped.train(mode)

@@ -70,9 +70,11 @@ def extract_embeddings(
     was_training = model.training
     model.eval()
     feats, labels = [], []
+    # The images in the weights' dtype: float64 for a model trained with dist.precision=fp64 (the online monitor).
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     try:
         for images, y in tqdm(loader, desc=desc, disable=not progress or rank != 0, leave=False):
-            feats.append(encode(images.to(device, non_blocking=True)).float())
+            feats.append(encode(images.to(device, dtype, non_blocking=True)).float())
             labels.append(torch.as_tensor(y, dtype=torch.long).to(device))
     finally:
         model.train(was_training)

@@ -104,6 +104,7 @@ class DINO(EMAMethod):
             student_temp=cfg.student_temp,
             center_momentum=cfg.center_momentum,
         )
+        self.warmup_teacher_temp = cfg.warmup_teacher_temp  # the schedule's start, for float64 runs (``loss``)
 
     def student_teacher_pairs(self, backbone: nn.Module) -> list[tuple[nn.Module, nn.Module]]:
         return [(backbone, self.teacher_backbone), (self.head, self.teacher_head)]
@@ -120,7 +121,23 @@ class DINO(EMAMethod):
 
     def loss(self, out: Outputs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         # Updates the center from the teacher outputs (after using the previous center).
-        loss = self.criterion(out["teacher"], out["student"], epoch=self.epoch)
+        if out["teacher"][0].dtype != torch.float64:
+            loss = self.criterion(out["teacher"], out["student"], epoch=self.epoch)
+        else:  # dist.precision=fp64: lightly makes its temperature a float32 tensor (torch's default dtype)
+            c, first = self.criterion, self.warmup_teacher_temp
+            steps = c.warmup_teacher_temp_epochs
+            warm = self.epoch < steps
+            temp = (
+                float(torch.linspace(first, c.teacher_temp, steps, dtype=torch.float64)[self.epoch])
+                if warm
+                else c.teacher_temp
+            )
+            previous = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float64)
+            try:
+                loss = c(out["teacher"], out["student"], teacher_temp=temp)
+            finally:
+                torch.set_default_dtype(previous)
         return loss, {"loss": loss.detach()}
 
     def before_optimizer_step(self) -> None:

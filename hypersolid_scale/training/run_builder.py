@@ -57,10 +57,11 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def resolve_bf16(setting: str, device: torch.device) -> bool:
+def resolve_precision(setting: str, device: torch.device) -> str:
+    """``dist.precision`` as run: bf16 | fp32 | fp64 (auto: bf16 on a CUDA device that has it, else fp32)."""
     if setting == "auto":
-        return device.type == "cuda" and torch.cuda.is_bf16_supported()
-    return setting == "true"
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return setting
 
 
 def on_every_rank(build_part: Callable[[], T], rank: int) -> T:
@@ -139,7 +140,7 @@ class Run:
     lr: np.ndarray
     steps_per_epoch: int
     total_steps: int
-    bf16: bool
+    precision: str  # bf16 (autocast over fp32 weights) | fp32 | fp64 (weights and views in float64)
     transport: str  # the process group's (gloo | nccl), "none" in a single process
     batch: BatchPlan  # the global batch's split over processes and accumulation steps
     guard: NonFiniteGuard = field(init=False)
@@ -148,6 +149,15 @@ class Run:
 
     def __post_init__(self) -> None:
         self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
+
+    @property
+    def bf16(self) -> bool:
+        return self.precision == "bf16"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' and the views' dtype (float32 under bf16 too: autocast lowers the matmuls only)."""
+        return torch.float64 if self.precision == "fp64" else torch.float32
 
     @property
     def trained(self) -> MethodModel:
@@ -217,7 +227,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
             f"model.in_channels={cfg.model.in_channels} but the data has {channels} channel(s) "
             f"(data.dataset={cfg.data.dataset!r}); set model.in_channels={channels}"
         )
-    bf16 = resolve_bf16(cfg.dist.bf16, device)
+    precision = resolve_precision(cfg.dist.precision, device)
     get_method(cfg.method.name).check_run(cfg)  # again, now that the world size is known
     batch = plan_batch(cfg.data, world_size=info.world_size, accumulate_steps=cfg.optim.accumulate_steps)
     # The method's epoch schedules need the loader's length, so the loader comes first; it must not move the
@@ -228,6 +238,8 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     model = _method_model(cfg, steps_per_epoch)  # identical on every rank: the seed was set just before
     channels_last = resolve_channels_last(cfg.model.channels_last, model.backbone, device)
     if channels_last:  # the weights in NHWC before any engine or optimizer holds them; the views follow (trainer)
+    if precision == "fp64":  # every parameter and buffer (BatchNorm statistics, queues, centers); the views follow
+        model = model.to(torch.float64)
         model = model.to(memory_format=torch.channels_last)
     o = cfg.optim
     engine = build_engine(
@@ -235,7 +247,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         _trainable_only(optimizer_factory(o, model=model)),
         engine=cfg.dist.engine,
         device=device,
-        bf16=bf16,
+        bf16=precision == "bf16",
         grad_clip=o.grad_clip,
         sync_bn=cfg.dist.sync_bn,
         compile=cfg.dist.compile,
@@ -250,6 +262,6 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     lrs = lr_schedule(
         o, epochs=cfg.epochs, max_steps=cfg.max_steps, steps_per_epoch=steps_per_epoch, global_batch=batch.global_batch
     )
-    run = Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, bf16, transport, batch)
+    run = Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, precision, transport, batch)
     run.memory_format = torch.channels_last if channels_last else torch.contiguous_format
     return run

@@ -63,7 +63,7 @@ class NonFiniteGuard:
         raise NonFiniteLossError(
             f"non-finite loss at step {step} ({what}). Training stopped before any checkpoint was written after "
             f"that step: the newest checkpoint in {self.run_dir}/checkpoints is the last good state. Lower "
-            "optim.lr, set optim.grad_clip, or use dist.bf16=false"
+            "optim.lr, set optim.grad_clip, or use dist.precision=fp32"
         )
 
 

@@ -235,7 +235,7 @@ def _resume_or_start(cfg: Config, info: WorldInfo, device: torch.device) -> int:
         "device": device.type,
         "launcher": info.launcher,
         "method": cfg.method.name,
-        "bf16": run.bf16,
+        "precision": run.precision,
         **get_method(cfg.method.name).run_tags(cfg.method.section()),
     }
     resume_id = ckpt.get("mlflow_run_id") if ckpt else None
@@ -263,7 +263,7 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
         where = f"resumed from {ckpt['path']} at step {step}" if ckpt else "starting from scratch"
         print(
             f"[hypersolid] {info.world_size} process(es), {cfg.dist.engine}/{run.transport}, "
-            f"device={run.device.type}, bf16={run.bf16}, {run.steps_per_epoch} steps/epoch, "
+            f"device={run.device.type}, precision={run.precision}, {run.steps_per_epoch} steps/epoch, "
             f"{run.total_steps} steps total; {where}",
             flush=True,
         )
@@ -300,7 +300,7 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
             preempted, t_last = False, time.perf_counter()
             for views, _labels in run.loader:
                 t_data = time.perf_counter() - t_last
-                views = [v.to(device, non_blocking=True, memory_format=run.memory_format) for v in views]
+                views = [v.to(device, run.dtype, non_blocking=True, memory_format=run.memory_format) for v in views]
                 stats = train_step(run, views, step)
                 step += 1
                 meter.add(stats, t_data)
