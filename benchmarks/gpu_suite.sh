@@ -2,7 +2,7 @@
 # The GPU benchmark suite: CUDA tests, repulsion backends, training throughput, loaders, photos; JSON + PNG.
 #
 #     bash benchmarks/gpu_suite.sh [--device cuda|cpu] [--quick] [--out DIR] [--parts a,b]
-#         (default out: benchmarks/results/gpu; parts: cuda_tests,repulsion,train_throughput,loaders,photo;
+#         (default out: benchmarks/results/gpu; parts: cuda_tests,repulsion,train_throughput,loaders,photo,speed;
 #          default all)
 #
 # Budget: each part has its own time limit (at most 13 minutes together: on a 10-minute device call, run the photo
@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 DEVICE=cuda
 QUICK=0
-PARTS=cuda_tests,repulsion,train_throughput,loaders,photo
+PARTS=cuda_tests,repulsion,train_throughput,loaders,photo,speed
 OUT=benchmarks/results/gpu
 COMMAND="bash benchmarks/gpu_suite.sh $*"
 while [ $# -gt 0 ]; do
@@ -67,7 +67,8 @@ if [ "$QUICK" = 1 ]; then
   # Photo set of 256 images; loader rows over 64; trainer ResNet-18 on 32/16 px crops.
   PH_LD_ARGS="--images 64 --batch 16 --workers 2 --set-images 256"
   PH_TR_ARGS="--quick --workers 2 --budget-s 20 --set-images 256"
-  LIMITS=(240 150 200 120 240)
+  SP_ARGS="--quick --workers 2 --budget-s 20"
+  LIMITS=(240 150 200 120 240 600)
 else
   # Dense up to where it fits (24 B/pair: 32k on 80 GB); neighbors (top-k search on the GPU) up to 128k.
   REP_ARGS=(--sizes 8192 32768 65536 131072 262144 --regimes spread --dtypes bf16 fp32
@@ -78,7 +79,10 @@ else
   PH_LD_ARGS="--images 5120 --batch 64 --workers 8 --set-images 5504"
   PH_TR_ARGS="--workers 8 --budget-s 36 --set-images 5504"
   # photo: on the H200 its loaders took 160 s (set build included) and its trainer 115 s, so 200 s cut the trainer.
-  LIMITS=(150 120 150 50 300)
+  # speed: 11 rows of 20 s after their warm-up (the compiled row compiles for about a minute), the 2,048-image
+  # photo set built first; one device call of 8 minutes with the wheels' install: --parts speed alone.
+  SP_ARGS="--workers 12 --budget-s 220 --set-images 2048"
+  LIMITS=(150 120 150 50 300 420)
 fi
 [ "$DEVICE" = cpu ] && [ "$QUICK" = 0 ] && echo "note: --device cpu without --quick takes long"
 
@@ -109,6 +113,12 @@ part photo "${LIMITS[4]}" bash -c 'rc=0
   "$PY" benchmarks/photo_trainer.py --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" --cache "$PHOTO_CACHE" \
     --out "$OUT" $PH_TR_ARGS || rc=$?
   exit $rc'
+
+# 6. The trainer against the model's own step, one row per way of feeding it (benchmarks/gpu_speed.py).
+export SP_ARGS
+# shellcheck disable=SC2016,SC2086  # expanded by the inner shell; the argument list splits on purpose
+part speed "${LIMITS[5]}" bash -c '"$PY" benchmarks/gpu_speed.py --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" \
+  --cache "$PHOTO_CACHE" --out "$OUT" $SP_ARGS'
 
 "$PY" benchmarks/gpu_summary.py --out "$OUT" --device "$DEVICE" --quick "$QUICK" --command "$COMMAND" \
   --started "$SUITE_START"

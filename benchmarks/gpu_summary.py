@@ -25,6 +25,7 @@ PARTS: dict[str, Any] = {
     "loaders": "loaders.json",
     # Two benchmarks in one part: its results are {"loaders": ..., "trainer": ...}, each where written.
     "photo": {"loaders": "photo_loaders.json", "trainer": "photo_trainer.json"},
+    "speed": "gpu_speed.json",
 }
 
 

@@ -1,0 +1,304 @@
+"""The trainer's speed against the model's own step: where a GPU's time goes, one row per way of feeding it.
+
+    python benchmarks/gpu_speed.py --device cuda [--budget-s 330] [--out DIR]     # ResNet-50, 2 x 224 + 6 x 96
+    python benchmarks/gpu_speed.py --device cpu --quick                           # ResNet-18, 32/16 px, a few steps
+
+Rows (configs/imagenet1k.yaml, the trainer's own ``build`` and ``train_step``, bf16 autocast on CUDA):
+
+* ``step_*``: the model step alone: fixed random views already on the device, no augmentation (the ceiling);
+  channels-last on and off, batch 128 and 256, AdamW fused (optim.fused=auto on CUDA) and multi-tensor,
+  ``dist.compile=true``;
+* ``synthetic_*``: views augmented on the device from uint8 images in device memory (TensorMultiCrop);
+* ``jpeg_device_*``: the trainer's loader over the photo set's WebDataset shards, data.decode=device (JPEGs
+  decoded on the device, every view cut there, prepared a batch ahead on a side stream);
+* ``jpeg_pil``: the same shards, data.decode=workers (PIL in the DataLoader workers).
+
+Per row: images/s, step ms, the share of the wall time spent waiting for the next batch (``data_wait_share``),
+and host CPU ms per image (this process and its workers, psutil). ``ratio``: images/s over the model step's
+at the same batch and format. Not measured: CUDA graphs (``torch.compile(mode="reduce-overhead")``): the
+step reads the learning rate from the host and the neighbour backends have data-dependent shapes.
+Then one profiled step of ``jpeg_device_cl_b128``: the top kernels by device time and the host's gaps (device
+idle between kernels), as text. Writes gpu_speed.json, gpu_speed.png and gpu_speed_profile.txt into --out.
+Each row gets an equal share of --budget-s (after its warm-up); the JSON is rewritten after every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]  # no stubs installed
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
+from hypersolid_scale.data.tensor_aug import TensorMultiCrop  # noqa: E402
+from hypersolid_scale.distributed import WorldInfo  # noqa: E402
+from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
+from hypersolid_scale.training import trainer  # noqa: E402
+from photo_loaders import DEFAULT_SOURCES, prepare_set, sync  # noqa: E402
+from train_throughput import make_config  # noqa: E402
+
+CL, NCHW = "model.channels_last=true", "model.channels_last=false"
+# name: (source, batch, overrides)
+ROWS: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "step_cl_b128": ("step", 128, (CL,)),
+    "step_nchw_b128": ("step", 128, (NCHW,)),
+    "step_cl_b128_foreach": ("step", 128, (CL, "optim.fused=false")),
+    "step_cl_b256": ("step", 256, (CL,)),
+    "synthetic_cl_b128": ("synthetic", 128, (CL,)),
+    "synthetic_nchw_b128": ("synthetic", 128, (NCHW,)),
+    "jpeg_device_cl_b128": ("jpeg_device", 128, (CL,)),
+    "jpeg_device_nchw_b128": ("jpeg_device", 128, (NCHW,)),
+    "jpeg_device_cl_b256": ("jpeg_device", 256, (CL,)),
+    "jpeg_pil_cl_b128": ("jpeg_pil", 128, (CL,)),
+    "step_cl_b128_compile": ("step", 128, (CL, "dist.compile=true")),
+}
+PROFILED = "jpeg_device_cl_b128"
+
+
+class Synthetic:
+    """uint8 images in device memory, augmented a batch at a time by TensorMultiCrop (draws on the host)."""
+
+    def __init__(self, preset: Any, n: int, size: int, batch: int, device: torch.device) -> None:
+        g = torch.Generator(device=device).manual_seed(0)
+        self.images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g, device=device)
+        self.multicrop = TensorMultiCrop(preset, device, seed=0)
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return max(1, len(self.images) // self.batch)
+
+    def views(self, step: int) -> list[torch.Tensor]:
+        start = (step * self.batch) % (len(self.images) - self.batch + 1)
+        return self.multicrop(self.images[start : start + self.batch], torch.arange(start, start + self.batch), step)
+
+
+def host_cpu_s() -> float:
+    """CPU seconds of this process and its children (the DataLoader workers), live ones included."""
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+            total += c.user + c.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def build_row(source: str, batch: int, overrides: tuple[str, ...], args: argparse.Namespace, root: Path) -> Any:
+    """(run, next_views) for a row: ``next_views(i)`` returns the step's views on the device and the seconds
+    spent waiting for them."""
+    device = torch.device(args.device)
+    extra = list(overrides)
+    if args.quick:
+        extra += ["model.arch=resnet18", "data.global_crop_size=32", "data.local_crop_size=16"]
+    if source.startswith("jpeg"):
+        decode = "device" if source == "jpeg_device" else "workers"
+        extra += [
+            f"data.path={root}",
+            f"data.num_workers={args.workers}",
+            "data.shuffle_buffer=256",
+            f"data.decode={decode}",
+        ]
+    cfg = make_config("imagenet", batch, device, extra)
+    trainer.seed_everything(cfg.seed, cfg.deterministic)
+    info = WorldInfo(0, 1, 0, "single")
+    if not source.startswith("jpeg"):
+        preset = resolve_preset(cfg.data)
+        size = max(preset.global_crop_size, 32) if args.quick else 256
+        data = Synthetic(preset, max(4 * batch, batch + 1), size, batch, device)
+        from hypersolid_scale.training import run_builder
+
+        original = run_builder.build_train_loader
+        run_builder.build_train_loader = lambda *a, **k: data  # the only replaced piece: the data source
+        try:
+            run = trainer.build(cfg, info, device)
+        finally:
+            run_builder.build_train_loader = original
+        fixed = [v.to(memory_format=run.memory_format) for v in data.views(0)]
+        if source == "step":
+            return run, lambda i: (fixed, 0.0)
+        return run, lambda i: ([v.to(memory_format=run.memory_format) for v in data.views(i)], 0.0)
+    run = trainer.build(cfg, info, device)
+    state: dict[str, Any] = {"epoch": 0, "it": iter(run.loader)}
+
+    def next_views(i: int) -> tuple[list[torch.Tensor], float]:
+        t0 = time.perf_counter()
+        try:
+            views, _ = next(state["it"])
+        except StopIteration:  # a small set: the next epoch
+            state["epoch"] += 1
+            run.loader.set_epoch(state["epoch"])
+            state["it"] = iter(run.loader)
+            views, _ = next(state["it"])
+        waited = time.perf_counter() - t0
+        return [v.to(device, non_blocking=True, memory_format=run.memory_format) for v in views], waited
+
+    return run, next_views
+
+
+def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, share_s: float) -> dict[str, Any]:
+    device = torch.device(args.device)
+
+    def step(i: int) -> tuple[torch.Tensor, float]:
+        views, waited = next_views(i)
+        return trainer.train_step(run, views, i)["loss"], waited
+
+    t0 = time.perf_counter()
+    for i in range(args.warmup):
+        step(i)
+    sync(device)
+    warm_s = time.perf_counter() - t0
+    cpu0, t0, steps, waited = host_cpu_s(), time.perf_counter(), 0, 0.0
+    while steps < 1 or (steps < args.max_steps and time.perf_counter() - t0 < share_s):
+        loss, w = step(args.warmup + steps)
+        waited += w
+        steps += 1
+    sync(device)
+    elapsed = time.perf_counter() - t0
+    return {
+        "images_per_s": batch * steps / elapsed,
+        "step_ms": 1000 * elapsed / steps,
+        "data_wait_share": waited / elapsed,
+        "host_cpu_ms_per_image": 1000 * (host_cpu_s() - cpu0) / (batch * steps),
+        "timed_steps": steps,
+        "warmup_s": warm_s,
+        "last_loss": float(loss),
+        "memory_format": "channels_last" if run.memory_format == torch.channels_last else "nchw",
+        "bf16": bool(run.bf16),
+    }
+
+
+def profile_step(run: Any, next_views: Any, args: argparse.Namespace, path: Path) -> None:
+    """The top kernels of two steps by device time, and how long the device sat idle between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(args.device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for i in range(2):
+            views, _ = next_views(10_000 + i)
+            trainer.train_step(run, views, 10_000 + i)
+        sync(device)
+    wall_ms = 1000 * (time.perf_counter() - t0)
+    kind = "cuda" if device.type == "cuda" else "cpu"
+    table = prof.key_averages().table(sort_by=f"self_{kind}_time_total", row_limit=15)
+    lines = [f"two steps of {PROFILED}: {wall_ms:.1f} ms wall"]
+    if device.type == "cuda":
+        kernels = sorted(
+            ((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type.name == "CUDA"),
+        )
+        busy, gaps, end = 0.0, [], None  # the union of the kernels' intervals, and the holes in it (us)
+        for start, stop in kernels:
+            if end is None or start >= end:
+                if end is not None:
+                    gaps.append((start - end) / 1000)
+                busy, end = busy + (stop - start) / 1000, stop
+            elif stop > end:
+                busy, end = busy + (stop - end) / 1000, stop
+        gaps.sort(reverse=True)
+        lines.append(f"device busy {busy:.1f} ms ({busy / wall_ms:.0%} of the wall time); {len(kernels)} kernels")
+        lines.append("largest host gaps (device idle between kernels, ms): " + ", ".join(f"{g:.2f}" for g in gaps[:10]))
+    lines.append(table)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(res: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {k: v for k, v in res["rows"].items() if "images_per_s" in v}
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    colors = {"step": "tab:gray", "synthetic": "tab:green", "jpeg_device": "tab:blue", "jpeg_pil": "tab:orange"}
+    names = list(rows)
+    ax.bar(names, [rows[n]["images_per_s"] for n in names], color=[colors[ROWS[n][0]] for n in names])
+    for i, n in enumerate(names):
+        ax.text(i, rows[n]["images_per_s"], f"{rows[n]['images_per_s']:.0f}", ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel("images / s")
+    ax.tick_params(axis="x", labelrotation=35, labelsize=7)
+    ax.set_title(f"{res['card']}, torch {res['torch']}, {res['commit'][:7]}: {res['arch']} {res['views']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--quick", action="store_true", help="ResNet-18, 32/16 px crops, batches of 4 and 8")
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--workers", type=int, default=12)
+    ap.add_argument("--budget-s", type=float, default=300.0, help="timed seconds, split equally over the rows")
+    ap.add_argument("--warmup", type=int, default=None, help="default 5 (quick: 1)")
+    ap.add_argument("--max-steps", type=int, default=None, help="default 400 (quick: 2)")
+    ap.add_argument("--set-images", type=int, default=None, help="photo set size (default 2048; quick 64)")
+    ap.add_argument("--sources-npz", default=str(DEFAULT_SOURCES) if DEFAULT_SOURCES.is_file() else None)
+    ap.add_argument("--cache", default="/tmp/hs_bench_photos")
+    ap.add_argument("--out", default="runs/bench/gpu_speed")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 5)
+    args.max_steps = args.max_steps or (2 if args.quick else 400)
+    root = prepare_set(Path(args.cache), args.set_images or (64 if args.quick else 2048), args.sources_npz)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(args.device)
+    res: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "commit": git_commit(ROOT) or "unknown",
+        "arch": "resnet18" if args.quick else "resnet50",
+        "views": "2x32+6x16" if args.quick else "2x224+6x96",
+        "not_measured": {
+            "cuda_graphs": "the step reads its learning rate from the host; neighbour backends "
+            "have data-dependent shapes"
+        },
+        "rows": {},
+    }
+    share = args.budget_s / len(args.rows)
+    for name in args.rows:
+        source, batch, overrides = ROWS[name]
+        batch = batch // 32 if args.quick else batch
+        t0 = time.monotonic()
+        try:
+            run, next_views = build_row(source, batch, overrides, args, root)
+            r = time_row(run, next_views, batch, args, share)
+            if name == PROFILED:
+                profile_step(run, next_views, args, out / "gpu_speed_profile.txt")
+            del run, next_views
+        except Exception as err:  # noqa: BLE001 - one row's failure must not end the others
+            r = {"skipped": f"failed: {type(err).__name__}: {str(err)[:300]}", "traceback": traceback.format_exc()}
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        r.update(source=source, batch=batch, overrides=list(overrides), wall_s=time.monotonic() - t0)
+        res["rows"][name] = r
+        base = res["rows"].get(f"step_{'cl' if CL in overrides else 'nchw'}_b{ROWS[name][1]}", {})
+        if "images_per_s" in r and "images_per_s" in base:
+            r["ratio_to_model_step"] = r["images_per_s"] / base["images_per_s"]
+        shown = f"{r['images_per_s']:9.1f} img/s" if "images_per_s" in r else r["skipped"][:200]
+        print(f"{name:24s} {shown}", flush=True)
+        (out / "gpu_speed.json").write_text(json.dumps(res, indent=1))
+    plot(res, out / "gpu_speed.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
