@@ -5,6 +5,7 @@ keys that choose them and the Hypersolid checkpoints written before they existed
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.trainer import main
-from _warm_python import run_python
+from _warm_python import run_processes, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()
@@ -126,9 +127,12 @@ def test_resume_equals_the_uninterrupted_run_bitwise(straight, tmp_path: Path, m
         assert all(torch.equal(s[k], t[k]) for k in s)
 
 
-def relative_errors(got: dict, ref: dict) -> dict[str, float]:
-    return {k: float((got[k] - r).abs().max() / r.abs().max().clamp_min(1e-12))
-            for k, r in ref.items() if isinstance(r, torch.Tensor) and r.is_floating_point()}
+# Of the update: |2-process - 1-process| / |1-process - initial| over every floating tensor (backbone, heads,
+# teacher, BatchNorm statistics), after the 2 steps below. Measured (this machine's CPU): one vs two OpenMP threads of
+# the same 1-process run (OMP_NUM_THREADS=1 vs 2) 1.4e-6 (SimCLR), 1.6e-7 (BYOL); 2 processes vs 1: 1.1e-5 (SimCLR),
+# 2.3e-7 (BYOL). The bound is 70x SimCLR's thread spread, 10x its measured gap: a difference of the size of
+# float32 rounding; that it is rounding and not a bug, float64 shows (tests/test_fp64_invariance.py: 1e-13).
+UPDATE_RTOL = 1e-4
 
 
 @pytest.mark.slow
@@ -138,23 +142,31 @@ def test_two_processes_equal_one_process(tmp_path: Path, method: str) -> None:
     the logged loss (each rank's share, averaged over ranks)."""
     common = _args(method, "max_steps=2", "data.max_train_samples=64", "optim.name=sgd", "optim.momentum=0.9",
                    "optim.lr=0.1")
-    _launch(tmp_path / "one", [*common, "data.batch_size_per_gpu=16"])
-    _launch(tmp_path / "two", [*common, "data.batch_size_per_gpu=8"], nproc=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for name, nproc in (("one", 1), ("two", 2)):  # tests/_runs_worker.py keeps each run's initial state
+        runs = json.dumps([[*common, f"data.batch_size_per_gpu={16 // nproc}", f"run_dir={tmp_path / name}"]])
+        proc = run_processes([str(REPO / "tests" / "_runs_worker.py"), runs], nproc=nproc, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     one = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "one")[-1])
     two = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "two")[-1])
     assert (one["world_size"], two["world_size"], two["step"]) == (1, 2, 2)
-    for part in ("model", "method"):
-        errors = relative_errors(two[part], one[part])
-        bad = {k: e for k, e in errors.items() if e > 1e-5}
-        assert not bad, f"{method} {part}: 2 processes differ from 1 process: {bad}"
     assert any("running_var" in k for k in one["method"]), "the heads' BatchNorm must be compared too"
-    # The comparison can fail: training moved the weights far beyond the tolerance.
-    first = ck.load_checkpoint(ck.list_checkpoints(tmp_path / "one")[0])
-    init = {k: v for k, v in ck.random_init_checkpoint(first)["model"].items() if k in one["model"]}
-    assert init.keys() == one["model"].keys()  # the baseline's backbone starts as Hypersolid's would
-    # Over tensors that start nonzero: a bias starting at 0 would divide its change by ~1e-12 and always pass.
-    moved = relative_errors(one["model"], {k: v for k, v in init.items() if v.abs().max() > 0})
-    assert max(moved.values()) > 1e-2, moved
+    init = torch.load(tmp_path / "one" / "initial.pt", weights_only=True)
+
+    def floats(state: dict) -> dict[str, torch.Tensor]:
+        both = {**state["model"], **{f"method.{k}": v for k, v in state["method"].items()}}
+        return {k: v.double() for k, v in both.items() if isinstance(v, torch.Tensor) and v.is_floating_point()}
+
+    a, b = floats(one), floats(two)
+    assert a.keys() == b.keys() and set(a) <= set(init)
+    moved = sum(float((a[k] - init[k].double()).square().sum()) for k in a)
+    gap = (sum(float((b[k] - a[k]).square().sum()) for k in a) / moved) ** 0.5
+    assert gap <= UPDATE_RTOL, f"{method}: 2 processes differ from 1 process by {gap:.3g} of the update"
+    # The comparison can fail: training moved the state far beyond the tolerance.
+    assert (moved / sum(float(init[k].double().square().sum()) for k in a)) ** 0.5 > 1e-2
+    # The baseline's backbone starts as Hypersolid's would.
+    start = ck.random_init_checkpoint(one)["model"]
+    assert set(one["model"]) <= set(start) and all(torch.equal(start[k], init[k]) for k in one["model"])
     assert _logged_losses(tmp_path / "two") == pytest.approx(_logged_losses(tmp_path / "one"), rel=1e-5)
 
 

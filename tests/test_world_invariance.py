@@ -25,7 +25,14 @@ from _warm_python import run_python
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
 B = 8  # images per rank with 2 processes; the single process takes 2B
-RTOL = 1e-5  # per tensor: max |2-process - 1-process| <= RTOL * max |1-process|
+# Of the update: |2-process - 1-process| / |1-process - initial|, norms over every floating tensor of the backbone
+# (BatchNorm statistics included), after the 3 steps. Measured under ddp (this machine's CPU, each run repeated as it
+# is here): one vs two OpenMP threads of the same 1-process run (OMP_NUM_THREADS=1 vs 2) 6.4e-8; the 1-process run
+# in float32 vs the same run in float64 (dist.precision=fp64) 3.1e-7; 2 processes vs 1: 3.0e-5. The last is float32
+# rounding, not a bug: in float64 the same comparison gives 2e-14 (tests/test_fp64_invariance.py). The thread spread
+# cannot bound it (a thread count reorders a few reductions, a batch split every one that spans the batch): the
+# bound is 3x the measured gap, where BatchNorm statistics that are not global move the result by ~1 (test below).
+RTOL = 1e-4
 COMMON = [
     "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1", f"max_steps={STEPS}",
     f"data.max_train_samples={STEPS * 2 * B}", "data.num_workers=0", "eval.every_n_epochs=0",
@@ -67,11 +74,18 @@ def train(tmp_path_factory: pytest.TempPathFactory):
     return run
 
 
-def relative_errors(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
-    """max |got - ref| / max |ref| per floating tensor (integer buffers are compared apart)."""
-    assert got.keys() == ref.keys()
-    return {k: float((got[k] - r).abs().max() / r.abs().max().clamp_min(1e-12))
-            for k, r in ref.items() if r.is_floating_point()}
+def update_gap(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], init: dict[str, torch.Tensor]) -> float:
+    """|got - ref| / |ref - init| over the floating tensors (integer buffers are compared apart): the difference
+    between two runs as a share of what the reference run moved from the initial state."""
+    assert got.keys() == ref.keys() and set(ref) <= set(init)
+    floats = [k for k, r in ref.items() if r.is_floating_point()]
+    diff = sum(float((got[k].double() - ref[k].double()).square().sum()) for k in floats)
+    moved = sum(float((ref[k].double() - init[k].double()).square().sum()) for k in floats)
+    return (diff / moved) ** 0.5
+
+
+def initial(state: dict) -> dict[str, torch.Tensor]:
+    return ck.random_init_checkpoint(state)["model"]
 
 
 @pytest.mark.slow
@@ -84,23 +98,22 @@ def test_two_processes_equal_one_process(train, engine: str) -> None:
     for k, r in ref.items():
         if not r.is_floating_point():  # num_batches_tracked: one per forward of each resolution group
             assert torch.equal(got[k], r), f"{engine}, {k}: {got[k]} != {r}"
-    errors = relative_errors(got, ref)
-    bad = {k: e for k, e in errors.items() if e > RTOL}
-    assert not bad, f"{engine}: 2 processes x {B} differ from 1 process x {2 * B} (relative): {bad}"
-    # The test can fail: training moved the weights and statistics by far more than the tolerance.
-    init = ck.random_init_checkpoint(train(engine, 1))["model"]
-    # Over floating tensors that start nonzero: a bias starting at 0 would divide by ~1e-12 and always pass.
-    started = [k for k, v in init.items() if v.is_floating_point() and v.abs().max() > 0]
-    moved = relative_errors({k: ref[k] for k in started}, {k: init[k] for k in started})
-    assert max(moved.values()) > 1e3 * RTOL, moved
+    init = initial(train(engine, 1))
+    gap = update_gap(got, ref, init)
+    assert gap <= RTOL, f"{engine}: 2 processes x {B} differ from 1 process x {2 * B} by {gap:.3g} of the update"
+    # The test can fail: training moved the weights and statistics (by ~0.2 of their norm).
+    floats = [k for k, v in init.items() if v.is_floating_point()]
+    moved = sum(float((ref[k] - init[k]).square().sum()) for k in floats)
+    assert (moved / sum(float(init[k].square().sum()) for k in floats)) ** 0.5 > 1e-2
 
 
 @pytest.mark.slow
 def test_without_global_batchnorm_two_processes_differ(train) -> None:
     """dist.sync_bn=false normalises over each rank's b images: far from the 1-process run (the comparison
     above detects BatchNorm statistics that are not global)."""
-    errors = relative_errors(train("ddp", 2, "dist.sync_bn=false")["model"], train("ddp", 1)["model"])
-    assert max(errors.values()) > 1e3 * RTOL
+    one = train("ddp", 1)
+    gap = update_gap(train("ddp", 2, "dist.sync_bn=false")["model"], one["model"], initial(one))
+    assert gap > 100 * RTOL, gap
 
 
 @pytest.mark.slow
