@@ -123,10 +123,15 @@ def share(
     """
     import torch
 
-    from hypersolid_scale.models import ModelConfig, build_model
+    from hypersolid_scale.losses import LossConfig
+    from hypersolid_scale.methods.hypersolid import Hypersolid
+    from hypersolid_scale.models import ModelConfig, build_backbone
+    from hypersolid_scale.training.run_builder import MethodModel
 
     dev = torch.device(device)
-    model = build_model(ModelConfig(arch="resnet50", small_stem=False, proj_dim=dim)).to(dev)
+    model_cfg = ModelConfig(arch="resnet50", small_stem=False, proj_dim=dim)
+    backbone, feature_dim = build_backbone(model_cfg)
+    model = MethodModel(backbone, feature_dim, Hypersolid(feature_dim, model_cfg, LossConfig())).to(dev)
     model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -137,7 +142,7 @@ def share(
 
     def backbone_step() -> None:
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=device == "cuda"):
-            z = model(views)
+            z = model(views, embed=True)["z"][0]
         z.float().square().mean().backward()  # the loss is timed on its own below
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -37,8 +37,10 @@ from hypersolid_scale.data.builtin import ArraySplit
 from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import all_reduce_sum, cleanup, get_rank, get_world_size, init_distributed
-from hypersolid_scale.losses import HypersolidLoss
-from hypersolid_scale.models import ModelConfig, build_model
+from hypersolid_scale.losses import LossConfig
+from hypersolid_scale.methods.hypersolid import Hypersolid
+from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.training.run_builder import MethodModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "communication")
@@ -77,10 +79,11 @@ def time_steps(
     loader: Any, model_cfg: ModelConfig, backend: str, steps: int, device: torch.device, bf16: bool
 ) -> dict[str, float]:
     torch.manual_seed(0)
-    model = build_model(model_cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     opts: dict[str, Any] = {"tile_size": 256} if backend == "tiled" else {}
-    loss_fn = HypersolidLoss(backend=backend, **opts)
+    backbone, dim = build_backbone(model_cfg)
+    method = Hypersolid(dim, model_cfg, LossConfig(backend=backend, **opts))
+    model = MethodModel(backbone, dim, method).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     totals = dict.fromkeys(PHASES, 0.0)
     it, done, images = iter(loader), 0, 0
     for i in range(steps + 1):  # the first step warms up (allocations, FAISS index) and is not counted
@@ -97,14 +100,14 @@ def time_steps(
         t["data"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            feats = model(views)
+            feats = method.embed_views(views, model.backbone)
         feats = feats.float()
         _sync(device)
         t["forward"] = time.perf_counter() - t0
         # The loss phase covers its forward and the backward through the loss only (to the embeddings).
         t0 = time.perf_counter()
         leaf = feats.detach().requires_grad_(True)
-        loss = loss_fn(leaf)
+        loss, _ = method.loss({"z": [leaf]})
         loss.backward()
         _sync(device)
         t["loss"] = time.perf_counter() - t0
@@ -135,7 +138,7 @@ def time_steps(
         repulsion_share=totals["loss"] / sum(totals.values()),
         batch_per_rank=views[0].shape[0],
         views=len(views),
-        active_pairs=loss_fn.stats.get("active_pairs", float("nan")),
+        active_pairs=method.criterion.stats.get("active_pairs", float("nan")),
     )
     return out
 

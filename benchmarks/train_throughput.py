@@ -9,7 +9,7 @@ in device memory with the project's TensorMultiCrop (crop + flip + BatchPhotomet
 
 * ``trainer``: the trainer's own ``build(cfg, info, device)`` and ``train_step(run, views, step)``
   (hypersolid_scale/training/trainer.py; only its data loader is replaced by the in-memory source);
-* ``reference``: the same model from ``build_model``, the paper's loss written out plainly below, AdamW,
+* ``reference``: the same model (the method's own ``embed``), the paper's loss written out plainly below, AdamW,
   bf16 autocast, nothing else;
 * ``deepspeed``: the trainer with dist.engine=deepspeed, ZeRO-2, world size 1 (where deepspeed imports).
 
@@ -40,7 +40,8 @@ from hypersolid_scale.data.batch import plan_batch  # noqa: E402
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop  # noqa: E402
 from hypersolid_scale.distributed import WorldInfo, cleanup  # noqa: E402
-from hypersolid_scale.models import build_model  # noqa: E402
+from hypersolid_scale.methods import build_method  # noqa: E402
+from hypersolid_scale.models import build_backbone  # noqa: E402
 from hypersolid_scale.training import run_builder, trainer  # noqa: E402
 
 SETUPS = {"cifar": ("configs/cifar10.yaml", 32), "imagenet": ("configs/imagenet1k.yaml", 256)}
@@ -168,7 +169,9 @@ def run_reference(
 ) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     torch.backends.cudnn.benchmark = True  # as the trainer sets it (seed_everything, non-deterministic runs)
-    model = build_model(cfg.model).to(device)
+    backbone, dim = build_backbone(cfg.model)
+    method = build_method(cfg.method, backbone, dim, steps_per_epoch=1, model_cfg=cfg.model)
+    model = run_builder.MethodModel(backbone, dim, method).to(device)
     if data.channels_last:
         model = model.to(memory_format=torch.channels_last)
     o = cfg.optim
@@ -179,7 +182,7 @@ def run_reference(
     def step(i: int) -> torch.Tensor:
         views = data.views(i)  # augmented outside autocast, as the trainer's loader does
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            z = forward(views)
+            z = forward(views, embed=True)["z"][0]
         loss = paper_loss(z, cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight)
         loss.backward()
         opt.step()
