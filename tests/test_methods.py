@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,8 +17,9 @@ from hypersolid_scale.methods.dino import DINOConfig
 from hypersolid_scale.methods.simclr import SimCLRConfig
 from hypersolid_scale.methods.swav import SwaVConfig
 from hypersolid_scale.methods.vicreg import VICRegConfig
-from hypersolid_scale.models import HypersolidModel, ModelConfig, build_backbone
+from hypersolid_scale.models import HypersolidModel, ModelConfig, Projector, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.training.run_builder import _method_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # lightly's DINO head
 
@@ -228,6 +230,27 @@ def test_barlow_twins_matches_a_float64_reference():
     eye = torch.eye(3, dtype=torch.bool)
     expected = ((c[eye] - 1) ** 2).sum() + 0.005 * (c[~eye] ** 2).sum()
     assert float(got) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_one_seed_draws_the_backbone_then_hypersolids_projector_for_every_method():
+    """The run's initial weights (run_builder._method_model): the backbone, then Hypersolid's projector, which a
+    method without it (``projector_features``) draws and drops before its own heads, as earlier versions did."""
+    def built(name):
+        torch.manual_seed(0)
+        return _method_model(SimpleNamespace(model=MODEL_CFG, method=small_cfg(name)), 2)
+
+    def tensors(module):
+        return {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+
+    torch.manual_seed(0)
+    backbone, feature_dim = build_backbone(MODEL_CFG)
+    projector = Projector(feature_dim, MODEL_CFG.proj_hidden_dim, MODEL_CFG.proj_dim, MODEL_CFG.proj_layers)
+    heads = build_method(small_cfg("simclr"), backbone, feature_dim, steps_per_epoch=2, model_cfg=MODEL_CFG)
+    hypersolid, simclr = built("hypersolid"), built("simclr")
+    for model, expected in ((hypersolid.backbone, backbone), (simclr.backbone, backbone),
+                            (hypersolid.method.projector, projector), (simclr.method, heads)):
+        got, want = tensors(model), tensors(expected)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_hypersolid_method_equals_the_model_and_loss_it_wraps():

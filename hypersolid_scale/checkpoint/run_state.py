@@ -29,6 +29,7 @@ from hypersolid_scale.checkpoint.rng import rng_state, set_rng_state
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
 from hypersolid_scale.config.schema import Config, from_dict, to_dict
 from hypersolid_scale.distributed import Engine, barrier, broadcast_object, gather_objects, get_rank
+from hypersolid_scale.methods import get_method, method_names
 from hypersolid_scale.models import build_model
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 
@@ -342,11 +343,17 @@ class NoProjector(nn.Module):
         )
 
 
+def _trains_projector(method: str) -> bool:
+    """Whether ``method`` trains Hypersolid's projector (``projector_features``); a method that is not installed
+    trains none that this version knows of."""
+    return method in method_names() and get_method(method).projector_features
+
+
 def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
     """``(HypersolidModel with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation.
 
-    The backbone's weights, and Hypersolid's projector for a Hypersolid checkpoint; a baseline's checkpoint
-    (``method.name`` other than hypersolid) gets a :class:`NoProjector` in place of the projector.
+    The backbone's weights, and Hypersolid's projector when the checkpoint's method trains it
+    (``projector_features``); any other method's checkpoint gets a :class:`NoProjector` in its place.
     """
     if not isinstance(ckpt, dict):
         ckpt = {**load_checkpoint(ckpt), "path": str(ckpt)}
@@ -354,20 +361,17 @@ def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tup
     cfg = from_dict(ckpt["config"])
     model = build_model(cfg.model)
     projector = "projector."
+    trains_projector = _trains_projector(cfg.method.name)
     # Only what embeds images: the backbone, and Hypersolid's projector (not the method's step count).
     weights = {
         **ckpt,
         "model": {
             **ckpt["model"],
-            **{
-                k: v
-                for k, v in (ckpt.get("method") or {}).items()
-                if cfg.method.name == "hypersolid" and k.startswith(projector)
-            },
+            **{k: v for k, v in (ckpt.get("method") or {}).items() if trains_projector and k.startswith(projector)},
         },
         "method": None,
     }
-    if cfg.method.name == "hypersolid":
+    if trains_projector:
         _load_weights(model.load_state_dict, weights)
     else:
         prefix = "backbone."
@@ -387,7 +391,7 @@ def random_init_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     cfg = from_dict(ckpt["config"])
     torch.manual_seed(cfg.seed)  # the trainer seeds exactly like this before building the model
     model, method = split_method_state(build_model(cfg.model).state_dict())
-    if cfg.method.name == "hypersolid":  # the projector's initial weights, in the trainer's layout
+    if _trains_projector(cfg.method.name):  # the projector's initial weights, in the trainer's layout
         method = {k: v for k, v in model.items() if k.startswith("projector.")}
         model = {k: v for k, v in model.items() if not k.startswith("projector.")}
     else:  # a baseline's: its backbone is what evaluation reads

@@ -20,9 +20,6 @@ from hypersolid_scale.methods import get_method, method_names
 from hypersolid_scale.methods.config import DEFAULT_METHOD, move_loss_section
 from hypersolid_scale.safety.errors import ConfigError
 
-# The methods that get the full number of seeds by default; the others get ``baseline_seeds``.
-MULTI_SEED_METHODS: tuple[str, ...] = ("hypersolid", "simclr")
-
 
 @dataclass(frozen=True)
 class Training:
@@ -89,13 +86,13 @@ def parse_methods(text: str) -> list[str]:
 def plan(
     configs_dir: Path, setting: str, methods: list[str], seeds: int, baseline_seeds: int, overrides: list[str]
 ) -> list[Training]:
-    """The trainings, Hypersolid first: ``seeds`` seeds (0, 1, ...) for MULTI_SEED_METHODS, ``baseline_seeds``
-    for the rest."""
+    """The trainings, in the order of ``methods``: ``seeds`` seeds (0, 1, ...) for a method whose
+    ``compare_role`` is subject or reference (Hypersolid, SimCLR), ``baseline_seeds`` for the rest."""
     if seeds < 1 or baseline_seeds < 1:
         raise ConfigError(f"--seeds {seeds} / --baseline-seeds {baseline_seeds}: each method needs >= 1 seed")
     out = []
     for method in methods:
-        n = seeds if method in MULTI_SEED_METHODS else baseline_seeds
+        n = baseline_seeds if get_method(method).compare_role == "baseline" else seeds
         path, own = setting_config(configs_dir, setting, method)
         out += [Training(method, seed, path, (*own, *overrides)) for seed in range(n)]
     return out

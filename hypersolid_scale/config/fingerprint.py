@@ -14,6 +14,7 @@ from typing import Any
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.schema import Config, from_dict, to_dict
 from hypersolid_scale.methods import method_names
+from hypersolid_scale.methods.config import DEFAULT_METHOD
 
 __all__ = ["config_diff", "fingerprint"]
 
@@ -50,7 +51,7 @@ _RESUMABLE_PREFIXES = (
 def _training_relevant(cfg_dict: dict[str, Any]) -> dict[str, Any]:
     """The keys that define what is trained: a method's section counts only when it is the chosen one."""
     flat = {k: v for k, v in flatten(cfg_dict).items() if not k.startswith(_RESUMABLE_PREFIXES)}
-    chosen = flat.get("method.name", "hypersolid")
+    chosen = flat.get("method.name", DEFAULT_METHOD)  # the schema's default for a config that sets none
     unread = tuple(f"method.{m}." for m in method_names() if m != chosen)
     return {k: v for k, v in flat.items() if not k.startswith(unread)}
 

@@ -91,7 +91,14 @@ class Method(nn.Module):
         tells_views_by_size: a view smaller than the first is local (DINO, SwaV): local crops must be smaller.
         stats_reduced: ``forward``'s statistics already hold the global batch's values (the trainer does not
             average them over ranks again).
-        projector_features: ``eval.features=projector`` reads this method's ``projector`` (Hypersolid's).
+        projector_features: this method's ``projector`` is Hypersolid's (``model.proj_*``, its first parameters
+            drawn after the backbone's): ``eval.features=projector`` reads it, and evaluation's model and the
+            random-init checkpoint (:mod:`hypersolid_scale.checkpoint`) hold it. A run of any other method draws
+            (and drops) such a projector before building its heads, so that one seed gives its heads the same
+            initial weights as in earlier versions.
+        compare_role: what ``launch/compare.py`` makes of it: ``"subject"`` (the method under study: ``--seeds``
+            seeds and the thicker line in its figures), ``"reference"`` (``--seeds`` seeds), ``"baseline"``
+            (``--baseline-seeds``).
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
         target_keys: the keys of :meth:`embed`'s outputs computed without gradient (a momentum teacher's).
     """
@@ -104,6 +111,7 @@ class Method(nn.Module):
     tells_views_by_size: ClassVar[bool] = False
     stats_reduced: ClassVar[bool] = False
     projector_features: ClassVar[bool] = False
+    compare_role: ClassVar[str] = "baseline"
     target_keys: ClassVar[tuple[str, ...]] = ()
 
     @classmethod

@@ -194,12 +194,11 @@ def _steps_per_epoch(loader: Any, batch: BatchPlan) -> int:
 
 def _method_model(cfg: Config, steps_per_epoch: int) -> MethodModel:
     """The backbone and the chosen method's heads, initialised from the seeded generator in a fixed order:
-    the backbone, then Hypersolid's projector (``model.proj_*``), then any other method's heads. A baseline
-    draws (and drops) that projector too, so that one seed gives every method the same initial backbone and
-    a baseline the same heads as in the checkpoints of earlier versions."""
+    the backbone, then Hypersolid's projector (``model.proj_*``), then any other method's heads. A method
+    without that projector (``projector_features``) draws (and drops) one too, so that one seed gives every
+    method the same initial backbone and a baseline the same heads as in the checkpoints of earlier versions."""
     backbone, feature_dim = build_backbone(cfg.model)
-    name = cfg.method.name
-    if name != "hypersolid":
+    if not get_method(cfg.method.name).projector_features:
         Projector(feature_dim, cfg.model.proj_hidden_dim, cfg.model.proj_dim, cfg.model.proj_layers)
     method = build_method(cfg.method, backbone, feature_dim, steps_per_epoch=steps_per_epoch, model_cfg=cfg.model)
     return MethodModel(backbone, feature_dim, method)
