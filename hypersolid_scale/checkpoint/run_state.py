@@ -87,7 +87,7 @@ def _portable(v: Any) -> Any:
     """fp32 CPU tensors (fp64 ones, a dist.precision=fp64 run's, kept as they are); a module's extra state (a dict
     of host values and tensors, SwaV's queue) likewise."""
     if isinstance(v, torch.Tensor):
-        return (v.float() if v.is_floating_point() else v).cpu()
+        return (v.float() if v.is_floating_point() and v.dtype != torch.float64 else v).cpu()
     if isinstance(v, dict):
         return {k: _portable(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):

@@ -237,9 +237,9 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     model = _method_model(cfg, steps_per_epoch)  # identical on every rank: the seed was set just before
     channels_last = resolve_channels_last(cfg.model.channels_last, model.backbone, device)
     if channels_last:  # the weights in NHWC before any engine or optimizer holds them; the views follow (trainer)
+        model = model.to(memory_format=torch.channels_last)
     if precision == "fp64":  # every parameter and buffer (BatchNorm statistics, queues, centers); the views follow
         model = model.to(torch.float64)
-        model = model.to(memory_format=torch.channels_last)
     o = cfg.optim
     engine = build_engine(
         model,
