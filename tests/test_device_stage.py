@@ -171,11 +171,13 @@ def _chain_args(n: int) -> list[torch.Tensor]:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_device_stage_never_synchronises_with_the_host() -> None:
-    """torch's sync debug mode raises on any host synchronisation inside the views of a decoded batch."""
+    """torch's sync debug mode raises on any host synchronisation inside the views of a decoded batch (the
+    compiled chain, CUDA's default, and the eager one). A whole training step: tests/test_hot_path.py."""
     preset = PRESETS["default"]
     stage = DeviceStage(preset, "cuda")
     images, params = stage.decode(host_batch(preset, photos(16, seed=14)))
     padded = pad_images(images)
+    stage.views_of(padded, params)  # warm-up: the chain's compilation, library handles, allocator pools
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -183,6 +185,15 @@ def test_the_device_stage_never_synchronises_with_the_host() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert [v.shape[-1] for v in views] == preset.view_sizes()
+    assert stage.photometric._compiled is not None  # the compiled chain ran, no fall-back
+    stage.photometric._compiled = None  # the eager chain: row subsets by host indices
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        eager = stage.views_of(padded, params)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(views, eager):
+        assert float((a - b).abs().max()) <= 1e-4
 
 
 # ------------------------------------------------------------------- prefetch ------------------------

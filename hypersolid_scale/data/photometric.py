@@ -89,6 +89,9 @@ class BatchPhotometric:
         self.std = torch.tensor(preset.std, device=self.device).view(1, -1, 1, 1)
         if compile is None:
             compile = self.device.type == "cuda"
+        # The device stage calls it from its prefetch thread (data/prefetch.py). torch.compile is not thread-safe,
+        # but it compiles on the first batch, while the trainer waits for that batch and compiles nothing; later
+        # batches of the same shapes only check the compiled graph's guards.
         self._compiled = torch.compile(self._chain, fullgraph=True, dynamic=False) if compile else None
 
     def decisions(self, u: torch.Tensor, index: int) -> Decisions:
