@@ -127,6 +127,12 @@ def test_resume_equals_the_uninterrupted_run_bitwise(straight, tmp_path: Path, m
         assert all(torch.equal(s[k], t[k]) for k in s)
 
 
+def relative_errors(got: dict, ref: dict) -> dict[str, float]:
+    """max |got - ref| / max |ref| per floating tensor (tests/test_baselines_deepspeed.py compares engines with it)."""
+    return {k: float((got[k] - r).abs().max() / r.abs().max().clamp_min(1e-12))
+            for k, r in ref.items() if isinstance(r, torch.Tensor) and r.is_floating_point()}
+
+
 # Of the update: |2-process - 1-process| / |1-process - initial| over every floating tensor (backbone, heads,
 # teacher, BatchNorm statistics), after the 2 steps below. Measured (this machine's CPU): one vs two OpenMP threads of
 # the same 1-process run (OMP_NUM_THREADS=1 vs 2) 1.4e-6 (SimCLR), 1.6e-7 (BYOL); 2 processes vs 1: 1.1e-5 (SimCLR),
