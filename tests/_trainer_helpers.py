@@ -27,7 +27,7 @@ VIEWS = ((2, 8), (2, 4))  # (count, size): 2 global 8 px views, 2 local 4 px vie
 
 
 class TinyNet(nn.Module):
-    """views -> (B, V, D), like HypersolidModel, without BatchNorm."""
+    """views -> (B, V, D), like Hypersolid's ``embed_views``, without BatchNorm."""
 
     def __init__(self, dim: int = 16) -> None:
         super().__init__()
@@ -152,30 +152,35 @@ def deepspeed_load_model_state(out: str, specs: list[str]) -> None:
 def deepspeed_bf16_batchnorm_step(out: str) -> None:
     """A model with BatchNorm, DeepSpeed with bf16, two training steps and the online monitor's fp32 forward."""
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.losses import HypersolidLoss
-    from hypersolid_scale.models import ModelConfig, build_model
+    from hypersolid_scale.losses import LossConfig
+    from hypersolid_scale.methods.hypersolid import Hypersolid
+    from hypersolid_scale.models import ModelConfig, build_backbone
+    from hypersolid_scale.training.run_builder import MethodModel
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="small_cnn", in_channels=1, proj_layers=2, proj_hidden_dim=32,
-                                    proj_dim=16, small_cnn_width=8))
+    cfg = ModelConfig(arch="small_cnn", in_channels=1, proj_layers=2, proj_hidden_dim=32, proj_dim=16,
+                      small_cnn_width=8)
+    backbone, dim = build_backbone(cfg)
+    model = MethodModel(backbone, dim, Hypersolid(dim, cfg, LossConfig()))
     engine = build_engine(model, _sgd(0.1), engine="deepspeed", device=torch.device("cpu"), bf16=True,
                           grad_clip=1.0, zero_stage=1, batch_size_per_gpu=4)
     g = torch.Generator().manual_seed(0)
-    views = [torch.randn(4, 1, 16, 16, generator=g), torch.randn(4, 1, 8, 8, generator=g)]
-    loss_fn = HypersolidLoss()
+    views = [torch.randn(4, 1, s, s, generator=g) for s in (16, 16, 8)]
     before = {k: v.detach().clone() for k, v in engine.model.named_parameters()}
     losses = []
     for _ in range(2):
-        feats = engine.forward(views)
-        loss = loss_fn(feats)
+        with engine.autocast():  # the trainer's step
+            feats = engine.wrapped(views, embed=True)["z"][0]
+            loss, _ = engine.model.method.loss({"z": [feats]})
         engine.backward(loss)
         engine.step()
         losses.append(float(loss))
     engine.train(False)
     with torch.no_grad():  # what the kNN monitor does: fp32 images straight into the backbone
         emb = engine.model.backbone(torch.randn(4, 1, 16, 16, generator=g))
-    torch.save({"feats_dtype": str(feats.dtype), "losses": losses, "before": before, "emb": emb,
+    torch.save({"feats_dtype": str(feats.dtype), "loss_dtype": str(loss.dtype), "losses": losses, "before": before,
+                "emb": emb,
                 "params": {k: v.detach().clone() for k, v in engine.model.named_parameters()},
                 "buffers": {k: v.detach().clone() for k, v in engine.model.named_buffers()}}, out)
 

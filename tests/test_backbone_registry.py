@@ -14,8 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.losses import HypersolidLoss
-from hypersolid_scale.models import (ModelConfig, backbone_names, build_backbone, build_model, get_backbone,
+from hypersolid_scale.losses import LossConfig
+from hypersolid_scale.methods.hypersolid import Hypersolid
+from hypersolid_scale.models import (ModelConfig, backbone_names, build_backbone, get_backbone,
                                      register_backbone, unregister_backbone)
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -72,15 +73,18 @@ def test_builtin_backbones_are_registered_with_their_settings() -> None:
 def test_a_backbone_registered_at_run_time_trains_one_step(tiny_conv: str) -> None:
     assert tiny_conv in backbone_names()
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch=tiny_conv, **SMALL_PROJ))
-    assert isinstance(model.backbone, TinyConv) and model.feature_dim == 8
+    cfg = ModelConfig(arch=tiny_conv, **SMALL_PROJ)
+    backbone, feature_dim = build_backbone(cfg)
+    assert isinstance(backbone, TinyConv) and feature_dim == 8
+    method = Hypersolid(feature_dim, cfg, LossConfig(alpha=0.3, norm_weight=1e-3))
+    model = nn.ModuleList([backbone, method])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     g = torch.Generator().manual_seed(1)
     views = [torch.randn(8, 3, s, s, generator=g) for s in (16, 16, 8, 8)]  # 2 global + 2 local crops
-    out = model(views)
+    out = method.embed_views(views, backbone)
     assert out.shape == (8, 4, 16)
-    loss = HypersolidLoss(alpha=0.3, norm_weight=1e-3)(out)
+    loss, _ = method.loss({"z": [out]})
     assert torch.isfinite(loss)
     opt.zero_grad()
     loss.backward()

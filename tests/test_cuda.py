@@ -8,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hypersolid_scale.losses import HypersolidLoss
-from hypersolid_scale.models import ModelConfig, build_model
+from hypersolid_scale.losses import HypersolidLoss, LossConfig
+from hypersolid_scale.methods.hypersolid import Hypersolid
+from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.training.run_builder import MethodModel
 from _net import free_port
 
 pytestmark = [pytest.mark.cuda,
@@ -24,8 +26,16 @@ def views_for(batch: int, sizes: list[int], seed: int = 0) -> list[torch.Tensor]
 
 
 def small_model(arch: str = "small_cnn", **kw) -> torch.nn.Module:
+    """A Hypersolid run's model: the backbone and the method (its projector), as the trainer builds it."""
     torch.manual_seed(0)
-    return build_model(ModelConfig(arch=arch, in_channels=3, proj_hidden_dim=256, proj_dim=128, **kw)).to(DEV)
+    cfg = ModelConfig(arch=arch, in_channels=3, proj_hidden_dim=256, proj_dim=128, **kw)
+    backbone, dim = build_backbone(cfg)
+    return MethodModel(backbone, dim, Hypersolid(dim, cfg, LossConfig())).to(DEV)
+
+
+def project(model: torch.nn.Module, views: list[torch.Tensor]) -> torch.Tensor:
+    """Projector outputs (B, V, D): the method's own embed, through the module's forward (compiled or not)."""
+    return model(views, embed=True)["z"][0]
 
 
 def grads_of(model: torch.nn.Module) -> torch.Tensor:
@@ -39,7 +49,7 @@ def test_bf16_autocast_matches_fp32():
     for bf16 in (False, True):
         model.zero_grad(set_to_none=True)
         with torch.autocast(DEV.type, dtype=torch.bfloat16, enabled=bf16):
-            feats = model(views)
+            feats = project(model, views)
         assert feats.dtype == (torch.bfloat16 if bf16 else torch.float32)
         loss = loss_fn(feats)
         assert loss.dtype == torch.float32  # the loss never rounds its value to bf16
@@ -84,7 +94,7 @@ def test_channels_last_step_runs_and_matches_contiguous():
     before = [p.detach().clone() for p in model_cl.parameters()]
     losses = []
     for m, vs in ((model, views), (model_cl, [v.contiguous(memory_format=torch.channels_last) for v in views])):
-        loss = loss_fn(m(vs))
+        loss = loss_fn(project(m, vs))
         loss.backward()
         losses.append(float(loss))
     opt.step()
@@ -96,10 +106,10 @@ def test_channels_last_step_runs_and_matches_contiguous():
 def test_torch_compile_matches_eager():
     model, views = small_model(), views_for(8, [32, 32, 16, 16])
     loss_fn = HypersolidLoss(alpha=0.5)
-    eager = float(loss_fn(model(views)))
+    eager = float(loss_fn(project(model, views)))
     compiled = torch.compile(model)
     try:
-        value = float(loss_fn(compiled(views)))
+        value = float(loss_fn(project(compiled, views)))
     finally:
         torch._dynamo.reset()
     assert value == pytest.approx(eager, rel=1e-3, abs=1e-5)
@@ -116,7 +126,7 @@ def test_sync_batchnorm_on_one_rank_nccl_group():
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(small_model("resnet18", small_stem=True))
         assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        loss = HypersolidLoss()(model(views_for(8, [32, 32, 16, 16])))
+        loss = HypersolidLoss()(project(model, views_for(8, [32, 32, 16, 16])))
         loss.backward()
         opt.step()
         assert torch.isfinite(loss)
@@ -137,11 +147,11 @@ def test_deepspeed_zero2_one_rank_step():
         seen: list[bool] = []
         hook = engine.model.backbone.register_forward_pre_hook(
             lambda *_: seen.append(torch.is_autocast_enabled("cuda")))
-        feats = engine.forward(views_for(8, [32, 32, 16, 16]))
+        with engine.autocast():  # the trainer's step
+            loss, _ = engine.wrapped(views_for(8, [32, 32, 16, 16]))
         hook.remove()
         # DeepSpeed switches an outside autocast off inside its engine unless its config enables its own.
         assert seen and all(seen), "bf16 autocast did not reach the model inside the DeepSpeed engine"
-        loss = HypersolidLoss()(feats)
         engine.backward(loss)
         engine.step()
         assert torch.isfinite(loss)

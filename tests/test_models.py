@@ -1,5 +1,5 @@
-"""Models: shapes per backbone, resolution-grouped forward == per-view forward, one backbone call per
-resolution, non-RGB inputs, SyncBatchNorm conversion, and config validation."""
+"""Models: shapes per backbone, non-RGB inputs, the projector, SyncBatchNorm conversion, and config validation.
+(The multi-crop forward is the methods' own: tests/test_multicrop.py.)"""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.models import (HypersolidModel, ModelConfig, backbone_names, build_model,
-                                     group_views_by_resolution)
+from hypersolid_scale.models import HypersolidModel, ModelConfig, backbone_names, build_model
 
 # Small projector everywhere: the projector is not what these tests exercise, and it keeps them fast.
 SMALL_PROJ = dict(proj_hidden_dim=64, proj_dim=32)
@@ -19,16 +18,9 @@ def _views(batch: int, channels: int, sizes: list[int], seed: int = 0) -> list[t
     return [torch.randn(batch, channels, s, s, generator=g) for s in sizes]
 
 
-def _per_view_reference(model: HypersolidModel, views: list[torch.Tensor]) -> torch.Tensor:
-    """The obvious loop: backbone + projector on each view separately (valid in eval mode, where BatchNorm
-    does not depend on which samples share a call)."""
-    return torch.stack([model.projector(model.backbone(v)) for v in views], dim=1)
-
-
-def _count_backbone_calls(model: HypersolidModel) -> list[tuple[int, ...]]:
-    calls: list[tuple[int, ...]] = []
-    model.backbone.register_forward_hook(lambda _m, inp, _out: calls.append(tuple(inp[0].shape)))
-    return calls
+def _project(model: HypersolidModel, images: torch.Tensor) -> torch.Tensor:
+    """Projector features (N, D) of one batch of images."""
+    return model.projector(model.backbone(images))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -50,9 +42,9 @@ def test_output_shapes(arch: str, extra: dict, feature_dim: int, sizes: list[int
     model = build_model(ModelConfig(arch=arch, **extra, **SMALL_PROJ))
     assert model.feature_dim == feature_dim
     views = _views(2, 3, sizes)
-    out = model(views)
-    assert out.shape == (2, len(sizes), 32)
-    assert torch.isfinite(out).all()
+    for v in views:
+        out = _project(model, v)
+        assert out.shape == (2, 32) and torch.isfinite(out).all()
     assert model.backbone(views[0]).shape == (2, feature_dim)
     assert model.embed(views[-1]).shape == (2, feature_dim)
 
@@ -84,7 +76,7 @@ def test_resnet_small_stem_keeps_resolution() -> None:
 )
 def test_grayscale_inputs(arch: str, extra: dict, size: int) -> None:
     model = build_model(ModelConfig(arch=arch, in_channels=1, **extra, **SMALL_PROJ))
-    assert model(_views(2, 1, [size, size])).shape == (2, 2, 32)
+    assert _project(model, _views(2, 1, [size])[0]).shape == (2, 32)
     with pytest.raises(RuntimeError):  # a 3-channel image must not be silently accepted by a 1-channel stem
         model.embed(torch.randn(2, 3, size, size))
 
@@ -95,86 +87,6 @@ def test_small_cnn_size_and_tiny_crops() -> None:
     assert 100_000 <= n_params <= 300_000
     # ceil-mode pooling: even a 4 px crop keeps a non-empty map through all three poolings.
     assert model.embed(torch.randn(2, 1, 4, 4)).shape == (2, 128)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Multi-crop grouping
-# ---------------------------------------------------------------------------------------------------------------
-
-def test_group_views_by_resolution_order() -> None:
-    views = _views(1, 3, [32, 16, 32, 16, 8])
-    assert group_views_by_resolution(views) == [[0, 2], [1, 3], [4]]
-
-
-@pytest.mark.parametrize(
-    "arch,extra,sizes",
-    [
-        ("small_cnn", {}, [28, 28, 12, 12, 12]),
-        ("small_cnn", {}, [12, 28, 12, 28, 20]),  # interleaved: the output must come back in input order
-        ("resnet18", {"small_stem": True}, [16, 8, 16, 8]),
-        ("vit_tiny", {}, [64, 32, 64]),
-    ],
-)
-def test_grouped_forward_equals_per_view_loop(arch: str, extra: dict, sizes: list[int]) -> None:
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(arch=arch, **extra, **SMALL_PROJ))
-    # A few train-mode passes give BatchNorm non-trivial running stats, so eval mode is not an identity.
-    with torch.no_grad():
-        for _ in range(2):
-            model(_views(4, 3, sizes, seed=1))
-    model.eval()
-    views = _views(3, 3, sizes, seed=2)
-    with torch.no_grad():
-        grouped = model(views)
-        reference = _per_view_reference(model, views)
-    torch.testing.assert_close(grouped, reference, rtol=1e-4, atol=1e-5)
-    # Distinct views must give distinct outputs: catches a permutation bug that copies one view everywhere.
-    assert not torch.allclose(grouped[:, 0], grouped[:, 1])
-
-
-@pytest.mark.parametrize("sizes,expected_calls", [([28, 28, 12, 12, 12, 12], 2), ([28, 12, 28, 20, 12], 3),
-                                                   ([28], 1), ([28, 28], 1)])
-def test_one_backbone_call_per_resolution(sizes: list[int], expected_calls: int) -> None:
-    model = build_model(ModelConfig(arch="small_cnn", **SMALL_PROJ))
-    calls = _count_backbone_calls(model)
-    model(_views(4, 3, sizes))
-    assert len(calls) == expected_calls
-    # Each call carries every view of that size: (n_views_of_size * B, C, H, W).
-    for shape in calls:
-        assert shape[0] == 4 * sizes.count(shape[-1])
-
-
-def test_projector_called_once_and_gradients_reach_all_views() -> None:
-    model = build_model(ModelConfig(arch="small_cnn", **SMALL_PROJ))
-    proj_calls: list[int] = []
-    model.projector.register_forward_hook(lambda _m, inp, _o: proj_calls.append(inp[0].shape[0]))
-    views = [v.requires_grad_() for v in _views(4, 3, [28, 12, 28])]
-    model(views).pow(2).sum().backward()
-    assert proj_calls == [12]
-    for v in views:
-        assert v.grad is not None and v.grad.abs().sum() > 0
-
-
-@pytest.mark.parametrize(
-    "arch,extra,sizes",
-    [("small_cnn", {}, [28, 12]), ("resnet18", {}, [32, 16]), ("vit_tiny", {"img_size": 32}, [32, 16])],
-)
-def test_every_parameter_gets_a_gradient(arch: str, extra: dict, sizes: list[int]) -> None:
-    """DDP (find_unused_parameters=False) and DeepSpeed fail on parameters that never receive a gradient."""
-    model = build_model(ModelConfig(arch=arch, **extra, **SMALL_PROJ))
-    model(_views(2, 3, sizes)).pow(2).sum().backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None]
-    assert not missing
-
-
-def test_bad_views_are_rejected() -> None:
-    model = build_model(ModelConfig(arch="small_cnn", **SMALL_PROJ))
-    with pytest.raises(ValueError, match="non-empty list"):
-        model([])
-    with pytest.raises(ValueError, match="non-empty list"):
-        model(torch.randn(2, 3, 28, 28))
-    with pytest.raises(ValueError, match="same B and C"):
-        model([torch.randn(2, 3, 28, 28), torch.randn(3, 3, 28, 28)])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -197,8 +109,8 @@ def test_sync_batchnorm_conversion() -> None:
     assert bns and all(isinstance(m, nn.SyncBatchNorm) for m in bns)
     assert any(isinstance(m, nn.SyncBatchNorm) for m in model.projector.modules())
     # Without a process group SyncBatchNorm behaves like BatchNorm, so the model still runs (train and eval).
-    assert model(_views(4, 3, [28, 12])).shape == (4, 2, 32)
-    assert model.eval()(_views(4, 3, [28, 12])).shape == (4, 2, 32)
+    for images in _views(4, 3, [28, 12]):
+        assert _project(model.train(), images).shape == _project(model.eval(), images).shape == (4, 32)
 
 
 def test_state_dict_roundtrip() -> None:
@@ -208,8 +120,8 @@ def test_state_dict_roundtrip() -> None:
     torch.manual_seed(1)
     b = build_model(cfg).eval()
     b.load_state_dict(a.state_dict())
-    views = _views(2, 1, [32, 16])
-    torch.testing.assert_close(a(views), b(views))
+    for images in _views(2, 1, [32, 16]):
+        torch.testing.assert_close(_project(a, images), _project(b, images))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ from torch import nn
 
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.methods.params import check_section
-from hypersolid_scale.models import group_views_by_resolution
 from hypersolid_scale.safety.errors import ConfigError
 
 Outputs = dict[str, list[torch.Tensor]]  # what Method.embed hands Method.loss: (B, ...) tensors by name
@@ -32,6 +31,17 @@ def count_global_views(views: list[torch.Tensor]) -> int:
                 f"{tuple(views[0].shape)} first, then smaller local views with the same B and C"
             )
     return n
+
+
+def group_views_by_resolution(views: list[torch.Tensor]) -> list[list[int]]:
+    """Indices of views sharing a (C, H, W) shape, groups in order of first appearance.
+
+    >>> # [224, 224, 96, 96, 96] -> [[0, 1], [2, 3, 4]]
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, v in enumerate(views):
+        groups.setdefault(tuple(v.shape[1:]), []).append(i)
+    return list(groups.values())
 
 
 def encode(backbone: nn.Module, views: list[torch.Tensor], *, separate: bool) -> list[torch.Tensor]:

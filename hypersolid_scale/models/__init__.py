@@ -12,7 +12,7 @@ from hypersolid_scale.models.backbones import (
 from hypersolid_scale.models.backbones.small_cnn import SmallCNN
 from hypersolid_scale.models.backbones.vit import ViTBackbone
 from hypersolid_scale.models.config import ModelConfig
-from hypersolid_scale.models.model import HypersolidModel, Projector, build_model, group_views_by_resolution
+from hypersolid_scale.models.model import HypersolidModel, Projector, build_model
 
 __all__ = [
     "Backbone",
@@ -25,7 +25,6 @@ __all__ = [
     "build_backbone",
     "build_model",
     "get_backbone",
-    "group_views_by_resolution",
     "register_backbone",
     "unregister_backbone",
 ]
