@@ -175,14 +175,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = result["rows"]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
     names = list(rows)
-    axes[0].bar(names, [rows[k]["host_cpu_ms_per_image"] for k in names], color=["tab:gray", "tab:blue"])
+    axes[0].bar(names, [rows[k]["host_cpu_ms_per_image"] for k in names], color=["tab:blue", "tab:orange"])
     axes[0].set_ylabel("host CPU ms / image")
     x = np.arange(2)
     for i, k in enumerate(names):
         axes[1].bar(x + 0.38 * i, [rows[k]["calls_per_half_batch"], rows[k]["calls_per_batch"]], 0.38, label=k)
     axes[1].set_xticks(x + 0.19, [f"batch {result['batch'] // 2}", f"batch {result['batch']}"])
     axes[1].set_ylabel("operator calls per batch")
-    axes[1].set_yscale("log")
     axes[1].legend()
     fig.suptitle(f"device stage on {result['device']} ({result['views']}), {result['images']} photos", fontsize=10)
     fig.tight_layout()
@@ -199,7 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pil-batches", type=int, default=1, help="batches compared with the PIL path (slow)")
     p.add_argument("--sources-npz", type=Path, default=ROOT / "benchmarks" / "results" / "photo_sources.npz")
     p.add_argument("--out", type=Path, default=Path("runs/bench/device_stage"))
+    p.add_argument("--plot-only", action="store_true", help="redraw --out's plot from its device_stage.json")
     args = p.parse_args(argv)
+    if args.plot_only:
+        plot(json.loads((args.out / "device_stage.json").read_text()), args.out / "device_stage.png")
+        return 0
     if args.batch < 2 or args.images < args.batch:
         p.error(f"--batch must be >= 2 and --images >= --batch, got {args.batch} and {args.images}")
     result = run(args)
