@@ -14,7 +14,7 @@ Two stages (docs/design.md §3e):
   PIL's antialiased bicubic filter (8-bit levels, mirrored where drawn) and `BatchPhotometric.apply` runs the
   photometric chain with the PIL path's decisions, as per-sample tensors. A fixed number of calls per view
   whatever the batch size, and no read of a device value on the host. The loaders run the stage ahead of
-  the step, in a thread on a side CUDA stream (`prefetch.staged`, `data.prefetch`).
+  the step, in a thread on a side CUDA stream (`prefetch.staged`; one batch ahead on CUDA, inline on the CPU).
 
 A JPEG that fails on the device (it passed the header checks) is decoded on the CPU instead; one that fails
 there too is replaced by the batch's previous good image and counted in `stats["corrupt_skipped"]` with a
