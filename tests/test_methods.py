@@ -231,6 +231,13 @@ def test_barlow_twins_matches_a_float64_reference():
     assert float(got) == pytest.approx(float(expected), rel=1e-5)
 
 
+@pytest.mark.parametrize("name", METHODS)
+def test_the_projection_head_export_writes_is_a_module_of_the_method(name):
+    _, method = build(name)
+    head = type(method).projection_head
+    assert head and isinstance(getattr(method, head), torch.nn.Module)
+
+
 def test_one_seed_draws_the_backbone_then_hypersolids_projector_for_every_method():
     """The run's initial weights (run_builder._method_model): the backbone, then Hypersolid's projector, which a
     method without it (``projector_features``) draws and drops before its own heads, as earlier versions did."""

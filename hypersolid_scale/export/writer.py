@@ -34,22 +34,18 @@ from hypersolid_scale.export.layouts import (
     load_strict,
     to_library_state,
 )
+from hypersolid_scale.methods import get_method, method_names
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError, UserError
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_JSON", "PROJECTOR_PREFIX", "export_checkpoint"]
+__all__ = ["EXPORT_FORMAT", "EXPORT_JSON", "export_checkpoint"]
 
 EXPORT_JSON = "export.json"
 EXPORT_FORMAT = 1
-# Each method's projection head inside its ``method`` state (teachers, predictors and prototypes stay out).
-PROJECTOR_PREFIX = {
-    "hypersolid": "projector.",
-    "byol": "projector.",
-    "swav": "projector.",
-    "simclr": "head.",
-    "vicreg": "head.",
-    "barlowtwins": "head.",
-    "dino": "head.",
-}
+
+
+def _method_class(name: str) -> Any:
+    """The installed method class named ``name``; None for a method this version does not have."""
+    return get_method(name) if name in method_names() else None
 
 
 def _config(ckpt: dict[str, Any], path: Path) -> Any:
@@ -147,7 +143,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike) -> 
             f"describes it ({first})"
         ) from None
     method = cfg.method.name
-    prefix = PROJECTOR_PREFIX.get(method, "")
+    # The method's projection head inside its ``method`` state (teachers, predictors and prototypes stay out).
+    cls = _method_class(method)
+    prefix = f"{cls.projection_head}." if cls is not None and cls.projection_head else ""
     projector = {
         k[len(prefix) :]: v
         for k, v in (ckpt.get("method") or {}).items()
@@ -175,7 +173,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike) -> 
         meta["projector"] = {
             "module": f"method.{prefix.rstrip('.')}",  # its tensors' names are those of this module
             "tensors": len(projector),
-            "settings": shape if method == "hypersolid" else section,
+            "settings": shape if cls.projector_features else section,  # Hypersolid's: model.proj_*
         }
     args = _eval_backbone(meta)
     meta["eval"] = None if args is None else ["--backbone", args[0], "--weights", "<out>/backbone.pt", *args[1:]]

@@ -45,6 +45,7 @@ class BarlowTwins(Method):
     """
 
     name, Config, order = "barlowtwins", BarlowTwinsConfig, 30
+    projection_head = "head"
 
     separate_views = True
 

@@ -106,6 +106,8 @@ class Method(nn.Module):
             random-init checkpoint (:mod:`hypersolid_scale.checkpoint`) hold it. A run of any other method draws
             (and drops) such a projector before building its heads, so that one seed gives its heads the same
             initial weights as in earlier versions.
+        projection_head: the attribute holding its projection head, which ``export`` writes as the encoder's
+            projector (``projector.safetensors``); empty: it has none.
         compare_role: what ``launch/compare.py`` makes of it: ``"subject"`` (the method under study: ``--seeds``
             seeds and the thicker line in its figures), ``"reference"`` (``--seeds`` seeds), ``"baseline"``
             (``--baseline-seeds``).
@@ -121,6 +123,7 @@ class Method(nn.Module):
     tells_views_by_size: ClassVar[bool] = False
     stats_reduced: ClassVar[bool] = False
     projector_features: ClassVar[bool] = False
+    projection_head: ClassVar[str] = ""
     compare_role: ClassVar[str] = "baseline"
     target_keys: ClassVar[tuple[str, ...]] = ()
 

@@ -28,6 +28,7 @@ class Hypersolid(Method):
     """
 
     name, Config, order = "hypersolid", LossConfig, 0
+    projection_head = "projector"
     uses_local_views = True
     stats_reduced = True
     projector_features = True

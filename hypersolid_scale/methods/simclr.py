@@ -31,6 +31,7 @@ class SimCLR(Method):
     the global-batch loss."""
 
     name, Config, order = "simclr", SimCLRConfig, 10
+    projection_head = "head"
     compare_role = "reference"  # the comparison gives it as many seeds as Hypersolid
 
     def __init__(self, feature_dim: int, cfg: SimCLRConfig, steps_per_epoch: int = 1) -> None:

@@ -66,6 +66,7 @@ class SwaV(Method):
     """
 
     name, Config, order = "swav", SwaVConfig, 60
+    projection_head = "projector"
 
     uses_local_views = True
     tells_views_by_size = True
