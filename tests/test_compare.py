@@ -151,7 +151,7 @@ def test_bad_input_is_one_error_line(tmp_path):
 
     one_error_line(_compare("--methods", "simclr,moco", "--out", str(tmp_path / "a")), "moco", "choose from")
     one_error_line(_compare("--setting", "mnist", "--methods", "simclr", "--out", str(tmp_path / "b")),
-                   "simclr_mnist.yaml does not exist", "quickstart")
+                   "no setting 'mnist' for simclr", "quickstart")
     one_error_line(_compare("--methods", "simclr", "--out", str(tmp_path / "c"), "optim.lr=fast"), "optim.lr")
     lock = acquire_run_lock(tmp_path / "held")
     try:
