@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from replication import claims, report  # noqa: E402
+from replication import claims, formatting, report  # noqa: E402
 
 BB = claims.BB
 
@@ -154,7 +154,7 @@ def test_step_evaluations_stay_out_of_the_comparison(tmp_path):
     # Seed 0's K-Means AMI in the comparison is the plain run's (~0.5), not the step run's 0.9.
     plain = [r["final"][f"{BB}kmeans.ami"] for r in runs if r["method"] == "hypersolid"]
     kmeans_row = next(line for line in text.splitlines() if line.startswith("| K-Means AMI | "))
-    assert kmeans_row.split("|")[2].strip().startswith(claims.fmt(sum(plain) / 2) + " [")
+    assert kmeans_row.split("|")[2].strip().startswith(formatting.fmt(sum(plain) / 2) + " [")
 
 
 def test_each_claim_is_its_own_holm_family():

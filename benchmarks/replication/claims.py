@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypersolid_scale.eval.stats import Interval, PairedDifference, paired_differences
+from hypersolid_scale.eval.stats import PairedDifference, paired_differences
+from replication.formatting import fmt_interval
 
 REFERENCE = "hypersolid"
 METHOD_NAMES = {"hypersolid": "Hypersolid", "simclr": "SimCLR", "swav": "SwAV", "barlowtwins": "Barlow Twins"}
@@ -40,11 +41,8 @@ HEADLINE: tuple[tuple[str, str], ...] = (
     (f"{BB}kmeans.ami", "K-Means AMI"),
     *((f"{BB}hdbscan_mcs{m}.ami", f"HDBSCAN AMI, mcs {m}") for m in HDBSCAN_MCS),
 )
-# The best DBSCAN NMI over the protocol's eps grid (derived from the dbscan_q* entries, see derived()).
-DBSCAN_BEST = f"{BB}dbscan_best.nmi"
-# Against the three baselines of this study (SimCLR, SwAV, Barlow Twins), the paper's Table 3
-# (tab:qualityMetrics), ImageNet-1k (ResNet-50) and Food-101 (ResNet-18; no SwAV row).
-T3 = "Table 3 (tab:qualityMetrics)"
+DBSCAN_BEST = f"{BB}dbscan_best.nmi"  # the best DBSCAN NMI over the eps grid (derived() from dbscan_q*)
+T3 = "Table 3 (tab:qualityMetrics)"  # ImageNet-1k (ResNet-50), Food-101 (ResNet-18; no SwAV row)
 # (key, label, +1 when the paper reports Hypersolid higher, -1 lower, the paper's values)
 GEOMETRY_DIRECTION: tuple[tuple[str, str, int, str], ...] = (
     (
@@ -216,26 +214,6 @@ FAMILY_NAMES = {
     "interpolation": "interpolation",
     "rest": "rest",
 }
-
-
-def fmt(v: float) -> str:
-    a = abs(v)
-    if a >= 1 and float(v).is_integer():  # counts (clusters, pairs) and whole means of them
-        return str(int(v))
-    return f"{v:.2f}" if a >= 10 else f"{v:.3f}" if a >= 0.01 or v == 0 else f"{v:.2e}"
-
-
-def fmt_cell(values: dict[str, Any], key: str) -> str:
-    """``values[key]`` formatted for a table cell, "–" where that metric is missing or not a number."""
-    v = values.get(key)
-    return fmt(v) if isinstance(v, (int, float)) else "–"
-
-
-def fmt_interval(i: Interval, signed: bool = False) -> str:
-    f = (lambda v: ("+" if v > 0 else "") + fmt(v)) if signed else fmt
-    if i.lo is None or i.hi is None:
-        return f"{f(i.mean)} (n = 1)"
-    return f"{f(i.mean)} [{fmt(i.lo)}, {fmt(i.hi)}] (n = {i.n})"
 
 
 def methods_in(runs: Sequence[dict[str, Any]]) -> list[str]:

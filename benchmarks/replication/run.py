@@ -3,29 +3,26 @@
     python benchmarks/replication/run.py --group cpu|gpu [--device cpu|cuda] [--parallel N] [--budget-s S]
         [--scale F] [--quick] [--out DIR] [--scratch DIR]
 
-Per run: ``launch/train.py`` into ``<scratch>/<group>/<run>/run``, then ``launch/eval.py`` on the
-checkpoints of interest (every epoch of a curve, the final one otherwise), then one JSON
-``<out>/<group>/<run>.json``. Trainings and evaluations share the N slots; evaluations go first, so that
-finished trainings turn into results before new trainings start.
+Per run: ``launch/train.py`` into ``<scratch>/<group>/<run>/run``, ``launch/eval.py`` on the checkpoints of
+interest (every epoch of a curve, the final one otherwise), then ``<out>/<group>/<run>.json``. Trainings and
+evaluations share the N slots; evaluations go first, so finished trainings turn into results first.
 
-Resuming: a run whose result JSON exists is skipped; a finished training (``train_done.json``) is not
-run again; an evaluation whose ``report.json`` exists is reused; a training killed mid-way resumes from its
-newest checkpoint (the trainer's ``checkpoint.resume=auto``; the result records ``resumed_from_step``).
+Resuming: a run whose result JSON exists is skipped; a finished training (``train_done.json``) is not run
+again; an evaluation whose ``report.json`` exists is reused; a training killed mid-way resumes from its newest
+checkpoint (the trainer's ``checkpoint.resume=auto``; the result records ``resumed_from_step``).
 
-Budget (``--budget-s``): a training starts only if its estimated time (seconds per epoch measured on the
-runs finished so far, a prior before that) ends before the budget; what does not fit, or is trained but
-not evaluated, is listed in ``<out>/<group>/_skipped.json`` and runs on the next invocation.
+Budget (``--budget-s``): a training starts only if its estimated time (seconds per epoch measured on the runs
+finished so far, a prior before that) ends before the budget; what does not fit, or is trained but not
+evaluated, is listed in ``<out>/<group>/_skipped.json`` and runs on the next invocation.
 
 Measured on one H200 (first GPU attempt, 12 at once): ~20 s per epoch and process, ~80 s per full protocol
-evaluation (clustering on one CPU core each), ~22 s per kNN-only one; on this 2-core CPU, one at a time:
-2.5-5 min per epoch, 45-140 s per evaluation (the projector half only for Hypersolid).
+evaluation, ~22 s per kNN-only one; on this 2-core CPU, one at a time: 2.5-5 min per epoch, 45-140 s per
+evaluation (the projector half only for Hypersolid).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import json
 import os
 import re
 import shlex
@@ -44,16 +41,16 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmar
 sys.path.insert(0, str(ROOT))  # the package, also where it is not installed (the GPU machine's copy)
 from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
 from replication.plan import QUICK_EVAL, Run, plan, quick_run  # noqa: E402
+from replication.runfiles import checkpoints, device_facts, read_json, write_json  # noqa: E402
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
 FALLBACK_EVAL_ARGS = ["--suite", "knn,linear,cluster,geometry"]
-# A curve's intermediate epochs get kNN only (k = 5, 20): a full protocol per epoch would cost the
-# clustering and probe 20 times per run; the quarter point (5 of 20 epochs) and the end get the full one.
-# The protocol's bank (10,000 training images), so that a curve's points are comparable with its ends.
+# Curves: kNN only (k = 5, 20; the protocol's 10,000-image bank) at intermediate epochs, the full protocol at the
+# quarter point (5 of 20) and the end: a full protocol per epoch would cost the clustering and probe 20 times.
 CURVE_EVAL_ARGS = ["--suite", "knn", "eval.knn_k=[5,20]", "eval.max_train_samples=10000"]
-# Priors for the budget before a run has been measured: (start-up s, s per epoch, s per evaluation).
-PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0, 5.0, 20.0)}
+PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0, 5.0, 20.0)}  # before measures:
+# (start-up s, s per epoch, s per evaluation) for the budget
 OUT = str(ROOT / "benchmarks" / "results" / "replication")
 SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
@@ -63,35 +60,6 @@ def eval_arguments(py: str) -> list[str]:
     """EVAL_ARGS when launch/eval.py knows ``--protocol``, else FALLBACK_EVAL_ARGS."""
     out = subprocess.run([py, "launch/eval.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     return EVAL_ARGS if "--protocol" in out.stdout else FALLBACK_EVAL_ARGS
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Atomic: a reader (or a rerun deciding what to skip) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def checkpoints(run_dir: Path) -> dict[int, Path]:
-    """{step: file} of the run's saved checkpoints (the trainer names them step_<8 digits>.pt)."""
-    return {int(p.stem.split("_")[1]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
-
-
-def device_facts(device: str) -> tuple[str, str]:
-    """(card, torch version); torch itself is imported only to name a CUDA card (seconds of start-up)."""
-    if device != "cuda":
-        return "cpu", importlib.metadata.version("torch")
-    import torch
-
-    return (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"), torch.__version__
 
 
 @dataclass

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from replication.claims import BB, fmt_cell
+from replication.claims import BB
+from replication.formatting import fmt_cell
 from replication.plan import GPU_SCALE, gpu_runs
 
 PARTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {

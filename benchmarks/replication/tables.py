@@ -15,12 +15,10 @@ from replication.claims import (
     METHOD_NAMES,
     REFERENCE,
     Comparison,
-    fmt,
-    fmt_cell,
-    fmt_interval,
     methods_in,
     protocol_numbers,
 )
+from replication.formatting import fmt, fmt_cell, fmt_interval
 
 
 def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:

@@ -1,0 +1,38 @@
+"""The files a replication run reads and leaves: atomic JSON, its checkpoints, and the machine's facts."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic: a reader (or a rerun deciding what to skip) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoints(run_dir: Path) -> dict[int, Path]:
+    """{step: file} of the run's saved checkpoints (the trainer names them step_<8 digits>.pt)."""
+    return {int(p.stem.split("_")[1]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
+
+
+def device_facts(device: str) -> tuple[str, str]:
+    """(card, torch version); torch itself is imported only to name a CUDA card (seconds of start-up)."""
+    if device != "cuda":
+        return "cpu", importlib.metadata.version("torch")
+    import torch
+
+    return (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"), torch.__version__
