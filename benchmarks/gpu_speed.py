@@ -40,12 +40,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
-from hypersolid_scale.data.tensor_aug import TensorMultiCrop  # noqa: E402
 from hypersolid_scale.distributed import WorldInfo  # noqa: E402
 from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
 from hypersolid_scale.training import trainer  # noqa: E402
 from photo_loaders import DEFAULT_SOURCES, prepare_set, sync  # noqa: E402
-from train_throughput import make_config  # noqa: E402
+from train_throughput import DeviceImages, make_config  # noqa: E402
 
 CL, NCHW = "model.channels_last=true", "model.channels_last=false"
 # name: (source, batch, overrides)
@@ -63,23 +62,6 @@ ROWS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "step_cl_b128_compile": ("step", 128, (CL, "dist.compile=true")),
 }
 PROFILED = "jpeg_device_cl_b128"
-
-
-class Synthetic:
-    """uint8 images in device memory, augmented a batch at a time by TensorMultiCrop (draws on the host)."""
-
-    def __init__(self, preset: Any, n: int, size: int, batch: int, device: torch.device) -> None:
-        g = torch.Generator(device=device).manual_seed(0)
-        self.images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g, device=device)
-        self.multicrop = TensorMultiCrop(preset, device, seed=0)
-        self.batch = batch
-
-    def __len__(self) -> int:
-        return max(1, len(self.images) // self.batch)
-
-    def views(self, step: int) -> list[torch.Tensor]:
-        start = (step * self.batch) % (len(self.images) - self.batch + 1)
-        return self.multicrop(self.images[start : start + self.batch], torch.arange(start, start + self.batch), step)
 
 
 def host_cpu_s() -> float:
@@ -117,7 +99,7 @@ def build_row(source: str, batch: int, overrides: tuple[str, ...], args: argpars
     if not source.startswith("jpeg"):
         preset = resolve_preset(cfg.data)
         size = max(preset.global_crop_size, 32) if args.quick else 256
-        data = Synthetic(preset, max(4 * batch, batch + 1), size, batch, device)
+        data = DeviceImages(preset, max(4 * batch, batch + 1), size, batch, device, channels_last=False)
         from hypersolid_scale.training import run_builder
 
         original = run_builder.build_train_loader

@@ -80,7 +80,8 @@ class DeviceImages:
 
     def views(self, step: int) -> list[torch.Tensor]:
         start = (step * self.batch) % (len(self.images) - self.batch + 1)
-        indices = torch.arange(start, start + self.batch, device=self.device)
+        # Dataset indices on the host, as the loaders keep them: the draws are made there (no read of the device).
+        indices = torch.arange(start, start + self.batch)
         views = self.multicrop(self.images[start : start + self.batch], indices, step)  # draws keyed by (index, step)
         if self.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
