@@ -22,7 +22,7 @@ from hypersolid_scale.data import build_eval_datasets
 from hypersolid_scale.eval.app import main
 from hypersolid_scale.eval.embed import extract_embeddings
 from hypersolid_scale.eval.source import external_source
-from hypersolid_scale.models.external import build_external, load_external_backbone, match_state_dict
+from hypersolid_scale.models.external import build_external, load_external_backbone, match_state_dict, parse_backbone
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 from _eval_helpers import EXTERNAL_FAST, make_checkpoint, one_error_line, run_launch_eval
 
@@ -118,11 +118,11 @@ def test_timm_vit_tiny_state_dict(tmp_path: Path) -> None:
         assert torch.allclose(net(x), vit.eval()(x.repeat(1, 3, 1, 1)), atol=1e-5)
 
 
-def test_hypersolid_backbone_from_a_training_checkpoint_matches_its_checkpoint_eval(tmp_path: Path) -> None:
+def test_native_backbone_from_a_training_checkpoint_matches_its_checkpoint_eval(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")  # small_cnn of width 8 on digits
     fast = [a for a in EXTERNAL_FAST if a != "data.dataset=digits"]
     assert main(["--checkpoint", str(path), "--no-mlflow", "--output-dir", str(tmp_path / "ckpt"), *fast]) == 0
-    assert main(["--backbone", "hypersolid:small_cnn", "--weights", str(path), "--no-mlflow", "--output-dir",
+    assert main(["--backbone", "native:small_cnn", "--weights", str(path), "--no-mlflow", "--output-dir",
                  str(tmp_path / "ext"), "data.dataset=digits", "model.small_cnn_width=8", *fast]) == 0
     ckpt_report = json.loads((tmp_path / "ckpt" / "report.json").read_text())
     ext_report = json.loads((tmp_path / "ext" / "report.json").read_text())
@@ -132,6 +132,14 @@ def test_hypersolid_backbone_from_a_training_checkpoint_matches_its_checkpoint_e
 
 
 # ---------------------------------------------------------------------------------------------- names
+
+
+def test_former_source_name_is_read_as_native_with_a_note(capsys: pytest.CaptureFixture) -> None:
+    assert parse_backbone("hypersolid:small_cnn") == ("native", "small_cnn")
+    assert "hypersolid:small_cnn is read as native:small_cnn" in capsys.readouterr().err
+    assert parse_backbone("native:resnet18") == ("native", "resnet18")
+    with pytest.raises(ConfigError, match="native:resnet18"):
+        parse_backbone("nativ:resnet18")
 
 
 def test_prefix_under_another_name_is_found_and_can_be_stripped(tmp_path: Path) -> None:
@@ -188,9 +196,9 @@ def test_small_cnn_weights_given_as_resnet18_name_the_small_cnn(tmp_path: Path) 
     cfg = load_config(None, ["model.in_channels=1", "model.small_cnn_width=8"])
     path = tmp_path / "small.pt"
     torch.save(build_model(cfg.model).state_dict(), path)
-    line = one_error_line(run_launch_eval("--backbone", "hypersolid:resnet18", "--weights", str(path), "--no-mlflow",
+    line = one_error_line(run_launch_eval("--backbone", "native:resnet18", "--weights", str(path), "--no-mlflow",
                                           *EXTERNAL_FAST), str(path))
-    assert "--backbone hypersolid:small_cnn model.small_cnn_width=8 model.in_channels=1 (what the file looks like)" \
+    assert "--backbone native:small_cnn model.small_cnn_width=8 model.in_channels=1 (what the file looks like)" \
         in line, line
 
 
@@ -211,7 +219,7 @@ def test_bad_arguments_are_config_errors(tmp_path: Path) -> None:
         (["--backbone", "resnet18", "--weights", str(path)], "SOURCE:NAME"),
         (["--backbone", "torchvision:resnet81", "--weights", str(path)], "resnet18"),
         (["--backbone", "torchvision:resnet18", "--weights", str(path), "model.small_stem=true"], "not allowed"),
-        (["--backbone", "hypersolid:resnet18", "--weights", str(path), "model.arch=resnet50"], "not allowed"),
+        (["--backbone", "native:resnet18", "--weights", str(path), "model.arch=resnet50"], "not allowed"),
         (["--backbone", "torchvision:resnet18", "--weights", str(path), "--features", "projector"], "projector"),
         (["--backbone", "torchvision:resnet18", "--weights", str(path), "--suite", "qualitative"], "qualitative"),
     ]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.models import HypersolidModel, ModelConfig, backbone_names, build_model
+from hypersolid_scale.models import BackboneWithProjector, ModelConfig, backbone_names, build_model
 
 # Small projector everywhere: the projector is not what these tests exercise, and it keeps them fast.
 SMALL_PROJ = dict(proj_hidden_dim=64, proj_dim=32)
@@ -18,7 +18,7 @@ def _views(batch: int, channels: int, sizes: list[int], seed: int = 0) -> list[t
     return [torch.randn(batch, channels, s, s, generator=g) for s in sizes]
 
 
-def _project(model: HypersolidModel, images: torch.Tensor) -> torch.Tensor:
+def _project(model: BackboneWithProjector, images: torch.Tensor) -> torch.Tensor:
     """Projector features (N, D) of one batch of images."""
     return model.projector(model.backbone(images))
 

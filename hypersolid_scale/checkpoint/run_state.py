@@ -350,7 +350,7 @@ def _trains_projector(method: str) -> bool:
 
 
 def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
-    """``(HypersolidModel with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation.
+    """``(BackboneWithProjector with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation.
 
     The backbone's weights, and Hypersolid's projector when the checkpoint's method trains it
     (``projector_features``); any other method's checkpoint gets a :class:`NoProjector` in its place.

@@ -7,7 +7,7 @@ gradient a single process would compute on the concatenated batch. Nothing here 
 Interface (:class:`Engine`): ``forward(views) -> feats (B, V, D) float32`` (float64 for a float64 model) under
 ``autocast()``, ``backward(loss)``, ``step() -> grad norm or None`` (clips when asked, steps, zeroes the
 gradients; the norm is a 0-dim tensor: read it only when logging, on CUDA a read waits for the GPU),
-``param_groups`` (for the step-indexed lr / wd schedules), ``model`` (the unwrapped ``HypersolidModel``),
+``param_groups`` (for the step-indexed lr / wd schedules), ``model`` (the unwrapped ``BackboneWithProjector``),
 ``train(mode)``, ``load_model_state(state_dict)`` (resume weights; under DeepSpeed it also refreshes the fp32
 master copy), ``optimizer_state()`` / ``load_optimizer_state(state)``.
 Parameters are fp32 under every engine (fp64 when the trainer converted the model, ``dist.precision=fp64``);

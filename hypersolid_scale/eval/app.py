@@ -68,7 +68,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     source.add_argument(
         "--backbone",
         help="a published backbone, SOURCE:NAME with SOURCE torchvision, timm or "
-        "hypersolid (e.g. torchvision:resnet50), evaluated with --weights",
+        "native (this package's backbones; e.g. torchvision:resnet50), evaluated with --weights",
     )
     p.add_argument("--weights", help="--backbone's weights: a state dict, or a checkpoint holding one")
     p.add_argument(

@@ -121,18 +121,18 @@ def external_source(backbone: str, weights: Path, strip_prefixes: list[str], ove
     from hypersolid_scale.models.external import load_external_backbone, parse_backbone
 
     source, _ = parse_backbone(backbone)
-    allowed = OVERRIDABLE + (("model.",) if source == "hypersolid" else ())
+    allowed = OVERRIDABLE + (("model.",) if source == "native" else ())
     for ov in overrides:
         if "=" not in ov or not ov.startswith(allowed) or ov.startswith("model.arch="):
             raise ConfigError(
                 f"override {ov!r} is not allowed with --backbone: write section.key=value with a "
-                f"section among {[s.rstrip('.') for s in allowed]} (model.* only for hypersolid: "
+                f"section among {[s.rstrip('.') for s in allowed]} (model.* only for native: "
                 "backbones; the architecture is --backbone's)"
             )
     cfg = load_config(None, overrides)
     channels = in_channels(cfg.data)
     if not any(ov.startswith("model.in_channels=") for ov in overrides):
-        cfg.model.in_channels = channels  # hypersolid: archs take the data's channels unless told otherwise
+        cfg.model.in_channels = channels  # native: archs take the data's channels unless told otherwise
     net, info = load_external_backbone(
         backbone, weights, data_channels=channels, model_cfg=cfg.model, strip_prefixes=strip_prefixes
     )
@@ -157,7 +157,7 @@ def external_source(backbone: str, weights: Path, strip_prefixes: list[str], ove
         "weights": file_fingerprint(weights),
         "backbone": backbone,
         "strip": list(strip_prefixes),
-        "model": to_dict(cfg)["model"] if source == "hypersolid" else None,
+        "model": to_dict(cfg)["model"] if source == "native" else None,
     }
     return Source(
         model,

@@ -12,11 +12,11 @@ from hypersolid_scale.models.backbones import (
 from hypersolid_scale.models.backbones.small_cnn import SmallCNN
 from hypersolid_scale.models.backbones.vit import ViTBackbone
 from hypersolid_scale.models.config import ModelConfig
-from hypersolid_scale.models.model import HypersolidModel, Projector, build_model
+from hypersolid_scale.models.model import BackboneWithProjector, Projector, build_model
 
 __all__ = [
     "Backbone",
-    "HypersolidModel",
+    "BackboneWithProjector",
     "ModelConfig",
     "Projector",
     "SmallCNN",

@@ -4,7 +4,8 @@
 
 ``SOURCE:NAME`` picks the constructor: ``torchvision:<model>`` (a classifier with an ``fc`` or ``heads``
 head, e.g. resnet18/resnet50), ``timm:<model>`` (built with ``pretrained=False, num_classes=0``; ViTs get
-a dynamic input size so any crop size works), ``hypersolid:<arch>`` (``build_backbone`` of a ``ModelConfig``).
+a dynamic input size so any crop size works), ``native:<arch>`` (this package's own
+backbones, ``build_backbone`` of a ``ModelConfig``; ``hypersolid:<arch>``, its former spelling, is still read).
 The classifier head is removed, so the network returns its pooled features. Nothing is downloaded.
 
 The file is read with ``torch.load(weights_only=True)``. Its tensors are found under
@@ -21,6 +22,7 @@ from __future__ import annotations
 import difflib
 import pickle
 import re
+import sys
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +36,10 @@ from hypersolid_scale.models.backbones import backbone_names, build_backbone, ge
 from hypersolid_scale.models.config import ModelConfig
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 
-SOURCES = ("torchvision", "timm", "hypersolid")
+SOURCES = ("torchvision", "timm", "native")
+# The former name of "native" (it also named the method and the package): read as "native", with a note.
+FORMER_SOURCES = {"hypersolid": "native"}
+_NOTED: set[str] = set()  # former spellings already noted in this process
 # Wrappers added by DDP, torch.compile, lightly/Lightning modules and SSL repositories.
 KNOWN_PREFIXES = ("module.", "_orig_mod.", "model.", "backbone.", "encoder.")
 # Containers of the tensors in training checkpoints (Lightning: state_dict; this package and DeiT: model).
@@ -56,10 +61,18 @@ class LoadInfo:
 def parse_backbone(spec: str) -> tuple[str, str]:
     """``"torchvision:resnet50"`` -> ``("torchvision", "resnet50")``; a ``ConfigError`` for anything else."""
     source, sep, name = spec.partition(":")
+    if source in FORMER_SOURCES and sep and name:
+        if spec not in _NOTED:
+            _NOTED.add(spec)
+            print(
+                f"note: --backbone {spec} is read as {FORMER_SOURCES[source]}:{name} (the source's new name)",
+                file=sys.stderr,
+            )
+        source = FORMER_SOURCES[source]
     if not sep or source not in SOURCES or not name:
         raise ConfigError(
             f"--backbone {spec!r} is not SOURCE:NAME with SOURCE one of {list(SOURCES)}; write e.g. "
-            "--backbone torchvision:resnet50, timm:vit_tiny_patch16_224 or hypersolid:resnet18"
+            "--backbone torchvision:resnet50, timm:vit_tiny_patch16_224 or native:resnet18"
         )
     return source, name
 
@@ -106,14 +119,14 @@ def _timm(name: str) -> tuple[nn.Module, int]:
 def build_external(source: str, name: str, model_cfg: ModelConfig | None = None) -> tuple[nn.Module, int, int]:
     """(network without its classifier, feature dim, input channels) for ``source:name``; random weights.
 
-    ``model_cfg`` configures ``hypersolid:`` archs (its ``arch`` is set to ``name``).
+    ``model_cfg`` configures ``native:`` archs (its ``arch`` is set to ``name``).
     """
     if source == "torchvision":
         return (*_torchvision(name), 3)
     if source == "timm":
         return (*_timm(name), 3)
     if name not in backbone_names():
-        raise _unknown("hypersolid", name, backbone_names(), "hypersolid:resnet18")
+        raise _unknown("native", name, backbone_names(), "native:resnet18")
     cfg = ModelConfig() if model_cfg is None else model_cfg
     cfg.arch = name
     net, dim = build_backbone(cfg)
@@ -292,11 +305,11 @@ def _guess_arch(tensors: Mapping[str, torch.Tensor]) -> str | None:
             and arch in backbone_names()
             and get_backbone(arch).small_stem
         ):
-            return f"hypersolid:{arch} model.small_stem=true"  # the 32 px (CIFAR) stem
+            return f"native:{arch} model.small_stem=true"  # the 32 px (CIFAR) stem
         return f"torchvision:{arch}" if arch else None
     first = next((v for k, v in zip(names, tensors.values()) if k == "features.0.weight"), None)
     if first is not None and first.dim() == 4:  # this package's small CNN: its first conv gives width and channels
-        return f"hypersolid:small_cnn model.small_cnn_width={first.shape[0]} model.in_channels={first.shape[1]}"
+        return f"native:small_cnn model.small_cnn_width={first.shape[0]} model.in_channels={first.shape[1]}"
     patch = next((v for k, v in zip(names, tensors.values()) if k == "patch_embed.proj.weight"), None)
     if patch is not None:
         size = {192: "tiny", 384: "small", 768: "base", 1024: "large"}.get(int(patch.shape[0]))

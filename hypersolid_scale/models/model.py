@@ -1,4 +1,4 @@
-"""HypersolidModel: the backbone and Hypersolid's projector, the model evaluation loads a checkpoint into.
+"""BackboneWithProjector: the backbone and a projector, the model evaluation loads any method's checkpoint into.
 
 It has no training forward: a run trains the backbone through its method's own ``embed``/``loss``
 (:mod:`hypersolid_scale.methods`; the multi-crop batching by resolution is ``methods.base.encode``), and
@@ -42,7 +42,7 @@ class Projector(nn.Module):
         return self.net(x)
 
 
-class HypersolidModel(nn.Module):
+class BackboneWithProjector(nn.Module):
     """Backbone + projector, for evaluation (``checkpoint.build_model_from_checkpoint``); no ``forward``.
 
     Attributes:
@@ -66,9 +66,9 @@ class HypersolidModel(nn.Module):
         return self.backbone(images)
 
 
-def build_model(cfg: ModelConfig) -> HypersolidModel:
+def build_model(cfg: ModelConfig) -> BackboneWithProjector:
     """Build the backbone named by ``cfg.arch`` and its projector to ``cfg.proj_dim``."""
     cfg.validate()
     backbone, feature_dim = build_backbone(cfg)
     projector = Projector(feature_dim, cfg.proj_hidden_dim, cfg.proj_dim, cfg.proj_layers)
-    return HypersolidModel(backbone, feature_dim, projector)
+    return BackboneWithProjector(backbone, feature_dim, projector)

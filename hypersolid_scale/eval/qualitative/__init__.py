@@ -4,7 +4,7 @@ hypercolumn PCA, Grad-CAM, feature inversion and, for ViTs, CLS attention and pa
 Entry point::
 
     render_qualitative(
-        model: nn.Module,                      # HypersolidModel (e.g. checkpoint.build_model_from_checkpoint)
+        model: nn.Module,                      # BackboneWithProjector (e.g. checkpoint.build_model_from_checkpoint)
         images: torch.Tensor,                  # (N, C, H, W) normalised evaluation images, a handful
         labels: Sequence[int] | None,          # one per image, used as row labels (None: no labels)
         out_dir: str | Path,                   # created if missing

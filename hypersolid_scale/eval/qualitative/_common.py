@@ -1,6 +1,6 @@
 """What the qualitative analyses share: the backbone's conv stages, eval mode, PCA to RGB, input checks.
 
-Every analysis explains the BACKBONE features ``f(x)`` (``HypersolidModel.embed``), the representation the
+Every analysis explains the BACKBONE features ``f(x)`` (``BackboneWithProjector.embed``), the representation the
 evaluation measures (kNN, linear probe, clustering); the projector only serves the training loss.
 """
 
@@ -19,7 +19,7 @@ from hypersolid_scale.models import SmallCNN, ViTBackbone
 
 
 def backbone_of(model: nn.Module) -> nn.Module:
-    """The feature extractor of a ``HypersolidModel`` (its ``backbone``); any other module is taken as is."""
+    """The feature extractor of a ``BackboneWithProjector`` (its ``backbone``); any other module is taken as is."""
     return getattr(model, "backbone", model)
 
 

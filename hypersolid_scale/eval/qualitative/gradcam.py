@@ -54,7 +54,7 @@ def gradcam(
     """Grad-CAM maps (N, H, W) in [0, 1] (each map's maximum is 1 unless the map is all zero).
 
     Args:
-        model: a ``HypersolidModel`` (or its backbone) with conv stages (ResNet, SmallCNN).
+        model: a ``BackboneWithProjector`` (or its backbone) with conv stages (ResNet, SmallCNN).
         images: normalised images (N, C, H, W).
         targets: (N, F) target embeddings, one per image; None uses each image's own embedding.
         stages: ``"last"`` (last conv stage) or ``"all"`` (mean over every stage).

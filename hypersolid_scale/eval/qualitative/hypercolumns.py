@@ -48,7 +48,7 @@ def hypercolumn_pca(model: nn.Module, images: torch.Tensor, joint: bool = False)
     """Hypercolumn PCA as RGB: (N, C, H, W) images -> (N, H, W, 3) floats in [0, 1].
 
     Args:
-        model: a ``HypersolidModel`` (or its backbone) with conv stages (ResNet, SmallCNN).
+        model: a ``BackboneWithProjector`` (or its backbone) with conv stages (ResNet, SmallCNN).
         images: normalised images, as the model was trained on.
         joint: False (the paper's figure) fits one PCA per image, so each image uses its own three leading
             directions. True fits one PCA on the pixels of all images: a colour then means the same feature

@@ -123,7 +123,7 @@ def invert_features(
     """Invert each image's backbone embedding (see the module docstring for the method and its defaults).
 
     Args:
-        model: a ``HypersolidModel`` (or its backbone); any architecture.
+        model: a ``BackboneWithProjector`` (or its backbone); any architecture.
         images: normalised images (N, C, H, W) whose embeddings are the targets.
         size: final canvas side (or (H, W)); None uses the images' size.
         steps_per_scale: Adam steps at each scale (paper: 4000).
