@@ -1,7 +1,7 @@
 """Activation memory of an accumulated step: K micro-batches hold one micro-batch's graph, not K.
 
-    python benchmarks/accumulation_memory.py                       # CPU: quickstart CNN and ViT-Tiny, K = 1, 2, 4
-    python benchmarks/accumulation_memory.py --device cuda --setups resnet18
+    python -m benchmarks.accumulation_memory                     # CPU: quickstart CNN and ViT-Tiny, K = 1, 2, 4
+    python -m benchmarks.accumulation_memory --device cuda --setups resnet18
 
 One trainer step (``trainer.train_step``, the real loader's first batch) at the same global batch for each
 K = ``optim.accumulate_steps``. Measured on every device: the peak of the bytes autograd holds for backward
@@ -11,7 +11,8 @@ over the step, which adds the weights, gradients, optimizer state and the kept o
 step's time is reported as a ratio to K = 1 in the same run (pass 1 is an extra forward): wall time on a GPU,
 the process's CPU time on the CPU (steadier than the wall clock on a shared machine).
 
-Writes benchmarks/results/accumulation_memory.json and .png.
+Writes runs/bench/accumulation_memory.json and .png (--out benchmarks/results/accumulation_memory.json: the
+committed ones).
 """
 
 from __future__ import annotations
@@ -19,22 +20,18 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import common
+from benchmarks.common import ROOT
+from hypersolid_scale.config.schema import load_config
+from hypersolid_scale.distributed import WorldInfo, cleanup
+from hypersolid_scale.training import trainer
 
-from hypersolid_scale.config.schema import load_config  # noqa: E402
-from hypersolid_scale.distributed import WorldInfo, cleanup  # noqa: E402
-from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
-from hypersolid_scale.training import trainer  # noqa: E402
-
-OUT = ROOT / "benchmarks" / "results" / "accumulation_memory.json"
 COMMON = ["tracking.enabled=false", "eval.every_n_epochs=0", "checkpoint.every_n_steps=0", "progress=false"]
 SETUPS = {  # name: (config, overrides); Fashion-MNIST ships with the machine, so every setup runs anywhere
     "small_cnn": ("configs/quickstart.yaml", []),
@@ -143,29 +140,22 @@ def measure(setup: str, batch: int, k: int, device: torch.device, steps: int) ->
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for setup in dict.fromkeys(r["setup"] for r in rows):
-        mine = [r for r in rows if r["setup"] == setup]
-        ax.plot(
-            [r["accumulate_steps"] for r in mine],
-            [r["saved_for_backward_mb"] for r in mine],
-            "o-",
-            label=f"{setup} (global batch {mine[0]['global_batch']})",
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set_xlabel("optim.accumulate_steps K (same global batch)")
-    ax.set_ylabel("peak activation memory saved for backward (MiB)")
-    ax.set_title("Exact accumulation holds one micro-batch's graph")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with common.figure(path, 120, figsize=(6, 4)) as (_, ax):
+        for setup in dict.fromkeys(r["setup"] for r in rows):
+            mine = [r for r in rows if r["setup"] == setup]
+            ax.plot(
+                [r["accumulate_steps"] for r in mine],
+                [r["saved_for_backward_mb"] for r in mine],
+                "o-",
+                label=f"{setup} (global batch {mine[0]['global_batch']})",
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel("optim.accumulate_steps K (same global batch)")
+        ax.set_ylabel("peak activation memory saved for backward (MiB)")
+        ax.set_title("Exact accumulation holds one micro-batch's graph")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
 
 
 def main() -> None:
@@ -174,8 +164,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128, help="global batch")
     parser.add_argument("--ks", default="1,2,4", help="accumulation steps to measure")
     parser.add_argument("--steps", type=int, default=4, help="timed steps per K")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=str(OUT))
+    common.add_device(parser, default="cpu", choices=None)
+    common.add_out(parser, "accumulation_memory.json", what="the JSON file, the PNG beside it")
     args = parser.parse_args()
     device = torch.device(args.device)
     rows = []
@@ -191,11 +181,11 @@ def main() -> None:
     meta = {
         "device": str(device),
         "torch": torch.__version__,
-        "commit": (git_commit(ROOT) or "")[:7],
-        "command": "python " + " ".join(sys.argv),
+        "commit": common.commit()[:7],
+        "command": common.command(),
     }
     if device.type == "cuda":
-        meta["gpu"] = torch.cuda.get_device_name(device)
+        meta["gpu"] = common.card(device)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

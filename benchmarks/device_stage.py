@@ -1,8 +1,8 @@
 """The device stage of data.decode=device, before and after batching, on ImageNet-sized photographs.
 
-    python benchmarks/device_stage.py [--images 256] [--batch 64] [--device cpu] [--out runs/bench/device_stage]
+    python -m benchmarks.device_stage [--images 256] [--batch 64] [--device cpu] [--out runs/bench/device_stage]
 
-Data: the photo set's images (benchmarks/photo_set.py: JPEGs with a short side of 375-500 px, made from the
+Data: the photo set's images (benchmarks.photo_set: JPEGs with a short side of 375-500 px, made from the
 photographs installed packages ship), decoded once; the default preset's views, 2 x 224 + 6 x 96.
 Rows, measured in one run on the same decoded batches:
 
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import platform
 import sys
 import time
 from dataclasses import replace
@@ -37,17 +36,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from aug_reference import crop_resize_one, masked_photometric  # noqa: E402
-from hypersolid_scale.data import PRESETS  # noqa: E402
-from hypersolid_scale.data.batched_resize import pad_images  # noqa: E402
-from hypersolid_scale.data.device_views import DeviceStage, HostStage, _decisions, collate_host  # noqa: E402
-from hypersolid_scale.data.transforms import build_pil_multicrop, seeded_global_rngs  # noqa: E402
-from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
-from photo_set import generate, load_sources  # noqa: E402
+from benchmarks import common
+from benchmarks.aug_reference import crop_resize_one, masked_photometric
+from benchmarks.common import RESULTS
+from benchmarks.photo_set import generate, load_sources
+from hypersolid_scale.data import PRESETS
+from hypersolid_scale.data.batched_resize import pad_images
+from hypersolid_scale.data.device_views import DeviceStage, HostStage, _decisions, collate_host
+from hypersolid_scale.data.transforms import build_pil_multicrop, seeded_global_rngs
 
 SEED, EPOCH = 0, 0
 
@@ -153,9 +149,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "device": str(device),
         "threads": args.threads,
-        "machine": platform.processor() or platform.machine(),
+        "machine": common.machine(),
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": common.commit(),
         "rows": rows,
         "ratios": {
             "host_cpu_ms_per_image": rows["before"]["host_cpu_ms_per_image"] / rows["after"]["host_cpu_ms_per_image"],
@@ -167,37 +163,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = result["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
-    names = list(rows)
-    axes[0].bar(names, [rows[k]["host_cpu_ms_per_image"] for k in names], color=["tab:blue", "tab:orange"])
-    axes[0].set_ylabel("host CPU ms / image")
-    x = np.arange(2)
-    for i, k in enumerate(names):
-        axes[1].bar(x + 0.38 * i, [rows[k]["calls_per_half_batch"], rows[k]["calls_per_batch"]], 0.38, label=k)
-    axes[1].set_xticks(x + 0.19, [f"batch {result['batch'] // 2}", f"batch {result['batch']}"])
-    axes[1].set_ylabel("operator calls per batch")
-    axes[1].legend()
-    fig.suptitle(f"device stage on {result['device']} ({result['views']}), {result['images']} photos", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with common.figure(path, 110, 1, 2, figsize=(9, 3.4)) as (fig, axes):
+        names = list(rows)
+        axes[0].bar(names, [rows[k]["host_cpu_ms_per_image"] for k in names], color=["tab:blue", "tab:orange"])
+        axes[0].set_ylabel("host CPU ms / image")
+        x = np.arange(2)
+        for i, k in enumerate(names):
+            axes[1].bar(x + 0.38 * i, [rows[k]["calls_per_half_batch"], rows[k]["calls_per_batch"]], 0.38, label=k)
+        axes[1].set_xticks(x + 0.19, [f"batch {result['batch'] // 2}", f"batch {result['batch']}"])
+        axes[1].set_ylabel("operator calls per batch")
+        axes[1].legend()
+        fig.suptitle(f"device stage on {result['device']} ({result['views']}), {result['images']} photos", fontsize=10)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=256)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--device", default="cpu")
+    common.add_device(p, default="cpu", choices=None)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--pil-batches", type=int, default=1, help="batches compared with the PIL path (slow)")
-    p.add_argument("--sources-npz", type=Path, default=ROOT / "benchmarks" / "results" / "photo_sources.npz")
-    p.add_argument("--out", type=Path, default=Path("runs/bench/device_stage"))
+    p.add_argument("--sources-npz", type=Path, default=RESULTS / "photo_sources.npz")
+    common.add_out(p, "device_stage")
     p.add_argument("--plot-only", action="store_true", help="redraw --out's plot from its device_stage.json")
     args = p.parse_args(argv)
     if args.plot_only:

@@ -1,14 +1,15 @@
 """Evaluation suite: time and peak memory of each part, and density clustering at the paper's scale.
 
-    python benchmarks/eval.py                                  # both sections (36 min on a shared 2-core CPU)
-    python benchmarks/eval.py --sections clustering            # clustering rows only
-    python benchmarks/eval.py --quick --dims 64                # a smoke run (tests/test_benchmark_eval.py)
+    python -m benchmarks.eval                                  # both sections (36 min on a shared 2-core CPU)
+    python -m benchmarks.eval --sections clustering            # clustering rows only
+    python -m benchmarks.eval --quick --dims 64                # a smoke run (tests/test_benchmark_eval.py)
 
-Section "parts" (results/eval.json, eval.png): kNN, the linear probe, K-Means, geometry and the
+Into --out (default runs/bench/eval; the committed results: --out benchmarks/results).
+Section "parts" (eval.json, eval.png): kNN, the linear probe, K-Means, geometry and the
 interpolation profile on 60k train + 10k test embeddings shaped like ``eval_embeddings.make_embeddings``, each
 timed in this process (peak RSS reset through /proc/self/clear_refs before each part).
 
-Section "clustering" (results/clustering.json, clustering.png): what ``eval.suites._cluster`` runs under
+Section "clustering" (clustering.json, clustering.png): what ``eval.suites._cluster`` runs under
 the default protocol on every point, at n = 50k and 100k, d = 512 and 2048: K-Means (k = classes), the
 exact neighbour graph (``pairs.neighbour_graph``), the DBSCAN sweep over the paper's 101 eps and over the
 adaptive grid, the HDBSCAN spanning tree (``density.reachability_tree``) and its labels. Each row runs in a
@@ -27,7 +28,6 @@ import itertools
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -41,18 +41,15 @@ import numpy as np
 import torch
 from sklearn.metrics import adjusted_rand_score
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when imported from elsewhere
-
-from eval_embeddings import cluster_embeddings, make_embeddings
-from eval_report import plot_clustering, plot_parts
+from benchmarks import common
+from benchmarks.eval_embeddings import cluster_embeddings, make_embeddings
+from benchmarks.eval_report import plot_clustering, plot_parts
 from hypersolid_scale.eval import clustering, geometry, neighborhood, plots
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.eval.density import EPS_FLOOR, dbscan_sweep_labels, labels_from_tree, reachability_tree
 from hypersolid_scale.eval.knn import knn_accuracy
 from hypersolid_scale.eval.linear import linear_probe
 
-RESULTS = Path(__file__).resolve().parent / "results"
 # L-BFGS iterations of the timed probe: time per iteration is what scales; launch/eval.py runs up to
 # eval.linear_max_iter (200) iterations for each of the 5 weight decays plus the refit (warm-started).
 LINEAR_ITERS = 50
@@ -195,7 +192,8 @@ def _spawn(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """Run ``spec`` in a fresh interpreter; add its wall time and the whole process's peak RSS."""
     result_file = tmp / "row.json"
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--row", json.dumps(spec), "--row-out", str(result_file)])
+    cmd = [*common.module_command("benchmarks.eval"), "--row", json.dumps(spec), "--row-out", str(result_file)]
+    proc = subprocess.Popen(cmd, env=common.module_env())
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
@@ -227,8 +225,8 @@ def bench_clustering(
     machine = {
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "loadavg_start": [round(v, 2) for v in os.getloadavg()],
+        "platform": common.platform_name(),
+        "loadavg_start": common.load_average(),
     }
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -314,12 +312,12 @@ def bench_dim(d: int, n_train: int, n_test: int, ev: EvalConfig, out_dir: Path) 
 
 
 def bench_parts(dims: list[int], n_train: int, n_test: int, out: Path) -> dict[str, Any]:
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({torch.get_num_threads()} threads)"
+    device = common.card(cpu=f"CPU ({torch.get_num_threads()} threads)")
     result: dict[str, Any] = {
         "n_train": n_train,
         "n_test": n_test,
         "device": device,
-        "platform": platform.platform(),
+        "platform": common.platform_name(),
         "torch": torch.__version__,
         "parts": [],
         "quality": {},
@@ -350,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--n-train", type=int, default=60000, help="parts: training embeddings")
     p.add_argument("--n-test", type=int, default=10000, help="parts: test embeddings")
-    p.add_argument("--quick", action="store_true", help="a smoke run: a few thousand points per row")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    common.add_quick(p, "a smoke run: a few thousand points per row")
+    common.add_out(p, "eval", what="folder for eval.json, clustering.json and their PNGs")
     p.add_argument("--row", help=argparse.SUPPRESS)  # internal: one clustering row (JSON spec) ...
     p.add_argument("--row-out", type=Path, help=argparse.SUPPRESS)  # ... and the file for its result
     args = p.parse_args(argv)

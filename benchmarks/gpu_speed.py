@@ -1,7 +1,7 @@
 """The trainer's speed against the model's own step: where a GPU's time goes, one row per way of feeding it.
 
-    python benchmarks/gpu_speed.py --device cuda [--budget-s 330] [--out DIR]     # ResNet-50, 2 x 224 + 6 x 96
-    python benchmarks/gpu_speed.py --device cpu --quick                           # ResNet-18, 32/16 px, a few steps
+    python -m benchmarks.gpu_speed --device cuda [--budget-s 330] [--out DIR]     # ResNet-50, 2 x 224 + 6 x 96
+    python -m benchmarks.gpu_speed --device cpu --quick                           # ResNet-18, 32/16 px, a few steps
 
 Rows (configs/imagenet1k.yaml, the trainer's own ``build`` and ``train_step``, bf16 autocast on CUDA):
 
@@ -35,16 +35,13 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]  # no stubs installed
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
-from hypersolid_scale.distributed import WorldInfo  # noqa: E402
-from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
-from hypersolid_scale.training import trainer  # noqa: E402
-from photo_loaders import DEFAULT_SOURCES, prepare_set, sync  # noqa: E402
-from train_throughput import DeviceImages, make_config  # noqa: E402
+from benchmarks import common
+from benchmarks.common import sync
+from benchmarks.photo_loaders import DEFAULT_SOURCES, prepare_set
+from benchmarks.train_throughput import DeviceImages, make_config
+from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.distributed import WorldInfo
+from hypersolid_scale.training import trainer
 
 CL, NCHW = "model.channels_last=true", "model.channels_last=false"
 # name: (source, batch, overrides)
@@ -199,30 +196,24 @@ def profile_step(run: Any, next_views: Any, args: argparse.Namespace, path: Path
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = {k: v for k, v in res["rows"].items() if "images_per_s" in v}
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    colors = {"step": "tab:gray", "synthetic": "tab:green", "jpeg_device": "tab:blue", "jpeg_pil": "tab:orange"}
-    names = list(rows)
-    ax.bar(names, [rows[n]["images_per_s"] for n in names], color=[colors[ROWS[n][0]] for n in names])
-    for i, n in enumerate(names):
-        ax.text(i, rows[n]["images_per_s"], f"{rows[n]['images_per_s']:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_ylabel("images / s")
-    ax.tick_params(axis="x", labelrotation=35, labelsize=7)
-    ax.set_title(f"{res['card']}, torch {res['torch']}, {res['commit'][:7]}: {res['arch']} {res['views']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with common.figure(path, 110, figsize=(9, 3.8)) as (_, ax):
+        colors = {"step": "tab:gray", "synthetic": "tab:green", "jpeg_device": "tab:blue", "jpeg_pil": "tab:orange"}
+        names = list(rows)
+        ax.bar(names, [rows[n]["images_per_s"] for n in names], color=[colors[ROWS[n][0]] for n in names])
+        for i, n in enumerate(names):
+            ax.text(i, rows[n]["images_per_s"], f"{rows[n]['images_per_s']:.0f}", ha="center", va="bottom", fontsize=7)
+        ax.set_ylabel("images / s")
+        ax.tick_params(axis="x", labelrotation=35, labelsize=7)
+        ax.set_title(
+            f"{res['card']}, torch {res['torch']}, {res['commit'][:7]}: {res['arch']} {res['views']}", fontsize=9
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--quick", action="store_true", help="ResNet-18, 32/16 px crops, batches of 4 and 8")
+    ap = common.parser(__doc__)
+    common.add_device(ap)
+    common.add_quick(ap, "ResNet-18, 32/16 px crops, batches of 4 and 8")
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--budget-s", type=float, default=300.0, help="timed seconds, split equally over the rows")
@@ -231,10 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set-images", type=int, default=None, help="photo set size (default 2048; quick 64)")
     ap.add_argument("--sources-npz", default=str(DEFAULT_SOURCES) if DEFAULT_SOURCES.is_file() else None)
     ap.add_argument("--cache", default="/tmp/hs_bench_photos")
-    ap.add_argument("--out", default="runs/bench/gpu_speed")
+    common.add_out(ap, "gpu_speed")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    common.check_device(args.device)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 5)
     args.max_steps = args.max_steps or (2 if args.quick else 400)
     root = prepare_set(Path(args.cache), args.set_images or (64 if args.quick else 2048), args.sources_npz)
@@ -242,10 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     res: dict[str, Any] = {
-        "command": " ".join(["python", *sys.argv]),
-        "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "command": common.command(),
+        "card": common.card(device),
         "torch": torch.__version__,
-        "commit": git_commit(ROOT) or "unknown",
+        "commit": common.commit(),
         "arch": "resnet18" if args.quick else "resnet50",
         "views": "2x32+6x16" if args.quick else "2x224+6x96",
         "not_measured": {

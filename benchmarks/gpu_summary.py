@@ -1,6 +1,6 @@
 """Collect the parts of benchmarks/gpu_suite.sh into DIR/summary.json (+ DIR/cuda_tests.png).
 
-    python benchmarks/gpu_summary.py --out DIR --device cuda --quick 0 --command "..." --started EPOCH_S
+    python -m benchmarks.gpu_summary --out DIR --device cuda --quick 0 --command "..." --started EPOCH_S
 
 summary.json: card, torch, date, command, and per part: ``status`` (ok | partial | failed | skipped), rc, seconds,
 its numbers (the part's own JSON, inlined), and for a failed part the tail of its log. A part with no
@@ -17,6 +17,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, cast
+
+from benchmarks import common
 
 PARTS: dict[str, Any] = {
     "cuda_tests": None,
@@ -100,19 +102,11 @@ def collect(out: Path) -> dict[str, Any]:
 
 
 def plot_tests(parts: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     counts = parts.get("cuda_tests", {}).get("results", {})
     keys = ["passed", "failed", "errors", "skipped"]
-    fig, ax = plt.subplots(figsize=(5, 3))
-    ax.bar(keys, [counts.get(k, 0) for k in keys], color=["tab:green", "tab:red", "tab:orange", "tab:gray"])
-    ax.set_title("pytest -m cuda")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with common.figure(path, 100, figsize=(5, 3)) as (_, ax):
+        ax.bar(keys, [counts.get(k, 0) for k in keys], color=["tab:green", "tab:red", "tab:orange", "tab:gray"])
+        ax.set_title("pytest -m cuda")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         summary["torch"] = torch.__version__
-        summary["card"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        summary["card"] = common.card() if torch.cuda.is_available() else None
         summary["cuda"] = torch.version.cuda
     except Exception as err:  # noqa: BLE001 - the summary is written whatever broke
         summary["torch"] = f"unavailable: {err}"

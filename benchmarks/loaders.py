@@ -1,6 +1,6 @@
 """Loader throughput: images/s of the multi-crop loaders over the same JPEG data and workers.
 
-    python benchmarks/loaders.py [--images 512] [--workers 2] [--batch 32] [--device cpu]
+    python -m benchmarks.loaders [--images 512] [--workers 2] [--batch 32] [--device cpu]
 
 (a) WebDataset shards + PIL multi-crop (lightly DINOTransform), (b) FFCV .beton multi-crop (FFCV
 decode/crop/flip, photometric batched on --device), (c) torchvision ImageFolder + the same PIL
@@ -10,28 +10,23 @@ Data: real Fashion-MNIST images (sklearn's digits where Fashion-MNIST is not ins
 resolution with the conversion CLI to RGB JPEGs (quality 90) at 32 px (cifar preset: 2x32 + 6x32 views)
 and 224 px (default preset: 2x224 + 6x96 views). FFCV's one-time numba compilation is timed separately
 (warm-up epoch), then every loader is timed over whole epochs. Writes loaders.json and loaders.png into --out
-(benchmarks/results).
+(default runs/bench/loaders; the committed ones: --out benchmarks/results).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import common
 from hypersolid_scale.data import DataConfig, build_train_loader
 from hypersolid_scale.data.convert import main as convert
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SETUPS = {32: "cifar", 224: "default"}
 
 
@@ -46,7 +41,7 @@ def ffcv_missing() -> str | None:
 
 def builtin_source() -> str:
     """Fashion-MNIST where its files are installed, else sklearn's digits (bundled with scikit-learn)."""
-    from hypersolid_scale.data.builtin import load_builtin
+    from hypersolid_scale.data.builtin_sets import load_builtin
 
     try:
         load_builtin("fashion_mnist", "train")
@@ -137,37 +132,38 @@ def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sizes = sorted({r["size"] for r in results}) or [224]  # nothing ran: an empty panel, still a plot
     names = list(LOADERS)
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 3.5))
-    for ax, size in zip(axes if len(sizes) > 1 else [axes], sizes):
-        vals = [next((r["images_per_s"] for r in results if r["size"] == size and r["loader"] == n), 0) for n in names]
-        raw = next(
-            (r.get("decode_crop_flip_images_per_s", 0) for r in results if r["size"] == size and r["loader"] == "ffcv"),
-            0,
-        )
-        ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:purple"])
-        ax.bar(["ffcv"], [raw], color="none", edgecolor="tab:orange", hatch="//", label="ffcv decode+crop+flip only")
-        ax.legend(fontsize=7)
-        ax.set_title(f"{size} px ({SETUPS[size]} preset, 8 views)")
-        ax.tick_params(axis="x", labelsize=7)
-        ax.set_ylabel("images / s")
-        for i, v in enumerate(vals):
-            ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with common.figure(path, 120, 1, len(sizes), figsize=(5 * len(sizes), 3.5)) as (_, axes):
+        for ax, size in zip(axes if len(sizes) > 1 else [axes], sizes):
+            vals = [
+                next((r["images_per_s"] for r in results if r["size"] == size and r["loader"] == n), 0) for n in names
+            ]
+            raw = next(
+                (
+                    r.get("decode_crop_flip_images_per_s", 0)
+                    for r in results
+                    if r["size"] == size and r["loader"] == "ffcv"
+                ),
+                0,
+            )
+            ax.bar(names, vals, color=["tab:blue", "tab:orange", "tab:green", "tab:purple"])
+            ax.bar(
+                ["ffcv"], [raw], color="none", edgecolor="tab:orange", hatch="//", label="ffcv decode+crop+flip only"
+            )
+            ax.legend(fontsize=7)
+            ax.set_title(f"{size} px ({SETUPS[size]} preset, 8 views)")
+            ax.tick_params(axis="x", labelsize=7)
+            ax.set_ylabel("images / s")
+            for i, v in enumerate(vals):
+                ax.text(i, v, f"{v:.0f}", ha="center", va="bottom")
 
 
 LOADERS = ("webdataset+PIL", "ffcv", "imagefolder+PIL", "tensor")
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     p.add_argument("--images", type=int, default=512)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=32)
@@ -186,9 +182,9 @@ def main(argv: list[str] | None = None) -> None:
         help="builtin images to convert (auto: fashion_mnist if installed, else digits)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the main process")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    common.add_device(p, choices=None)
     p.add_argument("--cache", default=os.environ.get("HS_BENCH_CACHE", "/tmp/hs_bench_loaders"))
-    p.add_argument("--out", default=str(RESULTS), help="folder for loaders.json and loaders.png")
+    common.add_out(p, "loaders", what="folder for loaders.json and loaders.png")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     # One intra-op thread in the main process (what each of 2 trainer processes on 2 cores would use):
@@ -202,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     source = builtin_source() if args.source == "auto" else args.source
     results = []
     for size in (int(s) for s in args.sizes.split(",")):
-        common = dict(preset=SETUPS[size], batch_size_per_gpu=args.batch, num_workers=args.workers)
+        shared = dict(preset=SETUPS[size], batch_size_per_gpu=args.batch, num_workers=args.workers)
         root: Any = None  # a Path when a file-based loader is wanted
         if set(wanted) - {"tensor"}:
             root = prepare(Path(args.cache), size, args.images, source, with_ffcv=no_ffcv is None)
@@ -217,11 +213,11 @@ def main(argv: list[str] | None = None) -> None:
                     r = time_tensor_path(size, args.images, args.batch, device, args.epochs)
                 else:
                     if name == "webdataset+PIL":
-                        cfg = DataConfig(format="webdataset", path=str(root), shuffle_buffer=256, **common)
+                        cfg = DataConfig(format="webdataset", path=str(root), shuffle_buffer=256, **shared)
                     elif name == "ffcv":
-                        cfg = DataConfig(format="ffcv", path=str(root), ffcv_order="random", **common)
+                        cfg = DataConfig(format="ffcv", path=str(root), ffcv_order="random", **shared)
                     elif name == "imagefolder+PIL":
-                        cfg = DataConfig(format="imagefolder", path=str(root / "folder"), **common)
+                        cfg = DataConfig(format="imagefolder", path=str(root / "folder"), **shared)
                     else:
                         raise KeyError(name)
                     r = time_loader(cfg, device, args.epochs)
@@ -251,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         "images": args.images,
         "source": source,
         "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
+        "machine": common.arch(),
         "torch": torch.__version__,
         "load_avg_at_end": os.getloadavg(),
     }

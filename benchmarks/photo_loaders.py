@@ -1,8 +1,8 @@
 """Multi-crop loaders on photographs: images/s and host CPU seconds per image, ImageNet-sized JPEGs.
 
-    python benchmarks/photo_loaders.py [--device cpu|cuda] [--workers 2] [--images 5120] [--local-views 6 10]
+    python -m benchmarks.photo_loaders [--device cpu|cuda] [--workers 2] [--images 5120] [--local-views 6 10]
 
-Data: the photo set of benchmarks/photo_set.py (built once into --cache; from --sources-npz where given).
+Data: the photo set of benchmarks.photo_set (built once into --cache; from --sources-npz where given).
 Rows, each for 2 x 224 + N x 96 views (N = --local-views, default preset), on the set's WebDataset shards:
 
 * ``pil``: data.decode=workers, PIL decode + lightly's multi-crop in the DataLoader workers;
@@ -16,7 +16,7 @@ Each row is timed over --images images after its first batch (workers up, FFCV c
 per image = (CPU of the DataLoader workers + CPU of this process - the device stage's own CPU when the
 device is the CPU) / images: on a CPU "device" that stage is the device's work, not the host's. A row the
 code here cannot run (data.decode not there yet, ffcv missing) records `skipped: <reason>`.
-Writes photo_loaders.json and photo_loaders.png into --out (benchmarks/results).
+Writes photo_loaders.json and photo_loaders.png into --out (default runs/bench/photo_loaders).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import shutil
 import sys
 import time
@@ -35,16 +34,12 @@ from typing import Any
 import psutil  # type: ignore[import-untyped]  # no stubs installed
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import common
+from benchmarks.common import RESULTS, sync
+from benchmarks.loaders import ffcv_missing
+from benchmarks.photo_set import IMAGENET_MEAN_KB, build
+from hypersolid_scale.data import DataConfig, build_train_loader
 
-from hypersolid_scale.data import DataConfig, build_train_loader  # noqa: E402
-from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
-from loaders import ffcv_missing  # noqa: E402
-from photo_set import IMAGENET_MEAN_KB, build  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 ROWS = ("pil", "device", "device_workers_jpeg", "ffcv", "device_imagefolder")
 DEFAULT_SOURCES = RESULTS / "photo_sources.npz"
 
@@ -80,11 +75,6 @@ def cpu_seconds() -> tuple[float, float]:
         except psutil.Error:  # ended between the listing and the read
             pass
     return t.user + t.system, kids
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_row(cfg: DataConfig, device: torch.device, images: int) -> dict[str, Any]:
@@ -126,52 +116,48 @@ def time_row(cfg: DataConfig, device: torch.device, images: int) -> dict[str, An
 
 
 def row_config(row: str, root: Path, local: int, args: argparse.Namespace) -> DataConfig:
-    common: dict[str, Any] = dict(
+    shared: dict[str, Any] = dict(
         preset="default", num_local_views=local, batch_size_per_gpu=args.batch, num_workers=args.workers
     )
     shards: dict[str, Any] = dict(format="webdataset", path=str(root), shuffle_buffer=256)
     if row == "pil":
-        return DataConfig(**shards, **common)
+        return DataConfig(**shards, **shared)
     if row == "ffcv":
-        return DataConfig(format="ffcv", path=str(root), ffcv_order="random", **common)
-    common["decode"] = "device"
-    common["jpeg_decoder"] = "workers" if row == "device_workers_jpeg" else "device"
+        return DataConfig(format="ffcv", path=str(root), ffcv_order="random", **shared)
+    shared["decode"] = "device"
+    shared["jpeg_decoder"] = "workers" if row == "device_workers_jpeg" else "device"
     if row == "device_imagefolder":
-        return DataConfig(format="imagefolder", path=str(root / "imagefolder"), **common)
-    return DataConfig(**shards, **common)
+        return DataConfig(format="imagefolder", path=str(root / "imagefolder"), **shared)
+    return DataConfig(**shards, **shared)
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     setups = sorted({r["setup"] for r in results})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    width = 0.8 / max(1, len(setups))
-    for k, (key, label) in enumerate(
-        (("images_per_s", "images / s"), ("host_cpu_ms_per_image", "host CPU ms / image"))
-    ):
-        ax = axes[k]
-        for j, setup in enumerate(setups):
-            vals = [next((r.get(key, 0) for r in results if r["row"] == n and r["setup"] == setup), 0) for n in ROWS]
-            xs = [i + (j - (len(setups) - 1) / 2) * width for i in range(len(ROWS))]
-            ax.bar(xs, vals, width, label=setup)
-            for x, v in zip(xs, vals):
-                ax.text(x, v, f"{v:.0f}" if key == "images_per_s" else f"{v:.1f}", ha="center", va="bottom", fontsize=6)
-        ax.set_xticks(range(len(ROWS)), ROWS, fontsize=7, rotation=15)
-        ax.set_ylabel(label)
-        ax.legend(fontsize=7)
-    fig.suptitle("multi-crop loaders on the photo set (missing bar: skipped)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with common.figure(path, 110, 1, 2, figsize=(11, 3.8)) as (fig, axes):
+        width = 0.8 / max(1, len(setups))
+        for k, (key, label) in enumerate(
+            (("images_per_s", "images / s"), ("host_cpu_ms_per_image", "host CPU ms / image"))
+        ):
+            ax = axes[k]
+            for j, setup in enumerate(setups):
+                vals = [
+                    next((r.get(key, 0) for r in results if r["row"] == n and r["setup"] == setup), 0) for n in ROWS
+                ]
+                xs = [i + (j - (len(setups) - 1) / 2) * width for i in range(len(ROWS))]
+                ax.bar(xs, vals, width, label=setup)
+                for x, v in zip(xs, vals):
+                    ax.text(
+                        x, v, f"{v:.0f}" if key == "images_per_s" else f"{v:.1f}", ha="center", va="bottom", fontsize=6
+                    )
+            ax.set_xticks(range(len(ROWS)), ROWS, fontsize=7, rotation=15)
+            ax.set_ylabel(label)
+            ax.legend(fontsize=7)
+        fig.suptitle("multi-crop loaders on the photo set (missing bar: skipped)", fontsize=9)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p = common.parser(__doc__)
+    common.add_device(p)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--images", type=int, default=5120, help="images timed per row, after the first batch")
     p.add_argument("--batch", type=int, default=64)
@@ -181,10 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sources-npz", default=str(DEFAULT_SOURCES) if DEFAULT_SOURCES.is_file() else None)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads of this process")
     p.add_argument("--cache", default=os.environ.get("HS_BENCH_CACHE", "/tmp/hs_bench_photos"))
-    p.add_argument("--out", default=str(RESULTS))
+    common.add_out(p, "photo_loaders")
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    common.check_device(args.device)
     device = torch.device(args.device)
     # One intra-op thread, as loaders.py: on shared cores more threads spin rather than work.
     torch.set_num_threads(args.threads)
@@ -196,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {
-        "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
+        "command": common.command(),
         "device": str(device),
-        "card": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "card": common.card(device, cpu=common.machine() or "cpu"),
         "torch": torch.__version__,
-        "git_commit": git_commit(ROOT) or "unknown",
+        "git_commit": common.commit(),
         "workers": args.workers,
         "batch": args.batch,
         "images_timed": args.images,

@@ -1,6 +1,6 @@
 """A photo benchmark set: ImageNet-sized JPEGs cut from real photographs that installed packages ship.
 
-    python benchmarks/photo_set.py --out /tmp/photos [--images 5500] [--sources-npz FILE.npz]
+    python -m benchmarks.photo_set --out /tmp/photos [--images 5500] [--sources-npz FILE.npz]
 
 Sources: scikit-learn's two sample photographs (china, flower) and scikit-image's bundled colour photographs
 (astronaut, chelsea, coffee, rocket, motorcycle, ...; the files inside the wheel, nothing downloaded). Each
@@ -19,7 +19,6 @@ qualities.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -34,8 +33,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import common
 from hypersolid_scale.data.converter import Converter
 from hypersolid_scale.data.sources import Item
 
@@ -269,7 +267,7 @@ def build(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     p.add_argument("--out", required=True, help="empty or missing folder for the set")
     p.add_argument("--images", type=int, default=5500, help="a little over the 5,120 a loader benchmark times")
     p.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,7 @@
 """The trainer end to end on photographs: JPEG shards through the loader against synthetic tensors.
 
-    python benchmarks/photo_trainer.py --device cuda [--budget-s 60]     # ResNet-50, B=128, bf16
-    python benchmarks/photo_trainer.py --device cpu --quick              # ResNet-18, tiny crops, few steps
+    python -m benchmarks.photo_trainer --device cuda [--budget-s 60]     # ResNet-50, B=128, bf16
+    python -m benchmarks.photo_trainer --device cpu --quick              # ResNet-18, tiny crops, few steps
 
 Variants, the same model, optimizer and step (the trainer's ``build`` + ``train_step``, configs/imagenet1k.yaml,
 2 x 224 + 6 x 96 views; bf16 autocast on CUDA, as the trainer decides):
@@ -14,7 +14,7 @@ Variants, the same model, optimizer and step (the trainer's ``build`` + ``train_
 
 Each variant gets an equal share of --budget-s: warm-up steps, then timed steps until its share is spent.
 ``ratio_<variant>`` = its images/s / synthetic's (target for jpeg_device: >= 0.9). Writes
-photo_trainer.json and photo_trainer.png into --out.
+photo_trainer.json and photo_trainer.png into --out (default runs/bench/photo_trainer).
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
-from hypersolid_scale.distributed import WorldInfo  # noqa: E402
-from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
-from hypersolid_scale.training import trainer  # noqa: E402
-from photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set, sync  # noqa: E402
-from train_throughput import DeviceImages, make_config  # noqa: E402
+from benchmarks import common
+from benchmarks.common import sync
+from benchmarks.photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set
+from benchmarks.train_throughput import DeviceImages, make_config
+from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.distributed import WorldInfo
+from hypersolid_scale.training import trainer
 
 VARIANTS = ("synthetic", "jpeg_device", "jpeg_pil")
 
@@ -120,29 +117,21 @@ def run_variant(variant: str, args: argparse.Namespace, root: Path, device: torc
 
 
 def plot(res: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [n for n in VARIANTS if "images_per_s" in res["variants"].get(n, {})]
     vals = [res["variants"][n]["images_per_s"] for n in names]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.bar(names, vals, color=["tab:gray", "tab:blue", "tab:orange"][: len(names)])
-    for i, v in enumerate(vals):
-        ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
-    ratios = ", ".join(f"{k} {v:.2f}" for k, v in res.items() if k.startswith("ratio_"))
-    ax.set_title(f"trainer, {res['arch']} B={res['batch']} {res['views']}\n{ratios}", fontsize=8)
-    ax.set_ylabel("images / s")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with common.figure(path, 100, figsize=(5, 3.5)) as (_, ax):
+        ax.bar(names, vals, color=["tab:gray", "tab:blue", "tab:orange"][: len(names)])
+        for i, v in enumerate(vals):
+            ax.text(i, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+        ratios = ", ".join(f"{k} {v:.2f}" for k, v in res.items() if k.startswith("ratio_"))
+        ax.set_title(f"trainer, {res['arch']} B={res['batch']} {res['views']}\n{ratios}", fontsize=8)
+        ax.set_ylabel("images / s")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--quick", action="store_true", help="ResNet-18, 32/16 px crops, batch 4, 1 + 2 steps")
+    ap = common.parser(__doc__)
+    common.add_device(ap)
+    common.add_quick(ap, "ResNet-18, 32/16 px crops, batch 4, 1 + 2 steps")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--batch", type=int, default=None, help="default 128 (quick: 4)")
     ap.add_argument("--workers", type=int, default=8)
@@ -153,10 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sources-npz", default=str(DEFAULT_SOURCES) if DEFAULT_SOURCES.is_file() else None)
     ap.add_argument("--cache", default="/tmp/hs_bench_photos")
     ap.add_argument("--override", action="append", default=[], help="extra config override")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    common.add_out(ap, "photo_trainer")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    common.check_device(args.device)
     device = torch.device(args.device)
     args.batch = args.batch or (4 if args.quick else 128)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
@@ -165,11 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {
-        "command": " ".join(["python", *sys.argv]),
+        "command": common.command(),
         "device": str(device),
-        "card": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "card": common.card(device),
         "torch": torch.__version__,
-        "git_commit": git_commit(ROOT) or "unknown",
+        "git_commit": common.commit(),
         "arch": "resnet18" if args.quick else "resnet50",
         "batch": args.batch,
         "views": "2x32+6x16" if args.quick else "2x224+6x96",

@@ -1,9 +1,9 @@
 """Repulsion backends: forward+backward time, peak memory, recall and loss error, at growing batch sizes.
 
-    python benchmarks/repulsion.py                      # CPU, M in {1k, 4k, 16k, 32k, 64k}, D = 1024
-    python benchmarks/repulsion.py --device cuda        # on a GPU
-    python benchmarks/repulsion.py --sizes 1024 4096    # a quick subset
-    python benchmarks/repulsion.py --device cuda --dtypes fp32 bf16 --share   # + share of a ResNet-50 step
+    python -m benchmarks.repulsion                      # CPU, M in {1k, 4k, 16k, 32k, 64k}, D = 1024
+    python -m benchmarks.repulsion --device cuda        # on a GPU
+    python -m benchmarks.repulsion --sizes 1024 4096    # a quick subset
+    python -m benchmarks.repulsion --device cuda --dtypes fp32 bf16 --share   # + share of a ResNet-50 step
 
 On CPU each measurement runs in its own subprocess, so peak memory is that of one backend at one size (the
 peak resident set, VmHWM, reset after the inputs are built). On CUDA they run in one process (a process
@@ -15,9 +15,10 @@ Loss error is relative to dense at the same size, or to tiled where dense does n
 channels_last) and puts the repulsion's fwd+bwd time next to it (see ``share``).
 A dense run whose estimated footprint exceeds the memory budget is skipped and recorded as such rather than
 risking the machine. Two regimes: ``spread`` (embeddings of a trained encoder: few pairs inside alpha) and
-``collapsed`` (an untrained one: almost every pair inside alpha). Writes results/repulsion.json and .png
-(``--out``). ``make bench`` writes runs/bench/repulsion.* instead and compares them with the committed
-results/repulsion.json (``repulsion_compare.py``: what got slower or heavier, as ratios over a noise allowance).
+``collapsed`` (an untrained one: almost every pair inside alpha). Writes runs/bench/repulsion.json, .png and .md
+(``--out benchmarks/results/repulsion``: the committed ones). ``make bench`` then compares them with the
+committed results/repulsion.json (``repulsion_compare``: what got slower or heavier, as ratios over a noise
+allowance).
 """
 
 from __future__ import annotations
@@ -27,16 +28,13 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # the sibling modules, also when imported from elsewhere
-from repulsion_measure import VIEWS, available_backends, measure  # noqa: E402
-from repulsion_report import plot, summarize  # noqa: E402
+from benchmarks import common
+from benchmarks.repulsion_measure import VIEWS, available_backends, measure
+from benchmarks.repulsion_report import plot, summarize
 
-RESULTS = HERE / "results"
 DENSE_BYTES_PER_PAIR = 24  # similarity, hinge, masks and autograd buffers of the (M × M) block, measured ~20
 
 
@@ -59,8 +57,7 @@ def run_one(backend: str, m: int, regime: str, dtype: str, args: argparse.Namesp
         finally:
             torch.cuda.empty_cache()
     cmd = [
-        sys.executable,
-        __file__,
+        *common.module_command("benchmarks.repulsion"),
         "--worker",
         "--backend",
         backend,
@@ -76,7 +73,7 @@ def run_one(backend: str, m: int, regime: str, dtype: str, args: argparse.Namesp
         dtype,
     ]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=common.module_env())
     except subprocess.TimeoutExpired:
         return {**head, "skipped": f"timed out after {args.timeout} s"}
     if proc.returncode != 0:
@@ -239,8 +236,8 @@ def memory_budget(device: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap = common.parser(__doc__)
+    common.add_device(ap, default="cpu")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 32768, 65536])
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--regimes", nargs="+", default=["spread", "collapsed"])
@@ -277,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="measure in this process on CPU too (faster, but peak memory is then that of the whole process)",
     )
-    ap.add_argument("--out", default=str(RESULTS / "repulsion"), help="output path without extension")
+    common.add_out(ap, "repulsion", what="output path without extension")
     # worker mode (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--backend", help=argparse.SUPPRESS)
@@ -288,11 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(args)))
         return 0
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    common.check_device(args.device)
 
     names = [b for b, _ in available_backends()]
     backends = args.backends or names
@@ -306,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "device": args.device,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": common.machine(),
         "cores": os.cpu_count(),
         "dim": args.dim,
         "views": VIEWS,
@@ -317,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda":
         import torch
 
-        meta.update(gpu=torch.cuda.get_device_name(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+        meta.update(gpu=common.card(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
 
     def save(shares: dict | None = None) -> None:
         """Written after every measurement: a run cut short by a time limit keeps what it measured."""
@@ -370,5 +363,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE.parent))
     raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Compare a repulsion benchmark run with a reference one (by default the committed results/repulsion.json).
 
-    python benchmarks/repulsion_compare.py NEW.json                       # against results/repulsion.json
-    python benchmarks/repulsion_compare.py NEW.json --baseline OLD.json --time-threshold 0.2 --strict
+    python -m benchmarks.repulsion_compare NEW.json                       # against results/repulsion.json
+    python -m benchmarks.repulsion_compare NEW.json --baseline OLD.json --time-threshold 0.2 --strict
 
 Rows are matched on (backend, M, regime, dtype, device). A row is reported slower when its time grew by more
 than ``--time-threshold`` (a fraction: 0.3 = 30 %) and by more than ``--time-floor`` seconds, and heavier when
@@ -14,13 +14,14 @@ Exit status 0, or 1 with ``--strict`` when something got slower or heavier.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-DEFAULT_BASELINE = HERE / "results" / "repulsion.json"
+from benchmarks import common
+from benchmarks.common import RESULTS
+
+DEFAULT_BASELINE = RESULTS / "repulsion.json"
 ENV_KEYS = (
     "torch",
     "numpy",
@@ -132,7 +133,7 @@ def report(result: dict, *, time_threshold: float, mem_threshold: float) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = common.parser(__doc__)
     ap.add_argument("new", help="JSON written by benchmarks/repulsion.py")
     ap.add_argument("--baseline", default=str(DEFAULT_BASELINE), help="reference JSON (default: the committed one)")
     ap.add_argument("--time-threshold", type=float, default=0.3, help="allowed relative time increase (0.3 = 30%%)")

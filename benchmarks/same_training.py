@@ -1,8 +1,8 @@
 """Seeded trainings whose every bit is recorded: the check that a refactor changed no behaviour.
 
-    python benchmarks/same_training.py --out before.json --repo /path/to/old/checkout
-    python benchmarks/same_training.py --out after.json
-    python benchmarks/same_training.py --compare before.json after.json
+    python -m benchmarks.same_training --out before.json --repo /path/to/old/checkout
+    python -m benchmarks.same_training --out after.json
+    python -m benchmarks.same_training --compare before.json after.json
 
 Each case trains ``launch/train.py`` (one CPU process, the checkout's own config file) for ``--steps`` steps
 with a metric logged every step, then records every logged training loss (read back from the run's MLflow

@@ -1,8 +1,8 @@
 """Where a training step's time goes: data, forward, loss, backward, optimizer, communication; images/s.
 
-    python benchmarks/train_step.py                       # quickstart + ResNet-18 at 32 px, CPU, brief
-    python benchmarks/train_step.py --steps 20 --device cuda --batch-resnet 256
-    torchrun --nproc_per_node=2 benchmarks/train_step.py  # adds the gradient all-reduce of 2 ranks
+    python -m benchmarks.train_step                       # quickstart + ResNet-18 at 32 px, CPU, brief
+    python -m benchmarks.train_step --steps 20 --device cuda --batch-resnet 256
+    torchrun --nproc_per_node=2 -m benchmarks.train_step  # adds the gradient all-reduce of 2 ranks
 
 Two setups: the quickstart (small CNN, Fashion-MNIST 28 px, 2 + 4 views, the real in-memory loader) and
 ResNet-18 with the small-image stem at 32 px (2 + 6 views of CIFAR size; synthetic uint8 images through
@@ -10,18 +10,18 @@ the same multi-crop loader, since CIFAR is not shipped). For each loss backend t
 phase with synchronisation between phases (so phases do not overlap as they would in a real DDP step);
 "repulsion share" is the loss phase (forward + its share of backward) relative to the whole step.
 Communication is the all-reduce of a gradient-sized buffer (what DDP does, here not overlapped).
-Writes benchmarks/results/train_step.json and train_step.png.
+Writes train_step.json and train_step.png into --out (default runs/bench/train_step; the committed ones:
+--out benchmarks/results).
 
 A profiler, so it runs its own loop: the trainer's ``train_step`` never synchronises between phases (that
 is what keeps a GPU fed), so it cannot be split like this; the trainer's step is timed whole, against a plain
-reference loop, by ``benchmarks/train_throughput.py``.
+reference loop, by ``benchmarks.train_throughput``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import common
+from benchmarks.common import sync
 from hypersolid_scale.data import DataConfig, build_train_loader
 from hypersolid_scale.data.builtin import ArraySplit
 from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
@@ -42,13 +42,7 @@ from hypersolid_scale.methods.hypersolid import Hypersolid
 from hypersolid_scale.models import ModelConfig, build_backbone
 from hypersolid_scale.training.run_builder import MethodModel
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "communication")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def quickstart_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig]:
@@ -96,34 +90,34 @@ def time_steps(
             it = iter(loader)
             views, _ = next(it)
         views = [v.to(device) for v in views]
-        _sync(device)
+        sync(device)
         t["data"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             feats = method.embed_views(views, model.backbone)
         feats = feats.float()
-        _sync(device)
+        sync(device)
         t["forward"] = time.perf_counter() - t0
         # The loss phase covers its forward and the backward through the loss only (to the embeddings).
         t0 = time.perf_counter()
         leaf = feats.detach().requires_grad_(True)
         loss, _ = method.loss({"z": [leaf]})
         loss.backward()
-        _sync(device)
+        sync(device)
         t["loss"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         feats.backward(leaf.grad)
-        _sync(device)
+        sync(device)
         t["backward"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         flat = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         all_reduce_sum(flat)
-        _sync(device)
+        sync(device)
         t["communication"] = time.perf_counter() - t0 if get_world_size() > 1 else 0.0
         t0 = time.perf_counter()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        _sync(device)
+        sync(device)
         t["optimizer"] = time.perf_counter() - t0
         if i > 0:
             for p in PHASES:
@@ -144,36 +138,28 @@ def time_steps(
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"{r['setup']}\n{r['backend']}" for r in results]
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(results)), 4))
-    bottom = np.zeros(len(results))
-    for p in PHASES:
-        vals = np.array([r[f"{p}_ms"] for r in results])
-        ax.bar(labels, vals, bottom=bottom, label=p)
-        bottom += vals
-    for x, r in enumerate(results):
-        ax.text(x, bottom[x], f"{r['images_per_s']:.0f} img/s", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"Training step breakdown ({results[0]['device']}, world size {results[0]['world_size']})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with common.figure(path, 110, figsize=(max(6, 1.4 * len(results)), 4)) as (_, ax):
+        bottom = np.zeros(len(results))
+        for p in PHASES:
+            vals = np.array([r[f"{p}_ms"] for r in results])
+            ax.bar(labels, vals, bottom=bottom, label=p)
+            bottom += vals
+        for x, r in enumerate(results):
+            ax.text(x, bottom[x], f"{r['images_per_s']:.0f} img/s", ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel("ms per step")
+        ax.set_title(f"Training step breakdown ({results[0]['device']}, world size {results[0]['world_size']})")
+        ax.legend(fontsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3, help="timed steps per setup and backend (after 1 warm-up)")
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    common.add_device(ap, default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--batch-quickstart", type=int, default=128, help="images per rank")
     ap.add_argument("--batch-resnet", type=int, default=32, help="images per rank")
     ap.add_argument("--backends", default="dense,tiled,neighbors")
-    ap.add_argument("--out", default=str(RESULTS))
+    common.add_out(ap, "train_step")
     args = ap.parse_args(argv)
     info, device = init_distributed(args.device)
     bf16 = device.type == "cuda"
@@ -203,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         meta = {
             "torch": torch.__version__,
-            "machine": platform.machine(),
+            "machine": common.arch(),
             "cpu_threads": torch.get_num_threads(),
             "steps": args.steps,
         }

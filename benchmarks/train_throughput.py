@@ -1,7 +1,7 @@
 """Training throughput (images/s) of the paper's setups: the trainer against a plain reference loop.
 
-    python benchmarks/train_throughput.py --device cuda             # CIFAR + ImageNet setups, ~2-3 min on an H100
-    python benchmarks/train_throughput.py --device cpu --quick      # tiny sizes, a couple of steps
+    python -m benchmarks.train_throughput --device cuda             # CIFAR + ImageNet setups, ~2-3 min on an H100
+    python -m benchmarks.train_throughput --device cpu --quick      # tiny sizes, a couple of steps
 
 Setups (from configs/): ``cifar`` = ResNet-18 with the small stem, cifar10 preset (2 x 32 + 6 x 32 views);
 ``imagenet`` = ResNet-50, imagenet preset (2 x 224 + 6 x 96 views). Every step augments uint8 images held
@@ -15,7 +15,7 @@ in device memory with the project's TensorMultiCrop (crop + flip + BatchPhotomet
 
 Each with and without torch.compile, channels_last, bf16 autocast on CUDA. A few warm-up steps, then
 timed steps between torch.cuda.synchronize() calls. ``ratio`` = trainer / reference images/s (target
->= 0.95). Writes <out>/train_throughput.json and .png.
+>= 0.95). Writes <out>/train_throughput.json and .png (default out: runs/bench/train_throughput).
 """
 
 from __future__ import annotations
@@ -32,17 +32,16 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from hypersolid_scale.config.schema import load_config  # noqa: E402
-from hypersolid_scale.data.batch import plan_batch  # noqa: E402
-from hypersolid_scale.data.presets import resolve_preset  # noqa: E402
-from hypersolid_scale.data.tensor_aug import TensorMultiCrop  # noqa: E402
-from hypersolid_scale.distributed import WorldInfo, cleanup  # noqa: E402
-from hypersolid_scale.methods import build_method  # noqa: E402
-from hypersolid_scale.models import build_backbone  # noqa: E402
-from hypersolid_scale.training import run_builder, trainer  # noqa: E402
+from benchmarks import common
+from benchmarks.common import ROOT, sync
+from hypersolid_scale.config.schema import load_config
+from hypersolid_scale.data.batch import plan_batch
+from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+from hypersolid_scale.distributed import WorldInfo, cleanup
+from hypersolid_scale.methods import build_method
+from hypersolid_scale.models import build_backbone
+from hypersolid_scale.training import run_builder, trainer
 
 SETUPS = {"cifar": ("configs/cifar10.yaml", 32), "imagenet": ("configs/imagenet1k.yaml", 256)}
 VARIANTS = ("reference", "trainer", "reference+compile", "trainer+compile", "deepspeed")
@@ -86,11 +85,6 @@ class DeviceImages:
         if self.channels_last:
             views = [v.contiguous(memory_format=torch.channels_last) for v in views]
         return views
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_loop(
@@ -274,31 +268,23 @@ def add_ratios(res: dict) -> None:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for ax, r in zip(axes[0], results):
-        names = [n for n in VARIANTS if "images_per_s" in r["variants"].get(n, {})]
-        vals = [r["variants"][n]["images_per_s"] for n in names]
-        ax.bar(names, vals, color=["tab:gray" if n.startswith("reference") else "tab:blue" for n in names])
-        for i, val in enumerate(vals):
-            ax.text(i, val, f"{val:.0f}", ha="center", va="bottom", fontsize=8)
-        ratio = ", ".join(f"{k} {r[k]:.3f}" for k in ("ratio", "ratio_compile") if k in r)
-        ax.set_title(f"{r['setup']} ({r['arch']}, B={r['batch_per_gpu']}, views {r['views']})\n{ratio}", fontsize=9)
-        ax.set_ylabel("images / s")
-        ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with common.figure(path, 100, 1, len(results), figsize=(6 * len(results), 4), squeeze=False) as (_, axes):
+        for ax, r in zip(axes[0], results):
+            names = [n for n in VARIANTS if "images_per_s" in r["variants"].get(n, {})]
+            vals = [r["variants"][n]["images_per_s"] for n in names]
+            ax.bar(names, vals, color=["tab:gray" if n.startswith("reference") else "tab:blue" for n in names])
+            for i, val in enumerate(vals):
+                ax.text(i, val, f"{val:.0f}", ha="center", va="bottom", fontsize=8)
+            ratio = ", ".join(f"{k} {r[k]:.3f}" for k in ("ratio", "ratio_compile") if k in r)
+            ax.set_title(f"{r['setup']} ({r['arch']}, B={r['batch_per_gpu']}, views {r['views']})\n{ratio}", fontsize=9)
+            ax.set_ylabel("images / s")
+            ax.tick_params(axis="x", labelrotation=20, labelsize=8)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--quick", action="store_true", help="tiny batches and images, 1 warm-up + 1 timed step")
+    ap = common.parser(__doc__)
+    common.add_device(ap)
+    common.add_quick(ap, "tiny batches and images, 1 warm-up + 1 timed step")
     ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--batch-cifar", type=int, default=None, help="default: the config's (128); quick: 2")
@@ -322,10 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--override", action="append", default=[], help="extra config override, e.g. method.hypersolid.backend=tiled"
     )
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    common.add_out(ap, "train_throughput")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    common.check_device(args.device)
     device = torch.device(args.device)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     args.steps = args.steps if args.steps is not None else (1 if args.quick else 15)
@@ -345,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "channels_last": not args.no_channels_last,
     }
     if device.type == "cuda":
-        meta["gpu"] = torch.cuda.get_device_name()
+        meta["gpu"] = common.card()
     ctxs = [
         prepare_setup(
             setup,

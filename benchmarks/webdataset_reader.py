@@ -1,6 +1,6 @@
 """WebDataset reader throughput: the former hand-written tarfile loop vs the `webdataset` library pipeline.
 
-    python benchmarks/webdataset_reader.py [--images 1600] [--multicrop-images 768] [--workers 2]
+    python -m benchmarks.webdataset_reader [--images 1600] [--multicrop-images 768] [--workers 2]
                                            [--batch 64] [--repeats 3]
 
 Same shards (real Fashion-MNIST images converted with the conversion CLI to RGB JPEGs at 32 px, 500 per
@@ -10,7 +10,8 @@ the full multi-crop (what training pays) and "decode only" (image -> tensor, whi
 own cost). The library path is also timed with every shard streamed through `pipe:cat` (what
 `pipe:aws s3 cp ... -` costs on top of the network). images/s counts the epoch's images over the time
 from the first batch to the last (worker start-up left out; it is reported separately). Best of
---repeats, run interleaved. Writes webdataset_reader.json and webdataset_reader.png into --out.
+--repeats, run interleaved. Writes webdataset_reader.json and webdataset_reader.png into --out (default
+runs/bench/webdataset_reader; the committed ones: --out benchmarks/results).
 
 The former reader is kept here only, as it was before the library pipeline replaced it
 (`git show 262c4c4:hypersolid_scale/data/webdataset.py`): one tarfile stream per shard, its own shuffle
@@ -22,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import sys
 import tarfile
@@ -36,16 +36,14 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import common
 from hypersolid_scale.data.common import mix_seed
 from hypersolid_scale.data.convert import main as convert
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import PRESETS
 from hypersolid_scale.data.transforms import build_pil_multicrop
-from hypersolid_scale.data.webdataset import WebDatasetLoader, decode_image, decode_label
+from hypersolid_scale.data.webdataset.stream import WebDatasetLoader, decode_image, decode_label
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PRESET = PRESETS["cifar"]
 
 
@@ -162,37 +160,30 @@ def run(
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     modes = sorted({r["transform"] for r in results}, reverse=True)
-    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 3.2))
-    for ax, mode in zip(axes, modes):
-        rows = [r for r in results if r["transform"] == mode]
-        ax.barh(
-            [f"{r['reader']}\n({r['source']})" for r in rows],
-            [r["images_per_s"] for r in rows],
-            color=["#888888" if r["reader"].startswith("former") else "#3070b0" for r in rows],
-        )
-        ax.set_title(f"{mode}")
-        ax.set_xlabel("images/s (higher is better)")
-        ax.invert_yaxis()
-    fig.suptitle("WebDataset reader, 2 workers, cifar preset, 32 px JPEG shards")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with common.figure(path, 120, 1, len(modes), figsize=(5 * len(modes), 3.2)) as (fig, axes):
+        for ax, mode in zip(axes, modes):
+            rows = [r for r in results if r["transform"] == mode]
+            ax.barh(
+                [f"{r['reader']}\n({r['source']})" for r in rows],
+                [r["images_per_s"] for r in rows],
+                color=["#888888" if r["reader"].startswith("former") else "#3070b0" for r in rows],
+            )
+            ax.set_title(f"{mode}")
+            ax.set_xlabel("images/s (higher is better)")
+            ax.invert_yaxis()
+        fig.suptitle("WebDataset reader, 2 workers, cifar preset, 32 px JPEG shards")
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = common.parser(__doc__)
     p.add_argument("--images", type=int, default=1600, help="images converted; the decode-only epoch")
     p.add_argument("--multicrop-images", type=int, default=768, help="the multi-crop epoch (slow: PIL)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--shuffle", type=int, default=500)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default=str(RESULTS))
+    common.add_out(p, "webdataset_reader")
     args = p.parse_args()
     torch.set_num_threads(1)  # the main process only collates; the workers do the work
     with tempfile.TemporaryDirectory(prefix="wds-bench-") as tmp:
@@ -269,12 +260,10 @@ def main() -> int:
             "repeats": args.repeats,
         },
         "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
+            **common.host(),
             "torch": torch.__version__,
             "webdataset": webdataset.__version__,
-            "platform": platform.platform(),
-            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+            "load_average_1_5_15": common.load_average(),
         },
         "results": results,
     }

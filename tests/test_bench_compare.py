@@ -1,9 +1,8 @@
-"""benchmarks/repulsion_compare.py: a slower or heavier row is flagged, an equal or noisy one is not."""
+"""benchmarks.repulsion_compare: a slower or heavier row is flagged, an equal or noisy one is not."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,15 +10,12 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "repulsion_compare.py"
 
 
 def _compare() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_repulsion_compare", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import repulsion_compare
+
+    return repulsion_compare
 
 
 def _result(**seconds: float) -> dict:
@@ -78,11 +74,11 @@ def test_cli_exit_status_only_fails_when_strict(tmp_path: Path) -> None:
     base, new = tmp_path / "base.json", tmp_path / "new.json"
     base.write_text(json.dumps(_result(neighbors_flat=1.25)))
     new.write_text(json.dumps(_result(neighbors_flat=2.3)))
-    cmd = [sys.executable, str(SCRIPT), str(new), "--baseline", str(base)]
-    loose = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cmd = [sys.executable, "-m", "benchmarks.repulsion_compare", str(new), "--baseline", str(base)]
+    loose = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     assert loose.returncode == 0 and "SLOWER (1)" in loose.stdout
-    assert subprocess.run([*cmd, "--strict"], capture_output=True, text=True, check=False).returncode == 1
-    same = subprocess.run([*cmd[:2], str(base), "--baseline", str(base), "--strict"], capture_output=True,
+    assert subprocess.run([*cmd, "--strict"], cwd=ROOT, capture_output=True, text=True, check=False).returncode == 1
+    same = subprocess.run([*cmd[:3], str(base), "--baseline", str(base), "--strict"], cwd=ROOT, capture_output=True,
                           text=True, check=False)
     assert same.returncode == 0 and "nothing slower" in same.stdout
 

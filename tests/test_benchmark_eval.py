@@ -1,9 +1,8 @@
-"""benchmarks/eval.py: its synthetic clustered embeddings (eval_embeddings.py), and a --quick run of both sections
+"""benchmarks.eval: its synthetic clustered embeddings (eval_embeddings.py), and a --quick run of both sections
 end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,16 +12,13 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "eval.py"
-EMBEDDINGS = SCRIPT.with_name("eval_embeddings.py")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _embeddings() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_eval_embeddings", EMBEDDINGS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import eval_embeddings
+
+    return eval_embeddings
 
 
 def test_cluster_embeddings_are_unit_norm_and_clustered() -> None:
@@ -39,8 +35,8 @@ def test_cluster_embeddings_are_unit_norm_and_clustered() -> None:
 
 @pytest.mark.slow
 def test_quick_run_writes_both_sections(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--dims", "64", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.eval", "--quick", "--dims", "64", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     res = json.loads((tmp_path / "clustering.json").read_text())
     exact = [r for r in res["rows"] if r["path"] == "exact" and r["n"] == 3000]

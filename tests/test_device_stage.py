@@ -4,7 +4,6 @@ and the stage run ahead of the step (data/prefetch.py). Held to the plain per-cr
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from test_device_decode import EPOCH, SEED, SMALL, photos
 
+from benchmarks.aug_reference import crop_resize_one, masked_photometric
 from hypersolid_scale.data import PRESETS
 from hypersolid_scale.data import view_params as vp
 from hypersolid_scale.data.batched_resize import crop_resize, pad_images
@@ -20,12 +21,6 @@ from hypersolid_scale.data.device_views import DeviceStage, HostBatch, HostStage
 from hypersolid_scale.data.prefetch import staged
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop, keyed_uniforms
 from hypersolid_scale.data.transforms import seeded_global_rngs
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from aug_reference import crop_resize_one, masked_photometric  # noqa: E402
-from test_device_decode import EPOCH, SEED, SMALL, photos  # noqa: E402
 
 
 def host_batch(preset: Any, data: list[bytes]) -> HostBatch:

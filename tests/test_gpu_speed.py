@@ -1,4 +1,4 @@
-"""benchmarks/gpu_speed.py, the prepared GPU speed command, run on the CPU in its quick mode (same code)."""
+"""benchmarks.gpu_speed, the prepared GPU speed command, run on the CPU in its quick mode (same code)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_quick_rows_write_their_numbers_and_the_profile(tmp_path: Path) -> None:
     rows = ["step_cl_b128", "jpeg_device_cl_b128"]
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_speed.py", "--device", "cpu", "--quick", "--workers", "1", "--budget-s", "1",
-         "--set-images", "16", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--rows", *rows],
+        [sys.executable, "-m", "benchmarks.gpu_speed", "--device", "cpu", "--quick", "--workers", "1",
+         "--budget-s", "1", "--set-images", "16", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"),
+         "--rows", *rows],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

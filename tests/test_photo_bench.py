@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import photo_set
 
-import photo_set  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +93,8 @@ def test_same_seed_same_bytes(built: tuple[Path, dict], sources_npz: Path) -> No
 def test_photo_loaders_pil_row(tmp_path: Path, sources_npz: Path) -> None:
     cmd = [
         sys.executable,
-        str(ROOT / "benchmarks" / "photo_loaders.py"),
+        "-m",
+        "benchmarks.photo_loaders",
         "--device=cpu",
         "--images=64",
         "--set-images=48",  # smaller than --images: the row goes on into the next epoch

@@ -4,15 +4,14 @@ the committed run JSON gives, and the verdict rules turn known differences into 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks.replication import claims, formatting, report
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from replication import claims, formatting, report  # noqa: E402
 
 BB = claims.BB
 
@@ -131,7 +130,7 @@ def test_report_writes_and_checks_a_section(tmp_path):
 
 
 def test_committed_report_matches_committed_results():
-    assert report.main(["--check"]) == 0, "run: python benchmarks/replication/report.py"
+    assert report.main(["--check"]) == 0, "run: python -m benchmarks.replication.report"
 
 
 def test_step_evaluations_stay_out_of_the_comparison(tmp_path):
@@ -240,7 +239,7 @@ def _part(run: dict, name: str, part: str, overrides: tuple[str, ...] = (), **ex
 
 
 def test_random_init_tuning_views_and_budget_in_the_report(tmp_path):
-    from replication import plan
+    from benchmarks.replication import plan
 
     results = tmp_path / "results"
     study = _study({}, seeds=2)

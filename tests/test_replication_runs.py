@@ -11,19 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.replication import plan as planmod
+from benchmarks.replication.plan import plan
+from hypersolid_scale.config.schema import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks" / "replication"))
-
-import plan as planmod  # noqa: E402
-from plan import plan  # noqa: E402
-
-from hypersolid_scale.config.schema import load_config  # noqa: E402
 
 
 def _drive(tmp: Path, *args: str) -> str:
     """run.py --quick on tmp's folders (default: the cpu group, 2 at a time); its stdout."""
     where = ["--out", str(tmp / "out"), "--scratch", str(tmp / "scratch"), "--device", "cpu", "--quick"]
-    cmd = [sys.executable, "benchmarks/replication/run.py", *where, *(args or ("--group", "cpu", "--parallel", "2"))]
+    cmd = [sys.executable, "-m", "benchmarks.replication.run", *where, *(args or ("--group", "cpu", "--parallel", "2"))]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -171,7 +169,7 @@ def test_a_run_evaluated_every_few_steps(tmp_path: Path) -> None:
     assert all(0 <= e["knn_k20_weighted"] <= 100 for e in r["per_epoch"])
     where = ["--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch"), "--quick"]
     bad = subprocess.run(
-        [sys.executable, "benchmarks/replication/run.py", "--group", "cpu", *where, "--runs", "cpu-x"],
+        [sys.executable, "-m", "benchmarks.replication.run", "--group", "cpu", *where, "--runs", "cpu-x"],
         cwd=ROOT,
         capture_output=True,
         text=True,

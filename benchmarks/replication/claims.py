@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.replication.formatting import fmt_interval
 from hypersolid_scale.eval.stats import PairedDifference, paired_differences
-from replication.formatting import fmt_interval
 
 REFERENCE = "hypersolid"
 METHOD_NAMES = {"hypersolid": "Hypersolid", "simclr": "SimCLR", "swav": "SwAV", "barlowtwins": "Barlow Twins"}

@@ -15,18 +15,16 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks import common
+from benchmarks.replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, Comparison, methods_in
 from hypersolid_scale.eval.stats import t_interval
-from replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, Comparison, methods_in
 
 COLOURS = {"hypersolid": "tab:red", "simclr": "tab:blue", "swav": "tab:green", "barlowtwins": "tab:purple"}
 
 
 def _save(fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return common.save(fig, path, 110)
 
 
 def _headline(cmp: Comparison, path: Path, title: str) -> Path:

@@ -1,6 +1,6 @@
 """The replication study's runs as data (Fashion-MNIST, the quickstart CNN): ``plan(group, scale, quick)``.
 
-    python benchmarks/replication/plan.py --group gpu [--scale 0.5]     # list the runs and their epochs
+    python -m benchmarks.replication.plan --group gpu [--scale 0.5]     # list the runs and their epochs
 
 Groups:
 * ``cpu``: in the order they run (finished runs are skipped, so the order is the priority):

@@ -3,7 +3,7 @@ that a checkpoint with the run's config exists), then that checkpoint's weights 
 ones (``checkpoint.random_init_checkpoint``: the same seed, the same code path) as ``step_00000000.pt``; the
 trained step's checkpoints are removed, so that the driver evaluates step 0 and nothing else.
 
-    python benchmarks/replication/random_init.py <launch/train.py arguments, with run_dir=...>
+    python -m benchmarks.replication.random_init <launch/train.py arguments, with run_dir=...>
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train and evaluate the replication study's runs (plan.py), N subprocesses at a time, resumably.
 
-    python benchmarks/replication/run.py --group cpu|gpu [--device cpu|cuda] [--parallel N] [--budget-s S]
+    python -m benchmarks.replication.run --group cpu|gpu [--device cpu|cuda] [--parallel N] [--budget-s S]
         [--scale F] [--quick] [--out DIR] [--scratch DIR]
 
 Per run: ``launch/train.py`` into ``<scratch>/<group>/<run>/run``, ``launch/eval.py`` on the checkpoints of
@@ -35,13 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE.parent))  # benchmarks/: the base the other benchmark scripts import from
-sys.path.insert(0, str(ROOT))  # the package, also where it is not installed (the GPU machine's copy)
-from hypersolid_scale.tracking.metadata import git_commit  # noqa: E402
-from replication.plan import QUICK_EVAL, Run, plan, quick_run  # noqa: E402
-from replication.runfiles import checkpoints, device_facts, read_json, write_json  # noqa: E402
+from benchmarks import common
+from benchmarks.common import ROOT
+from benchmarks.replication.plan import QUICK_EVAL, Run, plan, quick_run
+from benchmarks.replication.runfiles import checkpoints, device_facts, read_json, write_json
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
@@ -51,7 +48,7 @@ FALLBACK_EVAL_ARGS = ["--suite", "knn,linear,cluster,geometry"]
 CURVE_EVAL_ARGS = ["--suite", "knn", "eval.knn_k=[5,20]", "eval.max_train_samples=10000"]
 PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0, 5.0, 20.0)}  # before measures:
 # (start-up s, s per epoch, s per evaluation) for the budget
-OUT = str(ROOT / "benchmarks" / "results" / "replication")
+OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
 SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 
@@ -129,7 +126,7 @@ class Driver:
     def facts(self) -> tuple[str, str, str]:
         if self._facts is None:
             # The GPU machine's copy may have no .git, or a stale one: its caller sets $HYPERSOLID_GIT_COMMIT.
-            self._facts = (*device_facts(self.args.device), git_commit(ROOT) or "unknown")
+            self._facts = (*device_facts(self.args.device), common.commit())
         return self._facts
 
     # ---- helpers -----------------------------------------------------------------------------------------

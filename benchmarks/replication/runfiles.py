@@ -35,4 +35,6 @@ def device_facts(device: str) -> tuple[str, str]:
         return "cpu", importlib.metadata.version("torch")
     import torch
 
-    return (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"), torch.__version__
+    from benchmarks import common
+
+    return common.card(), torch.__version__

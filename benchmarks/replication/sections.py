@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from replication.claims import (
+from benchmarks.replication.claims import (
     BB,
     DBSCAN_BEST,
     GEOMETRY,
@@ -20,7 +20,7 @@ from replication.claims import (
     compare,
     methods_in,
 )
-from replication.plan import (
+from benchmarks.replication.plan import (
     BUDGET_EPOCHS,
     BUDGET_EVAL_EPOCHS,
     BUDGET_SEEDS,
@@ -35,7 +35,7 @@ from replication.plan import (
     plan,
     tune_runs,
 )
-from replication.tables import (
+from benchmarks.replication.tables import (
     _cell,
     diff_table,
     means_table,

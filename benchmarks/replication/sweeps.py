@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from replication.claims import BB
-from replication.formatting import fmt_cell
-from replication.plan import GPU_SCALE, gpu_runs
+from benchmarks.replication.claims import BB
+from benchmarks.replication.formatting import fmt_cell
+from benchmarks.replication.plan import GPU_SCALE, gpu_runs
 
 PARTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "tune": (

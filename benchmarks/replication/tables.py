@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hypersolid_scale.eval.stats import t_interval
-from replication.claims import (
+from benchmarks.replication.claims import (
     BB,
     FAMILY_NAMES,
     HDBSCAN_MCS,
@@ -18,7 +17,8 @@ from replication.claims import (
     methods_in,
     protocol_numbers,
 )
-from replication.formatting import fmt, fmt_cell, fmt_interval
+from benchmarks.replication.formatting import fmt, fmt_cell, fmt_interval
+from hypersolid_scale.eval.stats import t_interval
 
 
 def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:

@@ -1,0 +1,167 @@
+"""What the benchmark scripts share: the run's facts (command, commit, machine, card), the timing barrier,
+the figure boilerplate, the usual command-line options and where results go.
+
+Every script runs from the repository root as ``python -m benchmarks.<name>``. Results go to a run folder,
+``runs/bench/<name>`` (ignored by git), unless ``--out`` names another place; the committed results under
+``benchmarks/results/`` change only when ``--out`` points there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"  # the committed results: written only when --out points here
+RUNS = Path("runs") / "bench"  # the default, relative to the repository root the scripts run from
+
+
+# ---- where results go ------------------------------------------------------------------------------------
+def run_dir(name: str) -> Path:
+    """The default output of benchmark ``name``: ``runs/bench/<name>`` (a folder, or a path stem)."""
+    return RUNS / name
+
+
+def add_out(p: argparse.ArgumentParser, name: str, what: str = "folder for the JSON and the PNG") -> None:
+    """``--out``, by default the run folder ``runs/bench/<name>``."""
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=run_dir(name),
+        help=f"{what} (default %(default)s; benchmarks/results... to update the committed results)",
+    )
+
+
+def add_device(
+    p: argparse.ArgumentParser, default: str | None = None, choices: tuple[str, ...] | None = ("cpu", "cuda")
+) -> None:
+    """``--device``; default None: cuda where a CUDA device is visible, else cpu."""
+    if default is None:
+        import torch
+
+        default = "cuda" if torch.cuda.is_available() else "cpu"
+    p.add_argument("--device", default=default, choices=list(choices) if choices else None)
+
+
+def check_device(name: str) -> None:
+    """Exit with a message when ``--device cuda`` finds no CUDA device."""
+    import torch
+
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+
+
+def add_quick(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--quick", action="store_true", help=what)
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser whose --help prints the script's docstring as written."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# ---- the run's facts -------------------------------------------------------------------------------------
+def command() -> str:
+    """How this run was started, as one would type it: ``python -m benchmarks.<name> ARGS``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    head = ["-m", spec.name] if spec is not None and spec.name else sys.argv[:1]
+    return " ".join(["python", *head, *sys.argv[1:]])
+
+
+def commit() -> str:
+    """The code's commit (``$HYPERSOLID_GIT_COMMIT`` on a copied tree), or "unknown"."""
+    from hypersolid_scale.tracking.metadata import git_commit  # imported here: the suite's summary needs no package
+
+    return git_commit(ROOT) or "unknown"
+
+
+def arch() -> str:
+    """The CPU's architecture: ``x86_64``, ``aarch64``."""
+    return platform.machine()
+
+
+def machine() -> str:
+    """The CPU's name where the platform gives one, else its architecture."""
+    return platform.processor() or arch()
+
+
+def card(device: torch.device | str | None = None, cpu: str = "cpu") -> str:
+    """The CUDA card's name when ``device`` is a CUDA device (None: the current one, if any), else ``cpu``."""
+    import torch
+
+    if device is None:
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
+
+
+def platform_name() -> str:
+    """The OS, its kernel and libc: ``Linux-6.1-x86_64-with-glibc2.36``."""
+    return platform.platform()
+
+
+def host() -> dict[str, Any]:
+    """The host's facts that move CPU timings: cores, Python, platform."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform_name()}
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# ---- timing ----------------------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work: a timer read after this measures the work, not its launch."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- subprocesses ----------------------------------------------------------------------------------------
+def module_command(module: str) -> list[str]:
+    """``python -m <module>`` with this interpreter (a script that runs itself in a fresh process)."""
+    return [sys.executable, "-m", module]
+
+
+def module_env() -> dict[str, str]:
+    """The environment with the repository root on PYTHONPATH, so that ``-m benchmarks.x`` imports anywhere."""
+    old = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), old) if p)}
+
+
+# ---- figures ---------------------------------------------------------------------------------------------
+def save(fig: Any, path: Path, dpi: int) -> Path:
+    """Lay out, write and close ``fig``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
+@contextmanager
+def figure(path: Path, dpi: int, nrows: int = 1, ncols: int = 1, **kw: Any) -> Iterator[tuple[Any, Any]]:
+    """``with figure(path, dpi, ...) as (fig, axes):`` draw; on leaving, the figure is laid out, saved to
+    ``path`` and closed (``kw`` goes to ``plt.subplots``: figsize, squeeze...). Matplotlib renders off-screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, **kw)
+    try:
+        yield fig, axes
+        save(fig, path, dpi)
+    finally:
+        plt.close(fig)
