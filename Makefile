@@ -64,8 +64,8 @@ demo: setup
 # what got slower or heavier than the committed benchmarks/results/repulsion.json (BENCH_STRICT=1: fail then).
 bench: BENCH_OUT ?= runs/bench/repulsion
 bench: setup
-	$(PY) benchmarks/repulsion.py --out $(BENCH_OUT) $(BENCH_ARGS)
-	$(PY) benchmarks/repulsion_compare.py $(BENCH_OUT).json $(if $(BENCH_STRICT),--strict)
+	$(PY) -m benchmarks.repulsion --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m benchmarks.repulsion_compare $(BENCH_OUT).json $(if $(BENCH_STRICT),--strict)
 
 clean:
 	rm -rf $(VENV) runs outputs .pytest_cache .mypy_cache .ruff_cache

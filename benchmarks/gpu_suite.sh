@@ -2,12 +2,13 @@
 # The GPU benchmark suite: CUDA tests, repulsion backends, training throughput, loaders, photos; JSON + PNG.
 #
 #     bash benchmarks/gpu_suite.sh [--device cuda|cpu] [--quick] [--out DIR] [--parts a,b]
-#         (default out: benchmarks/results/gpu; parts: cuda_tests,repulsion,train_throughput,loaders,photo,speed;
+#         (default out: runs/bench/gpu-<UTC date-time>; parts: cuda_tests,repulsion,train_throughput,loaders,photo,speed;
 #          default all)
 #
 # Budget: each part has its own time limit (at most 13 minutes together: on a 10-minute device call, run the photo
 # part in a call of its own with --parts photo); a part that cannot run records
 # `skipped: <reason>` and the suite goes on. `--device cpu --quick` runs the same code on tiny sizes.
+# The committed results (benchmarks/results/gpu) are written only with --out naming them.
 # Results: DIR/summary.json (card, torch, date, command, every part's status and numbers, failure tails),
 # DIR/<part>.json, DIR/<part>.png, DIR/<part>.log. The photo part rebuilds its photo set from the source
 # photographs in $PHOTO_SOURCES (default benchmarks/results/photo_sources.npz: no scikit-image needed).
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.." || exit 1
 DEVICE=cuda
 QUICK=0
 PARTS=cuda_tests,repulsion,train_throughput,loaders,photo,speed
-OUT=benchmarks/results/gpu
+OUT=runs/bench/gpu-$(date -u +%Y%m%d-%H%M%S)
 COMMAND="bash benchmarks/gpu_suite.sh $*"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
     --out=*) OUT="${1#*=}"; shift ;;
     --parts) PARTS="$2"; shift 2 ;;
     --parts=*) PARTS="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "gpu_suite.sh: unknown argument '$1' (expected --device cuda|cpu, --quick, --out DIR, --parts LIST)" >&2; exit 2 ;;
   esac
 done
@@ -94,11 +95,11 @@ fi
 part cuda_tests "${LIMITS[0]}" "$PY" -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors \
   --junitxml="$OUT/cuda_tests.xml" tests/
 # 2. Repulsion backends (+ their share of a ResNet-50 step).
-part repulsion "${LIMITS[1]}" "$PY" benchmarks/repulsion.py --device "$DEVICE" "${REP_ARGS[@]}" --out "$OUT/repulsion"
+part repulsion "${LIMITS[1]}" "$PY" -m benchmarks.repulsion --device "$DEVICE" "${REP_ARGS[@]}" --out "$OUT/repulsion"
 # 3. Training throughput: trainer vs the plain reference loop (+ compile, + DeepSpeed ZeRO-2).
-part train_throughput "${LIMITS[2]}" "$PY" benchmarks/train_throughput.py --device "$DEVICE" "${TT_ARGS[@]}" --out "$OUT"
+part train_throughput "${LIMITS[2]}" "$PY" -m benchmarks.train_throughput --device "$DEVICE" "${TT_ARGS[@]}" --out "$OUT"
 # 4. Loaders at 224 px: WebDataset + PIL, FFCV (where it imports), the in-memory tensor path.
-part loaders "${LIMITS[3]}" "$PY" benchmarks/loaders.py --device "$DEVICE" "${LD_ARGS[@]}" \
+part loaders "${LIMITS[3]}" "$PY" -m benchmarks.loaders --device "$DEVICE" "${LD_ARGS[@]}" \
   --cache "${TMPDIR:-/tmp}/hs_gpu_suite_loaders" --out "$OUT"
 
 # 5. Photographs: the photo set's JPEG shards through the PIL / device / FFCV loaders (images/s, host CPU per
@@ -108,18 +109,18 @@ export PY DEVICE OUT PH_LD_ARGS PH_TR_ARGS PHOTO_CACHE="${TMPDIR:-/tmp}/hs_gpu_s
 export PHOTO_SOURCES=${PHOTO_SOURCES:-benchmarks/results/photo_sources.npz}
 # shellcheck disable=SC2016,SC2086  # expanded by the inner shell; the argument lists split on purpose
 part photo "${LIMITS[4]}" bash -c 'rc=0
-  "$PY" benchmarks/photo_loaders.py --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" --cache "$PHOTO_CACHE" \
+  "$PY" -m benchmarks.photo_loaders --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" --cache "$PHOTO_CACHE" \
     --out "$OUT" $PH_LD_ARGS || rc=$?
-  "$PY" benchmarks/photo_trainer.py --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" --cache "$PHOTO_CACHE" \
+  "$PY" -m benchmarks.photo_trainer --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" --cache "$PHOTO_CACHE" \
     --out "$OUT" $PH_TR_ARGS || rc=$?
   exit $rc'
 
-# 6. The trainer against the model's own step, one row per way of feeding it (benchmarks/gpu_speed.py).
+# 6. The trainer against the model's own step, one row per way of feeding it (benchmarks.gpu_speed).
 export SP_ARGS
 # shellcheck disable=SC2016,SC2086  # expanded by the inner shell; the argument list splits on purpose
-part speed "${LIMITS[5]}" bash -c '"$PY" benchmarks/gpu_speed.py --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" \
+part speed "${LIMITS[5]}" bash -c '"$PY" -m benchmarks.gpu_speed --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" \
   --cache "$PHOTO_CACHE" --out "$OUT" $SP_ARGS'
 
-"$PY" benchmarks/gpu_summary.py --out "$OUT" --device "$DEVICE" --quick "$QUICK" --command "$COMMAND" \
+"$PY" -m benchmarks.gpu_summary --out "$OUT" --device "$DEVICE" --quick "$QUICK" --command "$COMMAND" \
   --started "$SUITE_START"
 echo "suite done in $(( $(date +%s) - SUITE_START ))s; results in $OUT"

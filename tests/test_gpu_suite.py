@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,16 +19,35 @@ def has_numbers_or_reason(row: dict, number_keys: tuple[str, ...]) -> bool:
     return any(isinstance(row.get(k), (int, float)) for k in number_keys) or bool(row.get("skipped"))
 
 
+def committed_results() -> dict[str, str]:
+    """{path: sha256} of the files git tracks under benchmarks/results/, as they are on disk."""
+    files = subprocess.run(["git", "ls-files", "-z", "benchmarks/results"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    return {f: hashlib.sha256((ROOT / f).read_bytes()).hexdigest() for f in files if f and (ROOT / f).is_file()}
+
+
 @pytest.mark.slow
-def test_quick_cpu_suite_writes_every_part(tmp_path):
-    out = tmp_path / "gpu"
+def test_quick_cpu_suite_writes_every_part():
+    # No --out: the suite's default, a run folder under runs/bench/; the committed results stay as they are.
+    before = committed_results()
     # The photo part has its own test (tests/test_photo_bench.py): the suite's other parts here.
     parts = ",".join(["cuda_tests", *PART_FILES])
-    proc = subprocess.run(["bash", "benchmarks/gpu_suite.sh", "--device", "cpu", "--quick", "--out", str(out),
-                           "--parts", parts],
+    proc = subprocess.run(["bash", "benchmarks/gpu_suite.sh", "--device", "cpu", "--quick", "--parts", parts],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**__import__("os").environ, "PYTHON": sys.executable})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = ROOT / proc.stdout.rstrip().rsplit("results in ", 1)[-1]
+    try:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert out.parent == ROOT / "runs" / "bench" and out.name.startswith("gpu-"), out
+        changed = sorted(f for f, digest in committed_results().items() if before.get(f) != digest)
+        assert not changed, f"the quick CPU suite rewrote committed results: {changed}"
+        check_outputs(out)
+    finally:
+        if out.parent == ROOT / "runs" / "bench" and out.name.startswith("gpu-"):
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def check_outputs(out: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert {"card", "torch", "date", "command", "parts"} <= set(summary)
     assert "--quick" in summary["command"]

@@ -2,7 +2,7 @@
 # The replication study's cpu group (plan.py --group cpu lists its runs in the order they run) in the background,
 # resumable: run it again after a stop or a reboot and it skips the finished runs and resumes the interrupted
 # one from its checkpoint.
-#     bash benchmarks/replication/cpu.sh [run.py arguments, e.g. --parallel 2]
+#     bash benchmarks/replication/cpu.sh [benchmarks.replication.run arguments, e.g. --parallel 2]
 # Log: /tmp/hs_replication/cpu.log; results: benchmarks/results/replication/cpu/.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -19,10 +19,10 @@ fi
 # On a machine shared with other work: HS_NICE=1 runs it under nice -n 19 with one thread per process.
 NICE=()
 if [ -n "${HS_NICE:-}" ]; then NICE=(nice -n 19); export OMP_NUM_THREADS=1; fi
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" nohup "${NICE[@]}" "$PY" benchmarks/replication/run.py --group cpu \
-  --device cpu --parallel 1 --scratch "$SCRATCH" "$@" >> "$SCRATCH/cpu.log" 2>&1 &
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" nohup "${NICE[@]}" "$PY" -m benchmarks.replication.run --group cpu \
+  --device cpu --parallel 1 --scratch "$SCRATCH" --out benchmarks/results/replication "$@" >> "$SCRATCH/cpu.log" 2>&1 &
 echo $! > "$PIDFILE"
-echo "cpu group started (pid $!); what is left: python benchmarks/replication/plan.py --group cpu, and the"
+echo "cpu group started (pid $!); what is left: python -m benchmarks.replication.plan --group cpu, and the"
 echo "report's 'planned, done and left' table; about 2-5 min training per epoch + 1-2.5 min per evaluation"
 echo "watch:  tail -f $SCRATCH/cpu.log      (one line per finished run)"
 echo "stop:   kill $! (the running training checkpoints; run this script again to resume)"

@@ -56,7 +56,7 @@ for f in glob.glob(".fmnist/*.xz"):
   BUDGET=$(( LEFT - 45 < 330 ? LEFT - 45 : 330 ))
   echo "== run.py: ${LEFT}s left, budget ${BUDGET}s"
   # shellcheck disable=SC2086  # ARGS is a list of words
-  timeout --kill-after=10 "$LEFT" "$PY" benchmarks/replication/run.py --group gpu --parallel "$PARALLEL" \
+  timeout --kill-after=10 "$LEFT" "$PY" -m benchmarks.replication.run --group gpu --parallel "$PARALLEL" \
     --budget-s "$BUDGET" --out "$RESULTS" $ARGS
   echo "== run.py exit code $? at $(date -u +%FT%TZ), $(( $(date +%s) - START ))s"
 } 2>&1 | tee "$OUT/replication.log"
