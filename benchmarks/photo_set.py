@@ -182,7 +182,7 @@ class _AsIsConverter(Converter):
     def write_beton(self, split: str, items: list[Item]) -> dict:
         """As the converter's, on all cores: FFCV's writer takes 2 processes by default, and the GPU suite
         rebuilds the set on a 16-core machine within its time limit."""
-        from hypersolid_scale.data.ffcv_writer import write_beton
+        from hypersolid_scale.data.ffcv.beton_writer import write_beton
 
         dest = self.out / f"{split}.beton"
         pixels, side = self._ffcv_bounds[split]

@@ -33,7 +33,7 @@ import torch
 from benchmarks import common
 from benchmarks.common import sync
 from hypersolid_scale.data import DataConfig, build_train_loader
-from hypersolid_scale.data.builtin import ArraySplit
+from hypersolid_scale.data.builtin_sets import ArraySplit
 from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import all_reduce_sum, cleanup, get_rank, get_world_size, init_distributed

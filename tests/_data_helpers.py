@@ -15,8 +15,8 @@ import torch
 from lightly.transforms.dino_transform import DINOTransform
 from PIL import Image
 
-from hypersolid_scale.data.builtin import fashion_mnist_dir, load_fashion_mnist
-from hypersolid_scale.data.shard_writer import ShardWriter
+from hypersolid_scale.data.builtin_sets import fashion_mnist_dir, load_fashion_mnist
+from hypersolid_scale.data.webdataset.shard_writer import ShardWriter
 from hypersolid_scale.data.transforms import build_pil_multicrop
 
 

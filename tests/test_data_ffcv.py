@@ -19,11 +19,11 @@ from _data_helpers import (check_pil_against, crop_geometry, limit_batches, pil_
                            probe_images)
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes, resolve_preset
 from hypersolid_scale.data.convert import main as convert
-from hypersolid_scale.data.ffcv import FFCV_IMPORT_ERROR, check_beton
+from hypersolid_scale.data.ffcv.loader import FFCV_IMPORT_ERROR, check_beton
 
 pytestmark = [
     pytest.mark.slow,
-    # The keyed crop decoder reads its epoch key in numba object mode (see data/ffcv_crop.py): expected.
+    # The keyed crop decoder reads its epoch key in numba object mode (see data/ffcv/crop.py): expected.
     pytest.mark.filterwarnings("ignore:Code running in object mode"),
     pytest.mark.skipif(FFCV_IMPORT_ERROR is not None, reason=f"FFCV is not installed: {FFCV_IMPORT_ERROR}"),
 ]
@@ -129,7 +129,7 @@ def _ddp_worker(rank: int, world: int, beton: str, init: str, out: str) -> None:
 
 def test_ffcv_under_ddp_gives_each_rank_its_own_equal_share(tmp_path) -> None:
     """Under a real process group: same batch count on both ranks, disjoint samples (label = sample index)."""
-    from hypersolid_scale.data.ffcv import write_beton
+    from hypersolid_scale.data.ffcv.loader import write_beton
 
     images = probe_images(100, 40)
     write_beton(str(tmp_path / "ids.beton"), [lambda a=a: a for a in images], list(range(100)), num_workers=1,
@@ -177,7 +177,7 @@ def test_raw_images_larger_than_a_default_page_are_written_whole(tmp_path) -> No
 
 @pytest.mark.timeout(300)  # the old writer waited forever here
 def test_a_failing_writer_worker_stops_the_write_with_its_error(tmp_path) -> None:
-    from hypersolid_scale.data.ffcv_writer import write_beton
+    from hypersolid_scale.data.ffcv.beton_writer import write_beton
     from hypersolid_scale.safety.errors import DataError
 
     def load(i: int) -> np.ndarray:
@@ -198,7 +198,7 @@ def test_a_failing_writer_worker_stops_the_write_with_its_error(tmp_path) -> Non
 
 _RSS_SCRIPT = """
 import resource, sys
-import hypersolid_scale.data.ffcv_writer  # FFCV, numba, torch: ~850 MB of RSS before any image
+import hypersolid_scale.data.ffcv.beton_writer  # FFCV, numba, torch: ~850 MB of RSS before any image
 from hypersolid_scale.data.convert import main
 peak = lambda who: resource.getrusage(who).ru_maxrss / 1024
 start = peak(resource.RUSAGE_SELF)

@@ -86,7 +86,7 @@ class _Arrays(formats.Format):
 
     def train_loader(self, cfg: DataConfig, preset: Any, *, rank: int, world_size: int, seed: int,
                      device: torch.device) -> Any:
-        from hypersolid_scale.data.builtin import ArraySplit
+        from hypersolid_scale.data.builtin_sets import ArraySplit
         from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
 
         images = np.random.default_rng(0).integers(0, 256, (64, 20, 20), dtype=np.uint8)

@@ -14,14 +14,14 @@ import torch
 
 from _data_helpers import probe_images
 from hypersolid_scale.data import PRESETS
-from hypersolid_scale.data.builtin import ArraySplit
+from hypersolid_scale.data.builtin_sets import ArraySplit
 from hypersolid_scale.data.common import batches_per_epoch, epoch_permutation, rank_indices
 from hypersolid_scale.data.loaders import ArrayPILDataset, InMemoryMultiCropLoader, MapStyleMultiCropLoader
 from hypersolid_scale.data.tensor_aug import NUM_COLUMNS, keyed_uniforms
 from hypersolid_scale.data.transforms import build_pil_multicrop
 
 N, GLOBAL_BATCH, SEED = 40, 8, 11
-# The keyed FFCV crop decoder reads its epoch key in numba object mode (see data/ffcv_crop.py): expected.
+# The keyed FFCV crop decoder reads its epoch key in numba object mode (see data/ffcv/crop.py): expected.
 OBJMODE = pytest.mark.filterwarnings("ignore:Code running in object mode")
 # Every augmentation on, small views: crops, flips, jitter (all four, RGB), grayscale, blur, solarize.
 PRESET = replace(PRESETS["default"], global_crop_size=16, local_crop_size=8, num_local_views=2,
@@ -175,7 +175,7 @@ def test_pil_resume_and_the_callers_random_streams() -> None:
 
 # ---------------------------------------------------------------- FFCV ----------------------------
 def _ffcv_or_skip() -> Any:
-    from hypersolid_scale.data import ffcv
+    from hypersolid_scale.data.ffcv import loader as ffcv
 
     if ffcv.FFCV_IMPORT_ERROR is not None:
         pytest.skip(f"FFCV is not installed: {ffcv.FFCV_IMPORT_ERROR}")

@@ -12,7 +12,7 @@ import torch
 
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.convert import main as convert
-from hypersolid_scale.data.shard_index import ShardIndexDataset
+from hypersolid_scale.data.webdataset.index import ShardIndexDataset
 from hypersolid_scale.safety.errors import ConfigError, DataError
 
 CLASSES = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]

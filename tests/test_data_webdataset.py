@@ -20,8 +20,8 @@ from _data_helpers import (convert_shards, fashion_mnist_or_skip, jpg_bytes, lim
                            png_bytes, truncate_before_sample, truncate_inside_sample, write_shard)
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.presets import PRESETS
-from hypersolid_scale.data.shard_urls import shard_key, split_urls
-from hypersolid_scale.data.webdataset import ShardIndexDataset, WebDatasetLoader
+from hypersolid_scale.data.webdataset.stream import ShardIndexDataset, WebDatasetLoader
+from hypersolid_scale.data.webdataset.urls import shard_key, split_urls
 from hypersolid_scale.safety.errors import DataError
 
 CPU = torch.device("cpu")

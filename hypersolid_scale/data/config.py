@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypersolid_scale.data.builtin import BUILTIN_DATASETS
+from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
 from hypersolid_scale.safety.errors import ConfigError
 
 AUGMENT_MODES = ("auto", "pil", "tensor")

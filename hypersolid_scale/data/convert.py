@@ -25,7 +25,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from hypersolid_scale.data.builtin import BUILTIN_DATASETS
+from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
 from hypersolid_scale.data.converter import DEFAULT_MAX_SIDE, Converter
 from hypersolid_scale.data.sources import Source, builtin_source, folder_source, torchvision_source
 from hypersolid_scale.safety.errors import ConfigError, run_cli

@@ -18,8 +18,8 @@ from tqdm import tqdm
 
 from hypersolid_scale.data.common import MANIFEST
 from hypersolid_scale.data.convert_images import ImageTooLarge, encode_image, pixel_limit, prepare_image
-from hypersolid_scale.data.shard_writer import ShardWriter, sha256
 from hypersolid_scale.data.sources import Item
+from hypersolid_scale.data.webdataset.shard_writer import ShardWriter, sha256
 from hypersolid_scale.safety.errors import ConfigError, DataError
 
 __all__ = ["Converter", "DEFAULT_MAX_SIDE", "folder_class_name", "hash_name"]
@@ -282,7 +282,7 @@ class Converter:
     def scan_ffcv_sizes(self, splits: dict[str, Sequence[Item]]) -> None:
         """The largest image of each split, from the headers, before anything is written: the FFCV page size
         depends on it, and an image no page holds is refused now, not after the other outputs."""
-        from hypersolid_scale.data.ffcv_writer import largest_image, page_size_for
+        from hypersolid_scale.data.ffcv.beton_writer import largest_image, page_size_for
 
         for split, items in splits.items():
             bounds = (
@@ -296,7 +296,7 @@ class Converter:
             self._ffcv_bounds[split] = bounds
 
     def write_beton(self, split: str, items: list[Item]) -> dict:
-        from hypersolid_scale.data.ffcv_writer import write_beton
+        from hypersolid_scale.data.ffcv.beton_writer import write_beton
 
         dest = self.out / f"{split}.beton"
         rgb = [lambda it=it: np.asarray(prepare_image(self.open_checked(it), "RGB", self.resize)) for it in items]

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hypersolid_scale.data.builtin import ArraySplit
+from hypersolid_scale.data.builtin_sets import ArraySplit
 from hypersolid_scale.data.loaders import array_to_tensor
 from hypersolid_scale.data.presets import MultiCropPreset
 from hypersolid_scale.data.transforms import build_eval_transform, pil_mode

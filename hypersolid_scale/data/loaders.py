@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from hypersolid_scale.data.builtin import ArraySplit
+from hypersolid_scale.data.builtin_sets import ArraySplit
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed, rank_indices
 from hypersolid_scale.data.device_views import DeviceStage
 from hypersolid_scale.data.presets import MultiCropPreset

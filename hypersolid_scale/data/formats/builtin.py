@@ -1,10 +1,10 @@
-"""data.format=builtin: Fashion-MNIST or sklearn digits, held in memory as uint8 arrays (data/builtin.py)."""
+"""data.format=builtin: Fashion-MNIST or sklearn digits, held in memory as uint8 arrays (data/builtin_sets.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hypersolid_scale.data.builtin import load_builtin
+from hypersolid_scale.data.builtin_sets import load_builtin
 from hypersolid_scale.data.formats import Format, register
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """data.format=ffcv: .beton files; decode + crop + flip in FFCV, photometric augmentations batched on the
-training device (data/ffcv.py). data.path: a .beton file or a conversion output root holding <split>.beton."""
+training device (data/ffcv/). data.path: a .beton file or a conversion output root holding <split>.beton."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class FFCVFormat(FileFormat):
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
     ) -> Any:
-        from hypersolid_scale.data.ffcv import FFCVLoader
+        from hypersolid_scale.data.ffcv.loader import FFCVLoader
 
         assert cfg.path is not None
         return FFCVLoader(
@@ -41,7 +41,7 @@ class FFCVFormat(FileFormat):
         )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
-        from hypersolid_scale.data.ffcv import ffcv_eval_dataset
+        from hypersolid_scale.data.ffcv.loader import ffcv_eval_dataset
 
         return ffcv_eval_dataset(path, preset)
 

@@ -1,5 +1,5 @@
-"""data.format=webdataset: tar shards read through the webdataset library (data/webdataset.py), PIL
-multi-crop in DataLoader workers; evaluation reads the shards at random (data/shard_index.py)."""
+"""data.format=webdataset: tar shards read through the webdataset library (data/webdataset/stream.py), PIL
+multi-crop in DataLoader workers; evaluation reads the shards at random (data/webdataset/index.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class WebDatasetFormat(FileFormat):
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
     ) -> Any:
-        from hypersolid_scale.data.webdataset import WebDatasetLoader
+        from hypersolid_scale.data.webdataset.stream import WebDatasetLoader
 
         assert cfg.path is not None
         device_stage: dict[str, Any] = {}
@@ -47,8 +47,8 @@ class WebDatasetFormat(FileFormat):
         )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
-        from hypersolid_scale.data.shard_index import ShardIndexDataset
         from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
+        from hypersolid_scale.data.webdataset.index import ShardIndexDataset
 
         return ShardIndexDataset(
             path,
@@ -60,7 +60,7 @@ class WebDatasetFormat(FileFormat):
 
     def manifest(self, cfg: DataConfig) -> dict | None:
         if cfg.manifest:  # remote shards: the manifest named by data.manifest
-            from hypersolid_scale.data.shards import Manifest
+            from hypersolid_scale.data.webdataset.shards import Manifest
 
             return Manifest.load(cfg.manifest).data
         return super().manifest(cfg)

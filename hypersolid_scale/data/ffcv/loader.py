@@ -15,7 +15,7 @@ What does not depend on the world size, the rank or the number of FFCV threads (
 - The crop and flip. FFCV's own RandomResizedCrop decoder and RandomHorizontalFlip draw from numba's
   per-thread generators, which FFCV never seeds (os entropy): their draws depend on the thread and on
   what it drew before, so they are not reproducible even between two runs. `KeyedRandomResizedCropFlip`
-  (ffcv_crop.py) re-seeds the decoding thread's generator before each sample from (seed, epoch, sample
+  (crop.py) re-seeds the decoding thread's generator before each sample from (seed, epoch, sample
   index, view) and then runs FFCV's own crop sampler and resize; the flip is drawn from the same stream.
 - The photometric draws: `BatchPhotometric` keyed by (seed, epoch, sample index, view).
 So for the same seed and global batch, P ranks with batch b give, concatenated, exactly the views and
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from hypersolid_scale.data.common import ResumableEpochs, epoch_permutation, mix_seed, split_global_batches
-from hypersolid_scale.data.ffcv_crop import KeyedRandomResizedCropFlip, _SharedKernel
-from hypersolid_scale.data.ffcv_writer import write_beton  # noqa: F401  (part of this module's API)
+from hypersolid_scale.data.ffcv.beton_writer import write_beton  # noqa: F401  (part of this module's API)
+from hypersolid_scale.data.ffcv.crop import KeyedRandomResizedCropFlip, _SharedKernel
 from hypersolid_scale.data.photometric import BatchPhotometric
 from hypersolid_scale.data.presets import MultiCropPreset
 

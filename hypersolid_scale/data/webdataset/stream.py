@@ -1,7 +1,7 @@
 """WebDataset: tar shards of (image, class) samples -> multi-crop batches, split by rank and by worker.
 
 Shards are read through the `webdataset` library (`wds.DataPipeline`; its tar reader; its URL opener),
-so data.path may be anything `shard_urls.py` lists: a local directory, brace patterns, `pipe:` commands,
+so data.path may be anything `urls.py` lists: a local directory, brace patterns, `pipe:` commands,
 http(s), and s3/gs/... through fsspec. Shard format (what `python -m hypersolid_scale.data.convert`
 and `webdataset.TarWriter` write): members `<key>.jpg|png|webp|jpeg` and `<key>.cls` (ASCII integer).
 
@@ -66,9 +66,10 @@ from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix
 from hypersolid_scale.data.device_views import DeviceStage, collate_host
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.shard_index import ShardIndexDataset
-from hypersolid_scale.data.shard_urls import expand_shards, is_local
-from hypersolid_scale.data.shards import (
+from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode, seeded_global_rngs
+from hypersolid_scale.data.view_params import sample_id
+from hypersolid_scale.data.webdataset.index import ShardIndexDataset
+from hypersolid_scale.data.webdataset.shards import (
     COUNTERS,
     IMAGE_EXTS,
     RECREATE,
@@ -79,8 +80,7 @@ from hypersolid_scale.data.shards import (
     apply_events,
     count_samples,
 )
-from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode, seeded_global_rngs
-from hypersolid_scale.data.view_params import sample_id
+from hypersolid_scale.data.webdataset.urls import expand_shards, is_local
 from hypersolid_scale.safety.errors import DataError
 
 __all__ = ["WebDatasetLoader", "ShardIndexDataset", "decode_image", "decode_label", "expand_shards"]

@@ -1,5 +1,5 @@
 """WebDataset shards: the conversion manifest, and reading one shard through the `webdataset` library's tar
-reader while accounting for what it lacks. Shard URLs, and opening them: shard_urls.py.
+reader while accounting for what it lacks. Shard URLs, and opening them: urls.py.
 
 Integrity (what a shard is checked against when it has been read to its end):
 - the manifest written by `python -m hypersolid_scale.data.convert` (next to local shards, or given with
@@ -27,7 +27,7 @@ from typing import IO, Any
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from hypersolid_scale.data.common import find_manifest
-from hypersolid_scale.data.shard_urls import is_local, local_path, open_url, shard_key
+from hypersolid_scale.data.webdataset.urls import is_local, local_path, open_url, shard_key
 from hypersolid_scale.safety.errors import DataError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")

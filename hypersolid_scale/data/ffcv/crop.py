@@ -3,7 +3,7 @@
 `KeyedRandomResizedCropFlip` re-seeds the decoding thread's numba generator before each sample from
 (seed, epoch, sample index, view), then runs FFCV's own crop sampler and resize and draws the flip from the
 same stream: FFCV never seeds those generators, so its own decoders' draws depend on the thread. The loader
-that uses it: ffcv.py.
+that uses it: loader.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ try:
     warnings.filterwarnings(
         "ignore", message="Code running in object mode won't allow parallel execution", category=NumbaWarning
     )
-except ImportError:  # the optional extra is not installed (ffcv.py's require_ffcv says how to install it)
+except ImportError:  # the optional extra is not installed (loader.py's require_ffcv says how to install it)
     RandomResizedCropRGBImageDecoder = object
 
 
