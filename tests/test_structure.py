@@ -194,3 +194,27 @@ def test_the_package_root_holds_only_packages():
     """Folder names tell the architecture: every module lives in a package named for its part."""
     loose = sorted(p.name for p in PKG.glob("*.py") if p.name != "__init__.py")
     assert not loose, f"modules loose in {PKG.relative_to(ROOT)}/ (move them into a package): " + ", ".join(loose)
+
+
+def _repeated_file_names(folder: Path) -> list[str]:
+    """File names that stand more than once under ``folder`` (``__init__.py`` and ``__main__.py`` excepted)."""
+    seen: dict[str, list[str]] = {}
+    for p in sorted(folder.rglob("*.py")):
+        if "__pycache__" not in p.parts and p.name not in ("__init__.py", "__main__.py"):
+            seen.setdefault(p.name, []).append(str(p.relative_to(folder)))
+    return [f"{name}: {', '.join(paths)}" for name, paths in sorted(seen.items()) if len(paths) > 1]
+
+
+def test_no_file_name_repeats_in_data():
+    """One name, one file: a format's files live in its subpackage (data/webdataset/, data/ffcv/) under names of
+    their own, and its registry entry in data/formats/. (Package-wide, config.py, app.py and others repeat by
+    design: one per package; data/ is where a repeated name was ambiguous.)"""
+    repeated = _repeated_file_names(PKG / "data")
+    assert not repeated, "file names that repeat under hypersolid_scale/data/ (rename one): " + "; ".join(repeated)
+
+
+def test_the_file_name_check_catches_a_repeat(tmp_path):
+    for rel in ("a/x.py", "b/x.py", "a/__init__.py", "b/__init__.py", "c/__main__.py", "__main__.py", "a/y.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert _repeated_file_names(tmp_path) == ["x.py: a/x.py, b/x.py"]
