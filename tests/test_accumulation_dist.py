@@ -3,7 +3,7 @@
 Through ``launch/train.py``: 4 SGD steps of Hypersolid at global batch 16, once under torchrun on 2 processes
 (8 images each) and once in one process with ``optim.accumulate_steps=2`` (two micro-batches of 8). BatchNorm
 is per device (``dist.sync_bn=false``), which is what accumulation means: each micro-batch is normalised on its
-own, as each rank's batch is. The parameters must agree to 1e-5 (relative, per tensor) for the quickstart's
+own, as each rank's batch is. The parameters' updates must agree to 1e-4 of their norm for the quickstart's
 BatchNorm CNN and for a ViT-Tiny (its projector has BatchNorm; the ViT itself has none).
 
 The running BatchNorm statistics are not the same tensor: the accumulated run updates them once per micro-batch
@@ -18,14 +18,20 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+import torch
+from _update import update_gap
 from _warm_python import run_processes
 
 from hypersolid_scale import checkpoint as ck
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, GLOBAL = 4, 16
-RTOL = 1e-5
-STILL = 1e-7  # absolute: a parameter that training moves less than this is not trained (see below)
+# Of the update: |1 process x K - 2 processes| / |2 processes - initial| over the parameters (tests/_update.py).
+# Measured (this machine's CPU): 7.7e-7 (CNN), 3.7e-6 (ViT-Tiny); ZeRO 2 vs DDP, both accumulating: 0 (bitwise). The
+# bound is 8x the ViT's gap: float32 rounding of sums split differently (in float64 the 2-process comparisons
+# agree to 1e-13, tests/test_fp64_invariance.py), where a second division by K or a lost micro-batch moves the
+# update by ~1.
+UPDATE_RTOL = 3e-5
 COMMON = [
     "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1", f"max_steps={STEPS}", f"data.global_batch_size={GLOBAL}",
     f"data.max_train_samples={STEPS * GLOBAL}", "data.num_workers=0", "eval.every_n_epochs=0", "tracking.enabled=false",
@@ -66,28 +72,24 @@ def test_one_process_accumulating_two_steps_equals_two_processes(train, model: s
     (ref, _), (got, out) = train(model, 2, 1), train(model, 1, 2)
     assert f"global batch {GLOBAL} = 1 process(es) x 2 accumulation steps x {GLOBAL // 2} images per GPU" in out
     ref_m, got_m = ref["model"], got["model"]
-    init = ck.random_init_checkpoint(ref)["model"]
-    names = [k for k in ref_m if is_parameter(k) and ref_m[k].is_floating_point()]
-    # A parameter whose exact gradient is 0 moves by rounding noise only (the ViT's last LayerNorm bias: the
-    # projector's Linear + BatchNorm subtract any constant it adds): ~1e-10 in both runs, compared absolutely.
-    still = {k for k in names if float((ref_m[k] - init[k]).abs().max()) < STILL}
-    assert len(still) < len(names) // 10, still
-    for k in still:
-        assert float((got_m[k] - ref_m[k]).abs().max()) < STILL, k
-    errors = {
-        k: float((got_m[k] - ref_m[k]).abs().max() / ref_m[k].abs().max().clamp_min(1e-12))
-        for k in names
-        if k not in still
-    }
-    bad = {k: e for k, e in errors.items() if e > RTOL}
-    assert not bad, f"{model}: 1 process x 2 micro-batches differs from 2 processes (relative): {bad}"
+    start = ck.random_init_checkpoint(ref)
+    init = {**start["model"], **{f"method.{k}": v for k, v in start["method"].items()}}
+
+    def parameters(state: dict) -> dict[str, torch.Tensor]:
+        both = {**state["model"], **{f"method.{k}": v for k, v in state["method"].items()}}
+        return {k: v for k, v in both.items() if is_parameter(k) and isinstance(v, torch.Tensor) and v.is_floating_point()}
+
+    gap = update_gap(parameters(got), parameters(ref), init)
+    print(f"{model}: 1 process x 2 micro-batches vs 2 processes: {gap:.3g} of the update")
+    assert gap <= UPDATE_RTOL, f"{model}: 1 process x 2 micro-batches differs from 2 processes by {gap:.3g} of the update"
     # BatchNorm counted one update per micro-batch, twice the per-rank count of DDP.
     for k, v in ref_m.items():
         if k.endswith("num_batches_tracked"):
             assert int(got_m[k]) == 2 * int(v), (k, got_m[k], v)
-    # The test can fail: training moved the weights by far more than the tolerance.
-    moved = max(float((ref_m[k] - init[k]).abs().max() / init[k].abs().max()) for k in names if init[k].abs().max() > 0)
-    assert moved > 1e3 * RTOL
+    # The test can fail: training moved the parameters by far more than the tolerance.
+    ref_p = parameters(ref)
+    moved = sum(float((ref_p[k].double() - init[k].double()).square().sum()) for k in ref_p)
+    assert (moved / sum(float(init[k].double().square().sum()) for k in ref_p)) ** 0.5 > 1e-3  # ViT-Tiny: 6e-3
 
 
 @pytest.mark.slow
@@ -96,7 +98,6 @@ def test_deepspeed_zero2_accumulating_equals_ddp_accumulating(train) -> None:
     a missed boundary or a second division by K moves the weights far from DDP's."""
     pytest.importorskip("deepspeed")
     (ref, _), (got, _) = train("cnn", 1, 2), train("cnn", 1, 2, "dist.engine=deepspeed", "dist.zero_stage=2")
-    for k, r in ref["model"].items():
-        if r.is_floating_point():
-            err = float((got["model"][k] - r).abs().max() / r.abs().max().clamp_min(1e-12))
-            assert err <= RTOL or float((got["model"][k] - r).abs().max()) < STILL, (k, err)
+    gap = update_gap(got["model"], ref["model"], ck.random_init_checkpoint(ref)["model"])
+    print(f"ZeRO 2 vs DDP, both accumulating: {gap:.3g} of the update")
+    assert gap <= 1e-6, f"ZeRO 2 accumulating differs from DDP accumulating by {gap:.3g} of the update"  # measured: 0

@@ -20,14 +20,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_baselines_train import _launch, relative_errors
+from _update import update_gap
+from test_baselines_train import _launch
 
 from hypersolid_scale import checkpoint as ck
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4
 B = 8  # images per rank with 2 processes; the single process takes 2B
-RTOL = 1e-5  # per tensor: max |2 ranks - 1 process| <= RTOL * max |1 process|, as the DDP tests
+RTOL = 1e-5  # the weights must move by far more than this (100x) for the comparisons to prove anything
+# Of the update over steps 3-4: |2 ranks - 1 process| / |1 process at step 4 - at step 2| over every floating
+# tensor (backbone, heads, teacher, BatchNorm statistics). Measured (this machine's CPU): 6.3e-7 (SimCLR, ZeRO 0),
+# 1.0e-7 (BYOL, ZeRO 2); DeepSpeed vs DDP at 2 ranks: 0 (bitwise, both stages). The bound is ~7x the one-vs-two
+# OpenMP-thread spread of one process measured on the same baselines (1.4e-6, tests/test_baselines_train.py).
+UPDATE_RTOL = 1e-5
 COMMON = [
     "optim.name=sgd", "optim.momentum=0.9", "optim.lr=1e-3", f"max_steps={STEPS}",
     f"data.max_train_samples={STEPS * 2 * B}", "data.num_workers=0", "model.small_cnn_width=8",
@@ -72,6 +78,19 @@ def _final(run_dir: Path) -> dict:
     return ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
 
 
+def _state(ckpt: dict) -> dict[str, torch.Tensor]:
+    """Backbone, heads, teacher and BatchNorm statistics of a checkpoint, as one flat dict."""
+    return {**ckpt["model"], **{f"method.{k}": v for k, v in ckpt["method"].items()}}
+
+
+def _gap(got_dir: Path, ref_dir: Path) -> float:
+    """How far ``got_dir``'s run ended from ``ref_dir``'s, as a share of the reference's update over its last
+    two steps (from its step-2 checkpoint to step 4; tests/_update.py)."""
+    first, last = (ck.load_checkpoint(p) for p in ck.list_checkpoints(ref_dir))
+    assert (first["step"], last["step"]) == (2, STEPS)
+    return update_gap(_state(_final(got_dir)), _state(last), _state(first))
+
+
 def _moved_from_init(state: dict, prefix: str = "") -> float:
     """The largest relative change of a tensor from the run's initial backbone (nonzero initial tensors only:
     BatchNorm biases start at 0, where any change is infinitely large). ``prefix`` reads the teacher's copy."""
@@ -94,10 +113,10 @@ def test_two_deepspeed_ranks_equal_one_process(train, method: str, engine: str) 
         for k, v in one[part].items():
             if isinstance(v, torch.Tensor) and not v.is_floating_point():  # num_batches_tracked
                 assert torch.equal(two[part][k], v), f"{method} {engine}: {part}.{k}"
-        errors = relative_errors(two[part], one[part])
-        bad = {k: e for k, e in errors.items() if e > RTOL}
-        assert not bad, f"{method} {engine}: 2 ranks x {B} differ from 1 process x {2 * B} in {part}: {bad}"
     assert any("running_var" in k for k in one["model"]) and any("running_var" in k for k in one["method"])
+    gap = _gap(train(method, engine, 2), train(method, engine, 1))
+    print(f"{method} {engine}: 2 ranks x {B} vs 1 process x {2 * B}: {gap:.3g} of the update")
+    assert gap <= UPDATE_RTOL, f"{method} {engine}: 2 ranks differ from 1 process by {gap:.3g} of the update"
     # The comparison can fail: training moved the weights far beyond the tolerance.
     assert _moved_from_init(one) > 1e2 * RTOL
     if method == "byol":
@@ -110,12 +129,10 @@ def test_two_deepspeed_ranks_equal_one_process(train, method: str, engine: str) 
 def test_deepspeed_takes_the_steps_ddp_takes(train) -> None:
     """At the same world size both engines average the same gradients: DeepSpeed (ZeRO 0 and 2) ends where
     DDP ends, the teacher included, to within float32 rounding."""
-    ddp = _final(train("byol", "ddp", 2))
     for engine in ("zero0", "zero2"):
-        ds = _final(train("byol", engine, 2))
-        for part in ("model", "method"):
-            worst = max(relative_errors(ds[part], ddp[part]).values())
-            assert worst <= 1e-6, f"{engine} vs ddp, {part}: {worst}"
+        gap = _gap(train("byol", engine, 2), train("byol", "ddp", 2))
+        print(f"byol {engine} vs ddp, 2 ranks: {gap:.3g} of the update")
+        assert gap <= 1e-6, f"{engine} vs ddp: {gap:.3g} of the update"  # measured: 0
 
 
 def _assert_same_tree(a: object, b: object, where: str) -> int:

@@ -253,13 +253,15 @@ def test_sigterm_stops_the_training_at_a_checkpoint_and_the_next_start_resumes_i
     import time
 
     out = tmp_path / "cmp"
-    args = ["--methods", "simclr", "--seeds", "1", "--steps", "60", "--eval-samples", "300", "--out", str(out)]
+    # 30 steps of 64 images: long enough to be stopped a few steps in, well before the end.
+    args = ["--methods", "simclr", "--seeds", "1", "--steps", "30", "--eval-samples", "300", "--out", str(out),
+            "data.global_batch_size=64"]
     proc = subprocess.Popen([sys.executable, str(REPO / "launch" / "compare.py"), *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = out / "logs" / "simclr-seed0.train.log"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # until the training is a few steps in
-        done = [int(n) for n in re.findall(r"(\d+)/60 \[", log.read_text(errors="replace"))] if log.exists() else []
+        done = [int(n) for n in re.findall(r"(\d+)/30 \[", log.read_text(errors="replace"))] if log.exists() else []
         if done and max(done) >= 5:
             break
         assert proc.poll() is None, proc.communicate()[0][-3000:]
@@ -268,7 +270,7 @@ def test_sigterm_stops_the_training_at_a_checkpoint_and_the_next_start_resumes_i
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, output[-3000:]
     stopped = sorted((out / "runs" / "simclr-seed0" / "checkpoints").glob("step_*.pt"))
-    assert stopped and stopped[-1].name < "step_00000060.pt", stopped  # the trainer saved where it stopped
+    assert stopped and stopped[-1].name < "step_00000030.pt", stopped  # the trainer saved where it stopped
 
     from mlflow import MlflowClient
 
@@ -278,5 +280,5 @@ def test_sigterm_stops_the_training_at_a_checkpoint_and_the_next_start_resumes_i
     again = _compare(*args)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"resumed from {stopped[-1]}" in log.read_text()
-    assert (out / "runs" / "simclr-seed0" / "checkpoints" / "step_00000060.pt").exists()
+    assert (out / "runs" / "simclr-seed0" / "checkpoints" / "step_00000030.pt").exists()
     assert client.get_run(state["parent_run_id"]).info.status == "FINISHED"

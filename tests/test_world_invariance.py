@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
+from _update import update_gap
 from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,16 +73,6 @@ def train(tmp_path_factory: pytest.TempPathFactory):
         return state
 
     return run
-
-
-def update_gap(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], init: dict[str, torch.Tensor]) -> float:
-    """|got - ref| / |ref - init| over the floating tensors (integer buffers are compared apart): the difference
-    between two runs as a share of what the reference run moved from the initial state."""
-    assert got.keys() == ref.keys() and set(ref) <= set(init)
-    floats = [k for k, r in ref.items() if r.is_floating_point()]
-    diff = sum(float((got[k].double() - ref[k].double()).square().sum()) for k in floats)
-    moved = sum(float((ref[k].double() - init[k].double()).square().sum()) for k in floats)
-    return (diff / moved) ** 0.5
 
 
 def initial(state: dict) -> dict[str, torch.Tensor]:
