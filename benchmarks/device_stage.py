@@ -1,4 +1,4 @@
-"""The device stage of data.decode=device, before and after batching, on ImageNet-sized photographs.
+"""The device stage of data.views_on=device, before and after batching, on ImageNet-sized photographs.
 
     python -m benchmarks.device_stage [--images 256] [--batch 64] [--device cpu] [--out runs/bench/device_stage]
 
@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["host_cpu_ms_per_image"] = 1000 * row.pop("cpu_s") / n
         row["wall_ms_per_image"] = 1000 * row.pop("wall_s") / n
     return {
-        "what": "device stage of data.decode=device: views of decoded batches, before/after batching",
+        "what": "device stage of data.views_on=device: views of decoded batches, before/after batching",
         "views": f"2 x {preset.global_crop_size} + {preset.num_local_views} x {preset.local_crop_size}",
         "images": n,
         "batch": args.batch,

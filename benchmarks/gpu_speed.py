@@ -9,9 +9,9 @@ Rows (configs/imagenet1k.yaml, the trainer's own ``build`` and ``train_step``, b
   channels-last on and off, batch 128 and 256, AdamW fused (optim.fused=auto on CUDA) and multi-tensor,
   ``dist.compile=true``;
 * ``synthetic_*``: views augmented on the device from uint8 images in device memory (TensorMultiCrop);
-* ``jpeg_device_*``: the trainer's loader over the photo set's WebDataset shards, data.decode=device (JPEGs
+* ``jpeg_device_*``: the trainer's loader over the photo set's WebDataset shards, data.views_on=device (JPEGs
   decoded on the device, every view cut there, prepared a batch ahead on a side stream);
-* ``jpeg_pil``: the same shards, data.decode=workers (PIL in the DataLoader workers).
+* ``jpeg_pil``: the same shards, data.views_on=workers (PIL in the DataLoader workers).
 
 Per row: images/s, step ms, the share of the wall time spent waiting for the next batch (``data_wait_share``),
 and host CPU ms per image (this process and its workers, psutil). ``ratio``: images/s over the model step's
@@ -88,7 +88,7 @@ def build_row(source: str, batch: int, overrides: tuple[str, ...], args: argpars
             f"data.path={root}",
             f"data.num_workers={args.workers}",
             "data.shuffle_buffer=256",
-            f"data.decode={decode}",
+            f"data.views_on={decode}",
         ]
     cfg = make_config("imagenet", batch, device, extra)
     trainer.seed_everything(cfg.seed, cfg.deterministic)

@@ -5,17 +5,17 @@
 Data: the photo set of benchmarks.photo_set (built once into --cache; from --sources-npz where given).
 Rows, each for 2 x 224 + N x 96 views (N = --local-views, default preset), on the set's WebDataset shards:
 
-* ``pil``: data.decode=workers, PIL decode + lightly's multi-crop in the DataLoader workers;
-* ``device``: data.decode=device, data.jpeg_decoder=device: workers read bytes and draw the crop parameters,
+* ``pil``: data.views_on=workers, PIL decode + lightly's multi-crop in the DataLoader workers;
+* ``device``: data.views_on=device, data.jpeg_decoder=device: workers read bytes and draw the crop parameters,
   the JPEG is decoded on --device, all views cut from that one decode, photometric batched on --device;
-* ``device_workers_jpeg``: data.decode=device, data.jpeg_decoder=workers (JPEG decoded in the workers);
+* ``device_workers_jpeg``: data.views_on=device, data.jpeg_decoder=workers (JPEG decoded in the workers);
 * ``ffcv``: the set's .beton (FFCV decode + crop, photometric on --device), where ffcv imports;
 * ``device_imagefolder``: as ``device``, on the set's image folder.
 
 Each row is timed over --images images after its first batch (workers up, FFCV compiled). Host CPU seconds
 per image = (CPU of the DataLoader workers + CPU of this process - the device stage's own CPU when the
 device is the CPU) / images: on a CPU "device" that stage is the device's work, not the host's. A row the
-code here cannot run (data.decode not there yet, ffcv missing) records `skipped: <reason>`.
+code here cannot run (data.views_on not there yet, ffcv missing) records `skipped: <reason>`.
 Writes photo_loaders.json and photo_loaders.png into --out (default runs/bench/photo_loaders).
 """
 
@@ -44,10 +44,16 @@ ROWS = ("pil", "device", "device_workers_jpeg", "ffcv", "device_imagefolder")
 DEFAULT_SOURCES = RESULTS / "photo_sources.npz"
 
 
-def decode_missing() -> str | None:
-    """Why the device rows cannot run with this DataConfig (None when data.decode exists)."""
+def views_key() -> str | None:
+    """The DataConfig field saying where the views are made: views_on (named decode in earlier versions); None
+    in versions before the device path."""
     names = {f.name for f in dataclasses.fields(DataConfig)}
-    return None if {"decode", "jpeg_decoder"} <= names else "data.decode not available"
+    return next((k for k in ("views_on", "decode") if k in names and "jpeg_decoder" in names), None)
+
+
+def decode_missing() -> str | None:
+    """Why the device rows cannot run with this DataConfig (None when data.views_on exists)."""
+    return None if views_key() else "data.views_on not available"
 
 
 def prepare_set(cache: Path, n: int, sources_npz: str | None, ffcv: bool = False) -> Path:
@@ -124,7 +130,7 @@ def row_config(row: str, root: Path, local: int, args: argparse.Namespace) -> Da
         return DataConfig(**shards, **shared)
     if row == "ffcv":
         return DataConfig(format="ffcv", path=str(root), ffcv_order="random", **shared)
-    shared["decode"] = "device"
+    shared[views_key() or "views_on"] = "device"
     shared["jpeg_decoder"] = "workers" if row == "device_workers_jpeg" else "device"
     if row == "device_imagefolder":
         return DataConfig(format="imagefolder", path=str(root / "imagefolder"), **shared)

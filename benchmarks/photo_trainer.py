@@ -8,9 +8,9 @@ Variants, the same model, optimizer and step (the trainer's ``build`` + ``train_
 
 * ``synthetic``: views augmented from uint8 tensors already in device memory (what train_throughput.py
   times): the step alone, the ceiling;
-* ``jpeg_device``: the trainer's own loader over the photo set's WebDataset shards with data.decode=device
-  (JPEG decoded and cropped on the device); skipped where data.decode does not exist;
-* ``jpeg_pil``: the same shards with data.decode=workers (PIL decode + multi-crop in the workers).
+* ``jpeg_device``: the trainer's own loader over the photo set's WebDataset shards with data.views_on=device
+  (JPEG decoded and cropped on the device); skipped where data.views_on does not exist;
+* ``jpeg_pil``: the same shards with data.views_on=workers (PIL decode + multi-crop in the workers).
 
 Each variant gets an equal share of --budget-s: warm-up steps, then timed steps until its share is spent.
 ``ratio_<variant>`` = its images/s / synthetic's (target for jpeg_device: >= 0.9). Writes
@@ -31,7 +31,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.common import sync
-from benchmarks.photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set
+from benchmarks.photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set, views_key
 from benchmarks.train_throughput import DeviceImages, make_config
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import WorldInfo
@@ -75,8 +75,8 @@ def run_variant(variant: str, args: argparse.Namespace, root: Path, device: torc
             f"data.num_workers={args.workers}",
             "data.shuffle_buffer=256",
         ]
-        if not decode_missing():  # before data.decode existed, the workers path was the only one
-            extra.append(f"data.decode={'device' if variant == 'jpeg_device' else 'workers'}")
+        if not decode_missing():  # before data.views_on (data.decode) existed, the workers path was the only one
+            extra.append(f"data.{views_key()}={'device' if variant == 'jpeg_device' else 'workers'}")
     cfg = make_config("imagenet", args.batch, device, extra)
     trainer.seed_everything(cfg.seed, cfg.deterministic)
     info = WorldInfo(0, 1, 0, "single")

@@ -71,7 +71,7 @@ def run_case(repo: Path, config: str, steps: int, extra: tuple[str, ...], work: 
         "tracking.log_every_n_steps=1",
         "eval.every_n_epochs=0",
         f"checkpoint.every_n_steps={steps}",
-        "data.max_train_samples=4096",
+        "data.max_train_samples=4096",  # the former name of data.max_pretrain_samples: older checkouts read it too
         *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(repo)}

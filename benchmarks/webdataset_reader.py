@@ -134,7 +134,7 @@ def time_epoch(batches: Iterator) -> tuple[float, float, int]:
 def run(
     reader: str, urls: str, shards: list[str], transform: Callable, args: argparse.Namespace, n_batches: int
 ) -> tuple[float, float, int]:
-    """One epoch of n_batches (the loader's data.max_train_samples cap) with `reader`."""
+    """One epoch of n_batches (the loader's data.max_pretrain_samples cap) with `reader`."""
     if reader == "former tarfile loop":
         ds = OldShardStream(
             shards, num_batches=n_batches, batch_size=args.batch, shuffle_buffer=args.shuffle, transform=transform

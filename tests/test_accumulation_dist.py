@@ -34,7 +34,7 @@ STEPS, GLOBAL = 4, 16
 UPDATE_RTOL = 3e-5
 COMMON = [
     "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1", f"max_steps={STEPS}", f"data.global_batch_size={GLOBAL}",
-    f"data.max_train_samples={STEPS * GLOBAL}", "data.num_workers=0", "eval.every_n_epochs=0", "tracking.enabled=false",
+    f"data.max_pretrain_samples={STEPS * GLOBAL}", "data.num_workers=0", "eval.every_n_epochs=0", "tracking.enabled=false",
     "checkpoint.every_n_steps=0", "deterministic=true", "dist.device=cpu", "dist.sync_bn=false", "progress=false",
 ]
 MODELS = {

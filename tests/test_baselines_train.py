@@ -146,7 +146,7 @@ UPDATE_RTOL = 1e-4
 def test_two_processes_equal_one_process(tmp_path: Path, method: str) -> None:
     """2 ranks x 8 images = 1 rank x 16 after 2 SGD steps: parameters, teacher, BatchNorm statistics and
     the logged loss (each rank's share, averaged over ranks)."""
-    common = _args(method, "max_steps=2", "data.max_train_samples=64", "optim.name=sgd", "optim.momentum=0.9",
+    common = _args(method, "max_steps=2", "data.max_pretrain_samples=64", "optim.name=sgd", "optim.momentum=0.9",
                    "optim.lr=0.1")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     for name, nproc in (("one", 1), ("two", 2)):  # tests/_runs_worker.py keeps each run's initial state
@@ -216,7 +216,7 @@ def test_a_hypersolid_checkpoint_of_the_earlier_layout_resumes(tmp_path: Path) -
     args = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
             "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
             "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu",
-            f"run_dir={run_dir}", "data.max_train_samples=128", "max_steps=2", "tracking.enabled=false"]
+            f"run_dir={run_dir}", "data.max_pretrain_samples=128", "max_steps=2", "tracking.enabled=false"]
     assert main(args) == 0
     newest = ck.list_checkpoints(run_dir)[-1]
     state = torch.load(newest, weights_only=True)

@@ -15,7 +15,7 @@ from hypersolid_scale.models.backbones import backbone_names
 
 TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
         "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=4",
-        "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "data.max_train_samples=16",
+        "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "data.max_pretrain_samples=16",
         "dist.device=cpu", "dist.bf16=false"]
 ARCH = {"resnet18": ["model.small_stem=true"], "resnet50": ["model.small_stem=true"],
         "vit_tiny": ["model.img_size=16", "model.patch_size=4", "data.global_crop_size=16", "data.local_crop_size=8"]}

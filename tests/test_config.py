@@ -51,6 +51,27 @@ def test_precision_and_its_former_spelling_bf16(tmp_path: Path, layers: dict, ex
     assert from_dict(old).dist.precision == "fp32"
 
 
+def test_former_key_names_are_read_under_their_new_names(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """data.max_train_samples -> data.max_pretrain_samples, data.decode -> data.views_on: in a file, an
+    override and a stored config (an older checkpoint resumes: no difference in what it trains)."""
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  max_train_samples: 64\n  format: imagefolder\n  path: /x\n")
+    cfg = load_config(f, ["data.decode=device"])
+    assert (cfg.data.max_pretrain_samples, cfg.data.views_on) == (64, "device")
+    err = capsys.readouterr().err
+    assert "'data.max_train_samples' (in " in err and "'data.views_on'" in err
+    assert "max_train_samples" not in to_dict(cfg)["data"] and "decode" not in to_dict(cfg)["data"]
+    assert load_config(f, ["data.max_pretrain_samples=8"]).data.max_pretrain_samples == 8  # a later layer wins
+    old = to_dict(cfg)
+    old["data"] = {**{k: v for k, v in old["data"].items() if k not in ("max_pretrain_samples", "views_on")},
+                   "max_train_samples": 64, "decode": "device"}
+    assert to_dict(from_dict(old)) == to_dict(cfg)
+    assert fingerprint(old) != fingerprint(cfg) and config_diff(old, to_dict(cfg)) == []
+    f.write_text("data:\n  max_train_samples: 64\n  max_pretrain_samples: 32\n")
+    with pytest.raises(ConfigError, match=r"'data.max_train_samples' = 64 and 'data.max_pretrain_samples' = 32"):
+        load_config(f)
+
+
 def test_precision_contradicted_in_one_layer_or_unknown_is_refused(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("dist:\n  precision: fp64\n  bf16: true\n")

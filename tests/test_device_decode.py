@@ -1,4 +1,4 @@
-"""data.decode=device (docs/design.md §3e): the workers draw exactly the PIL path's view parameters, the device
+"""data.views_on=device (docs/design.md §3e): the workers draw exactly the PIL path's view parameters, the device
 cuts every view from one decode and agrees with the PIL path's pixels, and the loaders built on it keep the
 data contract (world-size invariance, corrupt samples skipped and counted)."""
 
@@ -228,14 +228,14 @@ def test_a_jpeg_that_fails_on_the_device_is_replaced_and_counted() -> None:
 
 
 def test_decode_device_is_refused_where_it_does_not_apply() -> None:
-    with pytest.raises(ConfigError, match="data.decode=device is for the file formats"):
-        DataConfig(decode="device").validate()
-    with pytest.raises(ConfigError, match="data.decode='gpu' is not one of"):
-        DataConfig(format="imagefolder", path="x", decode="gpu").validate()
+    with pytest.raises(ConfigError, match="data.views_on=device is for the file formats"):
+        DataConfig(views_on="device").validate()
+    with pytest.raises(ConfigError, match="data.views_on='gpu' is not one of"):
+        DataConfig(format="imagefolder", path="x", views_on="gpu").validate()
     with pytest.raises(ConfigError, match="data.augment='tensor' does not go with it"):
-        DataConfig(format="imagefolder", path="x", decode="device", augment="tensor").validate()
+        DataConfig(format="imagefolder", path="x", views_on="device", augment="tensor").validate()
     with pytest.raises(ConfigError, match="data.jpeg_decoder"):
-        DataConfig(format="imagefolder", path="x", decode="device", jpeg_decoder="nvjpeg").validate()
+        DataConfig(format="imagefolder", path="x", views_on="device", jpeg_decoder="nvjpeg").validate()
 
 
 # ------------------------------------------------------------------- loaders ------------------------
@@ -256,7 +256,7 @@ def photo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _loader(fmt: str, root: Path, decode: str, rank: int = 0, world: int = 1, workers: int = 0) -> Any:
     path = root / "folder" if fmt == "imagefolder" else root / "shard-000000.tar"
-    cfg = DataConfig(format=fmt, path=str(path), decode=decode, global_batch_size=8, num_workers=workers,
+    cfg = DataConfig(format=fmt, path=str(path), views_on=decode, global_batch_size=8, num_workers=workers,
                      num_local_views=2, global_crop_size=32, local_crop_size=16, num_classes=2, shuffle_buffer=0)
     return build_train_loader(cfg, rank=rank, world_size=world, seed=SEED, device=torch.device("cpu"))
 

@@ -1,4 +1,4 @@
-"""Training with data.decode=device through launch/train.py: WebDataset shards over http on 1 process, an
+"""Training with data.views_on=device through launch/train.py: WebDataset shards over http on 1 process, an
 ImageFolder on 2 processes (torchrun, gloo); both train the same global batches as 1 process would."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 ARGS = [
-    "data.decode=device", "data.preset=default", "data.global_crop_size=32", "data.local_crop_size=16",
+    "data.views_on=device", "data.preset=default", "data.global_crop_size=32", "data.local_crop_size=16",
     "data.num_local_views=2", "data.num_classes=2", "data.global_batch_size=8", "data.num_workers=1",
     "data.shuffle_buffer=0", "model.in_channels=3", "model.small_cnn_width=4", "model.proj_layers=2",
     "model.proj_hidden_dim=32", "model.proj_dim=32", "optim.name=sgd", "optim.lr=0.1", "max_steps=3",
@@ -55,7 +55,7 @@ def test_imagefolder_on_two_processes_trains_like_one(photo_folder: Path, tmp_pa
     tests/test_device_decode.py on the loaders). The parameters after 3 steps agree to 7e-3 of their norm, not
     to the 3e-7 the same two runs reach on the PIL path's views of these photos: on these views the 2 x 4 vs
     1 x 8 arithmetic of this tiny network amplifies float32 rounding. Rounding, not a bug: in float64 the same
-    two runs agree to 5e-15 of the update (tests/test_fp64_invariance.py, decode=device)."""
+    two runs agree to 5e-15 of the update (tests/test_fp64_invariance.py, views_on=device)."""
     data = ["data.format=imagefolder", f"data.path={photo_folder / 'folder'}"]
     _train(tmp_path / "one", data)
     _train(tmp_path / "two", data, nproc=2)

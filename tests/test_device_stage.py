@@ -240,7 +240,7 @@ def test_prefetched_loader_batches_equal_inline_ones(tmp_path: Path) -> None:
     for i, data in enumerate(photos(16, seed=15)):
         (tmp_path / f"c{i % 2}").mkdir(exist_ok=True)
         (tmp_path / f"c{i % 2}" / f"{i:02d}.jpg").write_bytes(data)
-    cfg = DataConfig(format="imagefolder", path=str(tmp_path), decode="device", global_batch_size=4, num_workers=0,
+    cfg = DataConfig(format="imagefolder", path=str(tmp_path), views_on="device", global_batch_size=4, num_workers=0,
                      num_local_views=2, global_crop_size=32, local_crop_size=16, num_classes=2)
     runs = []
     for depth in (0, 2):

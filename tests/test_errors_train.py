@@ -27,7 +27,7 @@ LAUNCH = REPO / "launch" / "train.py"
 TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
         "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu",
-        "tracking.enabled=false", "data.max_train_samples=128"]
+        "tracking.enabled=false", "data.max_pretrain_samples=128"]
 
 # A script that runs launch/train.py as the program, with torch.save failing like a full disk from the
 # second checkpoint on (after writing a few bytes, as a real ENOSPC does).

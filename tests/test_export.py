@@ -253,7 +253,7 @@ def test_a_trained_run_exported_evaluates_like_its_checkpoint(tmp_path: Path) ->
             [
                 *tiny,
                 f"run_dir={run}",
-                "data.max_train_samples=128",
+                "data.max_pretrain_samples=128",
                 "max_steps=4",
                 "data.num_local_views=2",
                 "data.batch_size_per_gpu=32",

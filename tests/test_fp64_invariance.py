@@ -1,7 +1,7 @@
 """N processes = 1 process proven in float64 (``dist.precision=fp64``, docs/design.md §3b): after 3 SGD steps,
 2 processes x 64 images and 1 process x 128 agree to 1e-9 of the update (the distance between their final
 states over the distance the single process moved from the initial state), for every registered method and
-for views decoded on the device (``data.decode=device``) from an ImageFolder. In float32 the same runs differ
+for views decoded on the device (``data.views_on=device``) from an ImageFolder. In float32 the same runs differ
 by 1e-5 to 1e-3 of the update, as much as rounding alone moves them (tests/test_world_invariance.py): only in
 float64 does a difference of that size show a bug rather than rounding.
 
@@ -44,7 +44,7 @@ HEADS = {
     "swav": ["method.swav.hidden_dim=32", "method.swav.out_dim=32", "method.swav.n_prototypes=16"],
 }
 DEVICE_DECODE = [
-    "data.format=imagefolder", "data.decode=device", "data.preset=default", "data.global_crop_size=32",
+    "data.format=imagefolder", "data.views_on=device", "data.preset=default", "data.global_crop_size=32",
     "data.local_crop_size=16", "data.num_local_views=2", "data.num_classes=2", "data.global_batch_size=8",
     "model.in_channels=3",
 ]
@@ -55,10 +55,10 @@ def _runs(root: Path, photos: Path) -> dict[str, list[str]]:
     quick = ["--config", str(REPO / "configs" / "quickstart.yaml"), *COMMON]
     runs = {
         m: [*quick, f"method.name={m}", *HEADS.get(m, []), "data.global_batch_size=128", "data.num_local_views=2",
-            f"data.max_train_samples={STEPS * 128}"]
+            f"data.max_pretrain_samples={STEPS * 128}"]
         for m in method_names()
     }
-    runs["decode=device"] = [*quick, *DEVICE_DECODE, f"data.path={photos / 'folder'}"]
+    runs["views_on=device"] = [*quick, *DEVICE_DECODE, f"data.path={photos / 'folder'}"]
     return {name: [*argv, f"run_dir={root / name}"] for name, argv in runs.items()}
 
 
@@ -106,7 +106,7 @@ def update_gap(one: Path, two: Path) -> tuple[float, float]:
     return (diff / moved) ** 0.5, (moved / start) ** 0.5
 
 
-@pytest.mark.parametrize("name", [*method_names(), "decode=device"])
+@pytest.mark.parametrize("name", [*method_names(), "views_on=device"])
 def test_two_processes_equal_one_process_in_float64(trained: dict[int, Path], name: str) -> None:
     gap, moved = update_gap(trained[1] / name, trained[2] / name)
     print(f"{name}: 2 x b vs 1 x 2b differ by {gap:.3g} of the update (the update is {moved:.3g} of the weights)")

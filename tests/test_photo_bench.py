@@ -117,5 +117,5 @@ def test_photo_loaders_pil_row(tmp_path: Path, sources_npz: Path) -> None:
     assert pil["images_per_s"] > 0 and pil["host_cpu_ms_per_image"] > 0
     # The PIL path decodes and crops in the worker: that is where its CPU goes.
     assert pil["workers_cpu_ms_per_image"] > pil["main_cpu_ms_per_image"]
-    assert "images_per_s" in rows["device"] or rows["device"]["skipped"] == "data.decode not available"
+    assert "images_per_s" in rows["device"] or rows["device"]["skipped"] == "data.views_on not available"
     assert (tmp_path / "out" / "photo_loaders.png").is_file()

@@ -30,7 +30,7 @@ ENV.pop("HS_DEBUG", None)
 # The real trainer on sklearn digits, shrunk until a step takes milliseconds; every step logged, no monitor.
 TINY = [
     *TINY_TRAINER,
-    "data.max_train_samples=128",
+    "data.max_pretrain_samples=128",
     "max_steps=6",
     "checkpoint.every_n_steps=3",
     "tracking.enabled=true",

@@ -35,7 +35,7 @@ def _mlflow_runs(run_dir: Path) -> list:
 
 def test_smoke_main_trains_logs_and_resumes_the_same_mlflow_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    args = [*TINY, f"run_dir={run_dir}", "data.max_train_samples=128", "epochs=2", "checkpoint.every_n_steps=3",
+    args = [*TINY, f"run_dir={run_dir}", "data.max_pretrain_samples=128", "epochs=2", "checkpoint.every_n_steps=3",
             "tracking.log_every_n_steps=1", "eval.every_n_epochs=1", "eval.monitor_max_train=200", "eval.knn_k=[5]"]
     assert main(args) == 0
     steps = [int(p.stem.split("_")[1]) for p in ck.list_checkpoints(run_dir)]
@@ -203,7 +203,7 @@ def test_resume_refuses_another_global_batch_and_prefers_the_runs_own_newest_che
     from hypersolid_scale.config.schema import load_config
 
     run_dir = tmp_path / "run"
-    args = [*TINY, f"run_dir={run_dir}", "data.max_train_samples=128", "max_steps=4", "checkpoint.every_n_steps=2",
+    args = [*TINY, f"run_dir={run_dir}", "data.max_pretrain_samples=128", "max_steps=4", "checkpoint.every_n_steps=2",
             "checkpoint.keep_last=0"]
     assert main(args) == 0
     newest = ck.list_checkpoints(run_dir)[-1]
@@ -263,7 +263,7 @@ def test_loader_counters_are_summed_over_ranks_before_logging(tmp_path) -> None:
 def test_an_old_checkpoint_with_a_scheduler_entry_and_dist_backend_still_resumes(tmp_path: Path) -> None:
     """Checkpoints written before dist.backend became dist.transport, with the never-read `scheduler`."""
     run_dir = tmp_path / "run"
-    args = [*TINY, f"run_dir={run_dir}", "data.max_train_samples=128", "max_steps=4", "checkpoint.every_n_steps=2",
+    args = [*TINY, f"run_dir={run_dir}", "data.max_pretrain_samples=128", "max_steps=4", "checkpoint.every_n_steps=2",
             "tracking.enabled=false"]
     assert main(args) == 0
     newest = ck.list_checkpoints(run_dir)[-1]

@@ -36,7 +36,7 @@ B = 8  # images per rank with 2 processes; the single process takes 2B
 RTOL = 1e-4
 COMMON = [
     "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1", f"max_steps={STEPS}",
-    f"data.max_train_samples={STEPS * 2 * B}", "data.num_workers=0", "eval.every_n_epochs=0",
+    f"data.max_pretrain_samples={STEPS * 2 * B}", "data.num_workers=0", "eval.every_n_epochs=0",
     "tracking.enabled=false", "checkpoint.every_n_steps=0", "deterministic=true", "dist.device=cpu",
     "progress=false",
 ]

@@ -102,7 +102,7 @@ COMMON = ("tracking.enabled=false", "progress=false", "eval.every_n_epochs=0", "
 # Quick: tiny data, batch and network so that a run trains and evaluates in seconds on a CPU (4 steps);
 # a step checkpoint halfway through the epoch lets tests stop and resume a run mid-way.
 QUICK = (
-    "data.max_train_samples=128",
+    "data.max_pretrain_samples=128",
     "data.global_batch_size=32",
     "checkpoint.every_n_steps=2",
     "model.small_cnn_width=8",

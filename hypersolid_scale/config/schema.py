@@ -23,6 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
+from hypersolid_scale.config.former_keys import rename_former_keys
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.precision import PRECISIONS, bf16_as_precision, check_precision
 from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_key
@@ -235,6 +236,7 @@ def _read_yaml(path: str | Path) -> DictConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
     _refuse_renamed(set(flatten(data)), f"in {path}")
+    data = rename_former_keys(data, f"in {path}")
     return OmegaConf.create(bf16_as_precision(_moved(data, f"in {path}"), f"in {path}"))
 
 
@@ -323,9 +325,10 @@ def _moved(d: dict[str, Any], where: str) -> dict[str, Any]:
 
 def _moved_override(ov: str) -> DictConfig:
     layer = parse_override(ov)
-    if "loss" not in layer and "dist" not in layer:
+    if "loss" not in layer and "dist" not in layer and "data" not in layer:
         return layer
-    d = _moved(cast(dict[str, Any], OmegaConf.to_container(layer)), f"the override {ov!r}")
+    d = cast(dict[str, Any], OmegaConf.to_container(layer))
+    d = _moved(rename_former_keys(d, f"the override {ov!r}"), f"the override {ov!r}")
     return OmegaConf.create(bf16_as_precision(d, f"from the command-line override {ov!r}"))
 
 
@@ -333,6 +336,7 @@ def migrate(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict stored by an older version (a checkpoint's), as this version names it: renamed keys
     under their new name, the ``loss`` section as ``method``, and a storage format written as
     ``data.dataset`` moved to ``data.format``."""
+    d = rename_former_keys(d, "a stored config")
     d = drop_missing_sections(bf16_as_precision(_moved(d, "a stored config"), "a stored config"), "a stored config")
     for old, new in _RENAMED.items():
         (section, old_key), new_key = old.split("."), new.split(".")[1]

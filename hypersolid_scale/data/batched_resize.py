@@ -1,6 +1,6 @@
 """PIL's antialiased bicubic resize of one crop box per image, for a whole batch of images in a few calls.
 
-`data.decode=device` cuts every view of a batch from one decode per image (docs/design.md §3e). The PIL path
+`data.views_on=device` cuts every view of a batch from one decode per image (docs/design.md §3e). The PIL path
 crops each image to its box and resizes it with PIL's bicubic filter, antialiased: when a box shrinks by a
 factor ``f > 1``, the filter widens by ``f``. That resize is separable, so each image's crop-resize-mirror is
 ``Wy @ box @ Wx^T`` with two small weight matrices. Here those matrices are built for the whole batch at once

@@ -48,8 +48,9 @@ class DataConfig:
     holdout_fraction: float = 0.1
     # None: read from the manifest written by `python -m hypersolid_scale.data.convert` (or count classes).
     num_classes: int | None = None
-    # Cap on training samples (quick runs and tests); None = all.
-    max_train_samples: int | None = None
+    # Cap on the pre-training samples (quick runs and tests); None = all. (Formerly data.max_train_samples, still
+    # read: eval.max_train_samples caps the evaluation's training split.)
+    max_pretrain_samples: int | None = None
 
     # --- multi-crop ---------------------------------------------------------------------------------
     # "auto" picks the preset named like data.dataset (fashion_mnist, digits, cifar10, cifar100, stl10,
@@ -65,12 +66,13 @@ class DataConfig:
     # "auto": tensor for the builtin format, pil for webdataset/imagefolder. FFCV always decodes + crops in
     # FFCV and applies the photometric augmentations batched on the training device.
     augment: str = "auto"
-    # webdataset/imagefolder: where images are decoded and augmented. "workers": PIL decode + the PIL
-    # multi-crop in DataLoader workers. "device": the workers read the bytes and draw each view's parameters
-    # (the PIL path's own draws); each JPEG is decoded once, every view is cut from it and the photometric
-    # augmentations run batched on the training device (data/device_views.py, docs/design.md §3e).
-    decode: str = "workers"
-    # decode=device: where JPEGs are decoded: "device" (nvJPEG on CUDA; torchvision.io.decode_jpeg) or
+    # webdataset/imagefolder: where the multi-crop views are made (formerly data.decode, still read).
+    # "workers": PIL decode + the PIL multi-crop in DataLoader workers. "device": the workers read the bytes
+    # and draw each view's parameters (the PIL path's own draws); each JPEG is decoded once, every view is
+    # cut from it and the photometric augmentations run batched on the training device (data/device_views.py,
+    # docs/design.md §3e).
+    views_on: str = "workers"
+    # views_on=device: where JPEGs are decoded: "device" (nvJPEG on CUDA; torchvision.io.decode_jpeg) or
     # "workers" (libjpeg-turbo in the DataLoader workers; the crops still run on the device).
     jpeg_decoder: str = "device"
 
@@ -131,23 +133,23 @@ class DataConfig:
             )
         checks = (
             (self.augment in AUGMENT_MODES, f"data.augment={self.augment!r} is not one of {AUGMENT_MODES}"),
-            (self.decode in DECODE_MODES, f"data.decode={self.decode!r} is not one of {DECODE_MODES}"),
+            (self.views_on in DECODE_MODES, f"data.views_on={self.views_on!r} is not one of {DECODE_MODES}"),
             (
                 self.jpeg_decoder in JPEG_DECODERS,
                 f"data.jpeg_decoder={self.jpeg_decoder!r} is not one of {JPEG_DECODERS}",
             ),
             (
-                self.decode == "workers" or self.format in DEVICE_DECODE_FORMATS,
+                self.views_on == "workers" or self.format in DEVICE_DECODE_FORMATS,
                 (
-                    f"data.decode=device is for the file formats {DEVICE_DECODE_FORMATS}, not data.format="
+                    f"data.views_on=device is for the file formats {DEVICE_DECODE_FORMATS}, not data.format="
                     f"{self.format} (builtin augments batched in memory; ffcv decodes in its own pipeline): "
-                    "drop data.decode"
+                    "drop data.views_on"
                 ),
             ),
             (
-                self.decode == "workers" or self.augment in ("auto", "pil"),
+                self.views_on == "workers" or self.augment in ("auto", "pil"),
                 (
-                    f"data.decode=device reproduces the PIL path's augmentations; data.augment={self.augment!r} "
+                    f"data.views_on=device reproduces the PIL path's augmentations; data.augment={self.augment!r} "
                     "does not go with it: drop data.augment"
                 ),
             ),

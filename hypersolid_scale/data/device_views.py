@@ -1,4 +1,4 @@
-"""`data.decode=device`: each JPEG decoded once, on the training device, and every view cut from that decode.
+"""`data.views_on=device`: each JPEG decoded once, on the training device, and every view cut from that decode.
 
 Two stages (docs/design.md §3e):
 
@@ -160,7 +160,7 @@ class DeviceStage:
             if not good:
                 raise DataError(
                     f"no image of a batch of {len(images)} decoded on {self.device}: the files are damaged; "
-                    "re-create them from the source images, or use data.decode=workers to skip them one by one"
+                    "re-create them from the source images, or use data.views_on=workers to skip them one by one"
                 )
             params = params.clone()
             for i in bad:

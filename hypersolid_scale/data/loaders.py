@@ -149,7 +149,7 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         pin_memory: bool = False,
     ) -> None:
         """device_stage: turns what the workers collated (`collate_fn`) into the views, in this process and ahead
-        of the step (data.decode=device, data/device_views.py); pin_memory: pin the workers' tensors for async
+        of the step (data.views_on=device, data/device_views.py); pin_memory: pin the workers' tensors for async
         copies."""
         super().__init__()
         self.dataset = dataset
@@ -165,7 +165,7 @@ class MapStyleMultiCropLoader(ResumableEpochs):
 
     @property
     def device_stage_cpu_s(self) -> float:
-        """This process's CPU seconds in the device stage (data.decode=device; 0 otherwise)."""
+        """This process's CPU seconds in the device stage (data.views_on=device; 0 otherwise)."""
         return self.device_stage.cpu_seconds if self.device_stage is not None else 0.0
 
     def __iter__(self) -> Iterator[Batch]:

@@ -4,7 +4,7 @@ normalisation, per sample, with the PIL path's semantics (lightly's DINOViewTran
 normalize).
 
 Used by the FFCV loader (after FFCV decoded, cropped and flipped each view), the in-memory multi-crop
-(`tensor_aug.TensorMultiCrop`) and the device stage of data.decode=device (`device_views.py`, with the PIL
+(`tensor_aug.TensorMultiCrop`) and the device stage of data.views_on=device (`device_views.py`, with the PIL
 path's own draws). Decisions are made on the CPU and travel with the views; the chain reads nothing back
 from the device, and its number of calls does not depend on the batch (docs/design.md §3e).
 Pass ``record={}`` to get the per-sample decisions back (used by the parity tests).

@@ -1,4 +1,4 @@
-"""The random decisions of the PIL path's views, drawn without touching a pixel (for `data.decode=device`).
+"""The random decisions of the PIL path's views, drawn without touching a pixel (for `data.views_on=device`).
 
 The PIL path (lightly's DINOTransform, `transforms.py`) draws each view's crop box, flip, jitter, grayscale,
 blur and solarization from Python's, numpy's and torch's global generators, seeded per sample by
@@ -61,7 +61,7 @@ def _draw(t: Any, row: np.ndarray, fake: list[torch.Tensor]) -> None:
         hit = not bool(torch.rand(1) >= t.p)  # torchvision's _RandomApplyTransform test
         if isinstance(t, v2.RandomVerticalFlip):
             if hit:
-                raise NotImplementedError("data.decode=device does not do vertical flips (no preset uses them)")
+                raise NotImplementedError("data.views_on=device does not do vertical flips (no preset uses them)")
         else:
             row[FLIP if isinstance(t, v2.RandomHorizontalFlip) else GRAY] = hit
     elif isinstance(t, v2.RandomApply):
@@ -69,7 +69,7 @@ def _draw(t: Any, row: np.ndarray, fake: list[torch.Tensor]) -> None:
             return
         (jitter,) = t.transforms
         if not isinstance(jitter, v2.ColorJitter):
-            raise NotImplementedError(f"data.decode=device: RandomApply of {type(jitter).__name__} is not supported")
+            raise NotImplementedError(f"data.views_on=device: RandomApply of {type(jitter).__name__} is not supported")
         p = jitter.make_params(fake)
         row[JITTER] = 1
         row[ORDER : ORDER + 4] = p["fn_idx"].numpy()
@@ -78,7 +78,7 @@ def _draw(t: Any, row: np.ndarray, fake: list[torch.Tensor]) -> None:
             row[FACTORS + k] = neutral[k] if p[name] is None else p[name]
     elif isinstance(t, RandomRotate):
         if np.random.random_sample() < t.prob:
-            raise NotImplementedError("data.decode=device does not do rotations (no preset uses them)")
+            raise NotImplementedError("data.views_on=device does not do rotations (no preset uses them)")
     elif isinstance(t, GaussianBlur):
         if np.random.random_sample() < t.prob:
             row[BLUR] = 1
@@ -86,11 +86,11 @@ def _draw(t: Any, row: np.ndarray, fake: list[torch.Tensor]) -> None:
     elif isinstance(t, RandomSolarization):
         if np.random.random_sample() < t.prob:
             if t.threshold != 128:
-                raise NotImplementedError(f"data.decode=device solarizes at 128, not {t.threshold}")
+                raise NotImplementedError(f"data.views_on=device solarizes at 128, not {t.threshold}")
             row[SOLARIZE] = 1
     elif type(t).__name__ not in _PASSIVE:
         raise NotImplementedError(
-            f"data.decode=device cannot replay {type(t).__name__} of the PIL multi-crop; use data.decode=workers"
+            f"data.views_on=device cannot replay {type(t).__name__} of the PIL multi-crop; use data.views_on=workers"
         )
 
 

@@ -34,7 +34,7 @@ class BuiltinFormat(Format):
             world_size=world_size,
             seed=seed,
             batch_size=cfg.loader_batch(),
-            max_samples=cfg.max_train_samples,
+            max_samples=cfg.max_pretrain_samples,
         )
         if cfg.augment in ("auto", "tensor"):
             return InMemoryMultiCropLoader(split, preset, **common)  # type: ignore[arg-type]

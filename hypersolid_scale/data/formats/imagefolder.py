@@ -44,7 +44,7 @@ class ImageFolderFormat(FileFormat):
         assert cfg.path is not None
         root = self.split_path(cfg.path, "train")
         device_stage: dict[str, Any] = {}
-        if cfg.decode == "device":  # the workers read bytes and draw; this process decodes and augments
+        if cfg.views_on == "device":  # the workers read bytes and draw; this process decodes and augments
             from hypersolid_scale.data.device_views import DeviceStage, HostStage, collate_host
 
             ds = image_folder(root, None, HostStage(preset, cfg.jpeg_decoder))
@@ -60,7 +60,7 @@ class ImageFolderFormat(FileFormat):
             seed=seed,
             batch_size=cfg.loader_batch(),
             num_workers=cfg.num_workers,
-            max_samples=cfg.max_train_samples,
+            max_samples=cfg.max_pretrain_samples,
             **device_stage,
         )
 

@@ -26,7 +26,7 @@ class WebDatasetFormat(FileFormat):
 
         assert cfg.path is not None
         device_stage: dict[str, Any] = {}
-        if cfg.decode == "device":  # the workers read bytes and draw; this process decodes and augments
+        if cfg.views_on == "device":  # the workers read bytes and draw; this process decodes and augments
             from hypersolid_scale.data.device_views import DeviceStage, HostStage
 
             device_stage = dict(transform=HostStage(preset, cfg.jpeg_decoder), device_stage=DeviceStage(preset, device))
@@ -39,7 +39,7 @@ class WebDatasetFormat(FileFormat):
             batch_size=cfg.loader_batch(),
             num_workers=cfg.num_workers,
             shuffle_buffer=cfg.shuffle_buffer,
-            num_samples=cfg.max_train_samples,
+            num_samples=cfg.max_pretrain_samples,
             manifest=cfg.manifest,
             verify_shards=cfg.verify_shards,
             max_lost_fraction=cfg.max_lost_fraction,

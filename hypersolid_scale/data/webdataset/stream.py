@@ -39,7 +39,7 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
   changing num_workers changes the batches.
 - Augmentations are keyed per sample: each sample's transform runs with the generators seeded by (seed, epoch,
   a hash of its ``__key__``) (`seeded_global_rngs`), so its views do not depend on the rank, worker or order.
-  With data.decode=device the workers only read the bytes and draw the same parameters (device_views.py).
+  With data.views_on=device the workers only read the bytes and draw the same parameters (device_views.py).
 - Resume at (epoch, batches done): the same samples in the same batches as the uninterrupted run (each
   stream re-reads and drops the samples of the skipped batches without decoding them; each sample that
   failed to decode before the restored position shifts that stream's later samples by one) with the same
@@ -202,7 +202,7 @@ class _ShardStream(IterableDataset):
             with seeded_global_rngs(self.seed, self.epoch, sample_id(str(sample["__key__"]))):
                 try:
                     label = decode_label(sample)
-                    if self.mode is None:  # data.decode=device: the bytes go to the host stage (it reads headers)
+                    if self.mode is None:  # data.views_on=device: the bytes go to the host stage (it reads headers)
                         item = self.transform(image_bytes(sample))
                     else:
                         img = decode_image(sample, self.mode)
@@ -272,7 +272,7 @@ class WebDatasetLoader(ResumableEpochs):
         max_lost_fraction: float = 0.01,
         device_stage: DeviceStage | None = None,
     ) -> None:
-        """device_stage: data.decode=device; `transform` is then the workers' `HostStage` (bytes -> draws)."""
+        """device_stage: data.views_on=device; `transform` is then the workers' `HostStage` (bytes -> draws)."""
         super().__init__()
         if not 0.0 <= max_lost_fraction <= 1.0:
             raise ValueError(f"max_lost_fraction must be in [0, 1], got {max_lost_fraction}")
@@ -304,7 +304,7 @@ class WebDatasetLoader(ResumableEpochs):
 
     @property
     def device_stage_cpu_s(self) -> float:
-        """This process's CPU seconds in the device stage (data.decode=device; 0 otherwise)."""
+        """This process's CPU seconds in the device stage (data.views_on=device; 0 otherwise)."""
         return self.device_stage.cpu_seconds if self.device_stage is not None else 0.0
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
