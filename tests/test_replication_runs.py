@@ -100,10 +100,13 @@ def test_tuned_values_follow_held_out_knn() -> None:
     assert planmod.budget_settings(_tune_results(knn)) == [("hypersolid", 0.9), ("simclr", 0.2)]
 
 
-def test_random_init_and_epoch_evaluations(tmp_path: Path) -> None:
+def test_random_init_epoch_and_step_evaluations(tmp_path: Path) -> None:
     """A random-init run evaluates its step-0 weights and nothing else; a run with eval_epochs is evaluated at
-    each of those epochs (quick: 2 epochs of 4 steps)."""
-    _drive(tmp_path, "--group", "cpu", "--runs", "cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0")
+    each of those epochs (quick: 2 epochs of 4 steps); --runs picks runs by name, and a run with
+    eval_every_steps is evaluated at each such checkpoint (quick: every 2 of its 4 steps), the entries labelled
+    with their fraction of the epoch. One invocation for the three, 2 at a time."""
+    runs = "cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,cpu-hypersolid-s0-steps"
+    _drive(tmp_path, "--group", "cpu", "--runs", runs, "--parallel", "2")
     out = tmp_path / "out" / "cpu"
     init = json.loads((out / "cpu-random-s0.json").read_text())
     assert init["part"] == "random" and init["final_step"] == 0
@@ -114,6 +117,10 @@ def test_random_init_and_epoch_evaluations(tmp_path: Path) -> None:
     budget = json.loads((out / "cpu-budget-hypersolid-alpha0.9-s0.json").read_text())
     assert [(e["epoch"], e["step"]) for e in budget["per_epoch"]] == [(1, 4), (2, 8)]
     assert init["final"]["knn_k20_weighted"] != budget["final"]["knn_k20_weighted"]
+    r = json.loads((out / "cpu-hypersolid-s0-steps.json").read_text())
+    assert r["part"] == "steps" and [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(0.5, 2), (1.0, 4)]
+    assert all(0 <= e["knn_k20_weighted"] <= 100 for e in r["per_epoch"])
+    assert sorted(p.stem for p in out.glob("[!_]*.json")) == sorted(runs.split(","))  # only the runs named
 
 
 def test_trains_evaluates_skips_and_resumes(tmp_path: Path) -> None:
@@ -160,14 +167,8 @@ def test_budget_skips_what_cannot_finish_and_says_so(tmp_path: Path) -> None:
     assert not list((tmp_path / "out" / "gpu").glob("[!_]*.json")) and not (tmp_path / "scratch").exists()
 
 
-def test_a_run_evaluated_every_few_steps(tmp_path: Path) -> None:
-    """--runs picks a run by name; a run with eval_every_steps is evaluated at each such checkpoint (quick:
-    every 2 of its 4 steps), the entries labelled with their fraction of the epoch."""
-    _drive(tmp_path, "--group", "cpu", "--runs", "cpu-hypersolid-s0-steps")
-    r = json.loads((tmp_path / "out" / "cpu" / "cpu-hypersolid-s0-steps.json").read_text())
-    assert r["part"] == "steps" and [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(0.5, 2), (1.0, 4)]
-    assert all(0 <= e["knn_k20_weighted"] <= 100 for e in r["per_epoch"])
-    where = ["--out", str(tmp_path / "out"), "--scratch", str(tmp_path / "scratch"), "--quick"]
+def test_an_unknown_run_name_is_refused() -> None:
+    where = ["--out", "/nonexistent/out", "--scratch", "/nonexistent/scratch", "--quick"]
     bad = subprocess.run(
         [sys.executable, "-m", "benchmarks.replication.run", "--group", "cpu", *where, "--runs", "cpu-x"],
         cwd=ROOT,
