@@ -1,9 +1,10 @@
 """Config keys read under a former name: each layer (a YAML file, an override, a stored config) is rewritten to
 the key's current name before it is merged, with a one-line note (rank 0, once per key and process).
 
-A key is renamed when its name meant two things (docs/design.md §7, "one meaning per name"). Both spellings in
-one layer are an error unless they say the same; across layers the later one wins, as for any key. The
-``dist.bf16`` -> ``dist.precision`` change maps values too and lives in ``precision``.
+A key is renamed when its name meant two things (docs/design.md §7, "one meaning per name"), or moves into the
+section it belongs to (a format's own keys, ``data.<format>.*``). Both spellings in one layer are an error
+unless they say the same; across layers the later one wins, as for any key. The ``dist.bf16`` ->
+``dist.precision`` change maps values too and lives in ``precision``.
 """
 
 from __future__ import annotations
@@ -28,27 +29,57 @@ FORMER_KEYS: dict[str, tuple[str, str]] = {
     ),
 }
 _noted: set[str] = set()
+_ABSENT = object()
+
+
+def _get(d: Any, path: list[str]) -> Any:
+    """The value at ``path`` in nested dicts, ``_ABSENT`` when there is none."""
+    for key in path:
+        if not isinstance(d, dict) or key not in d:
+            return _ABSENT
+        d = d[key]
+    return d
+
+
+def _without(d: dict[str, Any], path: list[str]) -> dict[str, Any]:
+    """A copy of ``d`` without the key at ``path`` (which exists)."""
+    if len(path) == 1:
+        return {k: v for k, v in d.items() if k != path[0]}
+    return {**d, path[0]: _without(d[path[0]], path[1:])}
+
+
+def _with(d: dict[str, Any], path: list[str], value: Any) -> dict[str, Any]:
+    """A copy of ``d`` with ``value`` at ``path``, the sections on the way created when absent."""
+    if len(path) == 1:
+        return {**d, path[0]: value}
+    inner = d.get(path[0])
+    return {**d, path[0]: _with(inner if isinstance(inner, dict) else {}, path[1:], value)}
 
 
 def rename_former_keys(d: dict[str, Any], where: str) -> dict[str, Any]:
     """``d`` (nested sections) with every former key moved to its current name; ``d`` itself is not changed.
+    The note names the keys moved for one reason on one line.
 
     Raises:
         ConfigError: a layer that gives a key under both names with different values.
     """
+    notes: dict[str, list[tuple[str, str]]] = {}  # why -> (former, current) keys not noted before
     for old, (new, why) in FORMER_KEYS.items():
-        (section, old_key), new_key = old.split("."), new.split(".")[1]
-        part = d.get(section)
-        if not isinstance(part, dict) or old_key not in part:
+        value = _get(d, old.split("."))
+        if value is _ABSENT:
             continue
-        if new_key in part and part[new_key] != part[old_key]:
+        present = _get(d, new.split("."))
+        if present is not _ABSENT and present != value:
             raise ConfigError(
-                f"config keys '{old}' = {part[old_key]!r} and '{new}' = {part[new_key]!r} ({where}) disagree; "
+                f"config keys '{old}' = {value!r} and '{new}' = {present!r} ({where}) disagree; "
                 f"keep {new} only ({old} is its former name)"
             )
         if old not in _noted and os.environ.get("RANK", "0") == "0":
             _noted.add(old)
-            print(f"note: config key '{old}' ({where}) is read as '{new}': {why}", file=sys.stderr, flush=True)
-        moved = {k: v for k, v in part.items() if k != old_key}
-        d = {**d, section: {**moved, new_key: part[old_key]}}
+            notes.setdefault(why, []).append((old, new))
+        d = _with(_without(d, old.split(".")), new.split("."), value)
+    for why, pairs in notes.items():
+        olds, news = (", ".join(f"'{pair[i]}'" for pair in pairs) for i in (0, 1))
+        keys, verb = ("keys", "are") if len(pairs) > 1 else ("key", "is")
+        print(f"note: config {keys} {olds} ({where}) {verb} read as {news}: {why}", file=sys.stderr, flush=True)
     return d
