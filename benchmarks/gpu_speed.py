@@ -87,7 +87,7 @@ def build_row(source: str, batch: int, overrides: tuple[str, ...], args: argpars
         extra += [
             f"data.path={root}",
             f"data.num_workers={args.workers}",
-            "data.shuffle_buffer=256",
+            "data.webdataset.shuffle_buffer=256",
             f"data.views_on={decode}",
         ]
     cfg = make_config("imagenet", batch, device, extra)

@@ -15,6 +15,7 @@ and 224 px (default preset: 2x224 + 6x96 views). FFCV's one-time numba compilati
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -37,6 +38,25 @@ def ffcv_missing() -> str | None:
     except Exception as err:  # noqa: BLE001 - ImportError, or a missing system library (OSError)
         return f"ffcv does not import: {type(err).__name__}: {err}"
     return None
+
+
+def _has_section(fmt: str) -> bool:
+    """The DataConfig has format ``fmt``'s own section (data.<fmt>.*); earlier versions had flat fields."""
+    return any(f.name == fmt for f in dataclasses.fields(DataConfig))
+
+
+def option_key(fmt: str, key: str) -> str:
+    """The config key of format ``fmt``'s option ``key``: ``data.<fmt>.<key>``, or in earlier versions (which
+    the photo benchmarks also run) its flat name (``data.shuffle_buffer``, ``data.ffcv_order``)."""
+    return f"data.{fmt}.{key}" if _has_section(fmt) else f"data.{'ffcv_' if fmt == 'ffcv' else ''}{key}"
+
+
+def format_options(fmt: str, **values: Any) -> dict[str, Any]:
+    """DataConfig keywords giving format ``fmt`` these options (its section, or the flat fields of earlier
+    versions; see ``option_key``)."""
+    if _has_section(fmt):
+        return {fmt: dataclasses.replace(getattr(DataConfig(), fmt), **values)}
+    return {option_key(fmt, k).removeprefix("data."): v for k, v in values.items()}
 
 
 def builtin_source() -> str:
@@ -213,9 +233,12 @@ def main(argv: list[str] | None = None) -> None:
                     r = time_tensor_path(size, args.images, args.batch, device, args.epochs)
                 else:
                     if name == "webdataset+PIL":
-                        cfg = DataConfig(format="webdataset", path=str(root), shuffle_buffer=256, **shared)
+                        options = format_options("webdataset", shuffle_buffer=256)
+                        cfg = DataConfig(format="webdataset", path=str(root), **options, **shared)
                     elif name == "ffcv":
-                        cfg = DataConfig(format="ffcv", path=str(root), ffcv_order="random", **shared)
+                        cfg = DataConfig(
+                            format="ffcv", path=str(root), **format_options("ffcv", order="random"), **shared
+                        )
                     elif name == "imagefolder+PIL":
                         cfg = DataConfig(format="imagefolder", path=str(root / "folder"), **shared)
                     else:

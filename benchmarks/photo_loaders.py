@@ -36,7 +36,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.common import RESULTS, sync
-from benchmarks.loaders import ffcv_missing
+from benchmarks.loaders import ffcv_missing, format_options
 from benchmarks.photo_set import IMAGENET_MEAN_KB, build
 from hypersolid_scale.data import DataConfig, build_train_loader
 
@@ -125,11 +125,13 @@ def row_config(row: str, root: Path, local: int, args: argparse.Namespace) -> Da
     shared: dict[str, Any] = dict(
         preset="default", num_local_views=local, batch_size_per_gpu=args.batch, num_workers=args.workers
     )
-    shards: dict[str, Any] = dict(format="webdataset", path=str(root), shuffle_buffer=256)
+    shards: dict[str, Any] = dict(
+        format="webdataset", path=str(root), **format_options("webdataset", shuffle_buffer=256)
+    )
     if row == "pil":
         return DataConfig(**shards, **shared)
     if row == "ffcv":
-        return DataConfig(format="ffcv", path=str(root), ffcv_order="random", **shared)
+        return DataConfig(format="ffcv", path=str(root), **format_options("ffcv", order="random"), **shared)
     shared[views_key() or "views_on"] = "device"
     shared["jpeg_decoder"] = "workers" if row == "device_workers_jpeg" else "device"
     if row == "device_imagefolder":

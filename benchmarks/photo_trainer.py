@@ -31,6 +31,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.common import sync
+from benchmarks.loaders import option_key
 from benchmarks.photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set, views_key
 from benchmarks.train_throughput import DeviceImages, make_config
 from hypersolid_scale.data.presets import resolve_preset
@@ -73,7 +74,7 @@ def run_variant(variant: str, args: argparse.Namespace, root: Path, device: torc
         extra += [
             f"data.path={root}",
             f"data.num_workers={args.workers}",
-            "data.shuffle_buffer=256",
+            f"{option_key('webdataset', 'shuffle_buffer')}=256",
         ]
         if not decode_missing():  # before data.views_on (data.decode) existed, the workers path was the only one
             extra.append(f"data.{views_key()}={'device' if variant == 'jpeg_device' else 'workers'}")

@@ -7,9 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hypersolid_scale.config import former_keys
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
 from hypersolid_scale.config.schema import Config, from_dict, load_config, save_config, to_dict
 from hypersolid_scale.config.sweep import load_sweep
+from hypersolid_scale.data import config as data_config
+from hypersolid_scale.data.formats.ffcv import FFCVOptions
+from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.safety.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +74,64 @@ def test_former_key_names_are_read_under_their_new_names(tmp_path: Path, capsys:
     f.write_text("data:\n  max_train_samples: 64\n  max_pretrain_samples: 32\n")
     with pytest.raises(ConfigError, match=r"'data.max_train_samples' = 64 and 'data.max_pretrain_samples' = 32"):
         load_config(f)
+
+
+def test_former_flat_format_keys_are_read_in_their_format_s_section(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """data.shuffle_buffer -> data.webdataset.shuffle_buffer, data.ffcv_order -> data.ffcv.order, ...: in a file,
+    an override and a stored config (an older checkpoint resumes: no difference in what it trains)."""
+    monkeypatch.setattr(former_keys, "_noted", set())
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  format: webdataset\n  path: /x\n  shuffle_buffer: 64\n  verify_shards: true\n"
+                 "  manifest: /m.json\n  max_lost_fraction: 0.5\n  ffcv_os_cache: true\n")
+    cfg = load_config(f, ["data.ffcv_order=random", "data.ffcv_batches_ahead=5"])
+    assert cfg.data.webdataset == WebDatasetOptions(shuffle_buffer=64, manifest="/m.json", verify_shards=True,
+                                                    max_lost_fraction=0.5)
+    assert cfg.data.ffcv == FFCVOptions(order="random", os_cache=True, batches_ahead=5)
+    err = capsys.readouterr().err
+    assert ("note: config keys 'data.shuffle_buffer', 'data.manifest', 'data.verify_shards', 'data.max_lost_fraction' "
+            f"(in {f}) are read as 'data.webdataset.shuffle_buffer', ") in err
+    assert "'data.ffcv_order' (the override 'data.ffcv_order=random') is read as 'data.ffcv.order'" in err
+    assert not {"shuffle_buffer", "ffcv_order"} & set(to_dict(cfg)["data"])
+    assert load_config(f, ["data.webdataset.shuffle_buffer=8"]).data.webdataset.shuffle_buffer == 8  # later wins
+    # A checkpoint's config stored before the sections: the flat keys, every format's.
+    old = to_dict(cfg, stored=True)
+    assert "webdataset" in old["data"] and "ffcv" not in old["data"]  # only the chosen format's section is stored
+    data = {k: v for k, v in old["data"].items() if k != "webdataset"}
+    old["data"] = {**data, **{k: v for k, v in to_dict(cfg)["data"]["webdataset"].items()},
+                   **{f"ffcv_{k}": v for k, v in to_dict(cfg)["data"]["ffcv"].items()}}
+    assert to_dict(from_dict(old)) == to_dict(cfg)
+    assert fingerprint(old) != fingerprint(cfg) and config_diff(old, to_dict(cfg)) == []
+    assert config_diff(old, to_dict(load_config(f, ["data.webdataset.shuffle_buffer=8"]))) == [
+        "data.webdataset.shuffle_buffer: 64 -> 8"]
+    f.write_text("data:\n  ffcv_order: random\n  ffcv:\n    order: sequential\n")
+    with pytest.raises(ConfigError, match=r"'data.ffcv_order' = 'random' and 'data.ffcv.order' = 'sequential'"):
+        load_config(f)
+
+
+def test_a_format_s_section_enters_the_fingerprint_only_when_chosen(capfd: pytest.CaptureFixture,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    base = load_config(None, [])  # builtin: no format section is read
+    assert fingerprint(load_config(None, ["data.webdataset.shuffle_buffer=5", "data.ffcv.order=random"])) == \
+        fingerprint(base)
+    shards = ["data.format=webdataset", "data.path=/d"]
+    wds = load_config(None, shards)
+    assert fingerprint(load_config(None, [*shards, "data.ffcv.order=random"])) == fingerprint(wds)
+    other = load_config(None, [*shards, "data.webdataset.shuffle_buffer=5"])
+    assert config_diff(to_dict(wds), to_dict(other)) == ["data.webdataset.shuffle_buffer: 2000 -> 5"]
+    ffcv = ["data.format=ffcv", "data.path=/d"]
+    assert config_diff(to_dict(load_config(None, ffcv)), to_dict(load_config(None, [*ffcv, "data.ffcv.order=random"]))) \
+        == ["data.ffcv.order: 'quasi_random' -> 'random'"]
+    # A stored section of a format not installed here is left out, said once; what it trains is the same.
+    monkeypatch.setattr(data_config, "_said_dropped", False)
+    old = to_dict(wds, stored=True)
+    old["data"]["parquet"] = {"row_groups": 4}
+    assert to_dict(from_dict(old)) == to_dict(wds) and config_diff(old, to_dict(wds)) == []
+    notes = [line for line in capfd.readouterr().err.splitlines() if "not installed" in line]
+    assert notes == ["note: a stored config has sections of formats not installed here (data.parquet); they are left out"]
+    old["data"]["parquet"] = 3  # not a section: a bad key stays an error
+    with pytest.raises(ValueError, match="parquet"):
+        from_dict(old)
 
 
 def test_precision_contradicted_in_one_layer_or_unknown_is_refused(tmp_path: Path) -> None:

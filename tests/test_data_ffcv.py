@@ -20,6 +20,7 @@ from _data_helpers import (check_pil_against, crop_geometry, limit_batches, pil_
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes, resolve_preset
 from hypersolid_scale.data.convert import main as convert
 from hypersolid_scale.data.ffcv.loader import FFCV_IMPORT_ERROR, check_beton
+from hypersolid_scale.data.formats.ffcv import FFCVOptions
 
 pytestmark = [
     pytest.mark.slow,
@@ -47,7 +48,7 @@ def probe_dataset(tmp_path_factory) -> Path:
 
 def cfg_for(path: Path, **kw) -> DataConfig:
     base = dict(format="ffcv", path=str(path), preset="default", global_crop_size=32, local_crop_size=16,
-                num_local_views=2, batch_size_per_gpu=32, num_workers=1, ffcv_order="random")
+                num_local_views=2, batch_size_per_gpu=32, num_workers=1, ffcv=FFCVOptions(order="random"))
     base.update(kw)
     return DataConfig(**base)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import torch
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import (DataConfig, build_eval_datasets, build_train_loader, formats, in_channels,
                                    num_classes, resolve_preset)
+from hypersolid_scale.data.formats.ffcv import FFCVOptions
+from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.safety.errors import ConfigError
 
 CPU = torch.device("cpu")
@@ -42,6 +45,23 @@ def test_format_and_dataset_are_checked() -> None:
         DataConfig(format="webdataset", dataset="cifar10").validate()
     DataConfig().validate()  # builtin Fashion-MNIST, no path needed
     DataConfig(dataset="digits").validate()
+
+
+def test_each_format_s_options_are_its_own_section() -> None:
+    """data.<format>.* comes from the format's Options (data/formats/<format>.py); only the chosen one is read."""
+    sections = {n: formats.get(n).Options for n in formats.names() if formats.get(n).Options is not None}
+    assert sections == {"ffcv": FFCVOptions, "webdataset": WebDatasetOptions} == formats.with_options()
+    assert DataConfig.format_sections == ("ffcv", "webdataset") and DataConfig.__name__ == "DataConfig"
+    cfg = DataConfig(format="webdataset", path="x", webdataset=WebDatasetOptions(shuffle_buffer=256))
+    assert cfg.format_options() == WebDatasetOptions(shuffle_buffer=256) and cfg.ffcv == FFCVOptions()
+    assert DataConfig().format_options() is None and pickle.loads(pickle.dumps(cfg)) == cfg
+    # The chosen format checks its section, with the key's path; another format's section is not read.
+    with pytest.raises(ConfigError, match=r"data.ffcv.order='shuffled' is not one of \('random'"):
+        DataConfig(format="ffcv", path="x", ffcv=FFCVOptions(order="shuffled")).validate()
+    DataConfig(format="webdataset", path="x", ffcv=FFCVOptions(order="shuffled")).validate()
+    with pytest.raises(ConfigError, match=r"data.webdataset.max_lost_fraction must be in \[0, 1\]"):
+        load_config(None, ["data.format=webdataset", "data.path=x", "data.webdataset.max_lost_fraction=2"])
+    assert load_config(None, ["data.ffcv.order=random"]).data.ffcv.order == "random"
 
 
 @pytest.mark.parametrize("fmt, dataset, preset", [
@@ -134,7 +154,8 @@ def test_num_classes_from_the_manifest_or_the_class_folders(tmp_path: Path) -> N
         num_classes(DataConfig(format="webdataset", path=str(tmp_path / "shards")))
     (tmp_path / "manifest.json").write_text(json.dumps({"num_classes": 7}))
     assert num_classes(DataConfig(format="webdataset", path=str(tmp_path / "shards"))) == 7
-    assert num_classes(DataConfig(format="webdataset", path="x", manifest=str(tmp_path / "manifest.json"))) == 7
+    manifest = WebDatasetOptions(manifest=str(tmp_path / "manifest.json"))
+    assert num_classes(DataConfig(format="webdataset", path="x", webdataset=manifest)) == 7
     assert num_classes(DataConfig()) == 10
 
 

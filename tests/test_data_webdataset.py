@@ -19,6 +19,7 @@ import torch
 from _data_helpers import (convert_shards, fashion_mnist_or_skip, jpg_bytes, limit_batches, member_offsets,
                            png_bytes, truncate_before_sample, truncate_inside_sample, write_shard)
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
+from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.data.presets import PRESETS
 from hypersolid_scale.data.webdataset.stream import ShardIndexDataset, WebDatasetLoader
 from hypersolid_scale.data.webdataset.urls import shard_key, split_urls
@@ -238,7 +239,7 @@ def test_http_and_pipe_stream_the_same_batches_as_local_files(converted, http_se
     piped = loader(f"pipe:cat {converted}/train/{SHARDS}", manifest=manifest, **kw)
     assert_same_batches(local, epoch(piped))
     # Without a manifest the count comes from one streamed pass, announced.
-    with pytest.warns(UserWarning, match="set data.manifest"):
+    with pytest.warns(UserWarning, match="set data.webdataset.manifest"):
         counted = loader(f"{base}/train/{SHARDS}", rank=1, world_size=2, num_workers=0)
     assert counted.num_samples == 80
     # The evaluation dataset streams remote shards once and then reads them at random.
@@ -247,9 +248,10 @@ def test_http_and_pipe_stream_the_same_batches_as_local_files(converted, http_se
     assert len(remote) == len(near) == 20 and remote.stats["lost_samples"] == 0
     for i in (0, 7, 19):
         assert remote[i][1] == near[i][1] and np.array_equal(np.asarray(remote[i][0]), np.asarray(near[i][0]))
-    # The config entry points: data.path / data.test_path as URLs, data.manifest for counts and classes.
+    # The config entry points: data.path / data.test_path as URLs, data.webdataset.manifest for counts and
+    # classes.
     cfg = DataConfig(format="webdataset", path=f"{base}/train/{SHARDS}", test_path=f"{base}/test/shard-000000.tar",
-                     manifest=manifest, preset="fashion_mnist", batch_size_per_gpu=16, num_workers=0,
+                     webdataset=WebDatasetOptions(manifest=manifest), preset="fashion_mnist", batch_size_per_gpu=16, num_workers=0,
                      num_local_views=1)
     assert num_classes(cfg) == 80
     assert len(list(build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU))) == 5
@@ -342,15 +344,15 @@ def test_shard_truncated_inside_a_member_keeps_the_samples_before_the_break(conv
 
 def test_losing_more_than_max_lost_fraction_is_an_error(converted) -> None:
     truncate_before_sample(converted / "train" / "shard-000001.tar", 5)
-    with pytest.raises(DataError, match=r"lost 15 samples in epoch 0.*max_lost_fraction=0.01.*"
-                                           r"shard-000001.tar: 15 lost \(short\).*raise data.max_lost_fraction"):
+    with pytest.raises(DataError, match=r"lost 15 samples in epoch 0.*max_lost_fraction=0.01.*shard-000001.tar: "
+                                           r"15 lost \(short\).*raise data.webdataset.max_lost_fraction"):
         with pytest.warns(UserWarning):
             list(loader(str(converted / "train"), num_workers=2))
     ok = loader(str(converted / "train"), max_lost_fraction=0.5)
     with pytest.warns(UserWarning):
         assert len(list(ok)) == 5
-    with pytest.raises(ValueError, match="max_lost_fraction"):
-        DataConfig(format="webdataset", path="x", max_lost_fraction=1.5).validate()
+    with pytest.raises(ValueError, match=r"data.webdataset.max_lost_fraction must be in \[0, 1\]"):
+        DataConfig(format="webdataset", path="x", webdataset=WebDatasetOptions(max_lost_fraction=1.5)).validate()
 
 
 def test_verify_shards_compares_the_sha256(converted) -> None:

@@ -20,6 +20,7 @@ from torchvision.transforms import v2
 from hypersolid_scale.data import PRESETS, DataConfig, build_train_loader
 from hypersolid_scale.data import view_params as vp
 from hypersolid_scale.data.device_views import DeviceStage, HostStage, collate_host
+from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.data.transforms import build_pil_multicrop, seeded_global_rngs
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -257,7 +258,8 @@ def photo_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _loader(fmt: str, root: Path, decode: str, rank: int = 0, world: int = 1, workers: int = 0) -> Any:
     path = root / "folder" if fmt == "imagefolder" else root / "shard-000000.tar"
     cfg = DataConfig(format=fmt, path=str(path), views_on=decode, global_batch_size=8, num_workers=workers,
-                     num_local_views=2, global_crop_size=32, local_crop_size=16, num_classes=2, shuffle_buffer=0)
+                     num_local_views=2, global_crop_size=32, local_crop_size=16, num_classes=2,
+                     webdataset=WebDatasetOptions(shuffle_buffer=0))
     return build_train_loader(cfg, rank=rank, world_size=world, seed=SEED, device=torch.device("cpu"))
 
 

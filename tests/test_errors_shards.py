@@ -1,6 +1,6 @@
 """Damaged WebDataset shards are the user's data problem, not a bug: through launch/train.py and
-launch/eval.py, one line ``error: ...`` naming the shard (or data.max_lost_fraction) and the fix, exit code 2,
-no traceback; whether the shard is found bad while the loader is built, while training reads it, in a
+launch/eval.py, one line ``error: ...`` naming the shard (or data.webdataset.max_lost_fraction) and the fix,
+exit code 2, no traceback; whether the shard is found bad while the loader is built, while training reads it, in a
 DataLoader worker, or on one rank of two."""
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def test_a_garbage_shard_found_while_training_is_one_line_and_exit_2(converted: 
 def test_losing_more_than_max_lost_fraction_is_one_line_and_exit_2(converted: Path, tmp_path: Path) -> None:
     truncate_before_sample(converted / "train" / "shard-000001.tar", 5)  # 15 of its 20 samples lost
     args = [*SHARDS, f"data.path={converted}", f"run_dir={tmp_path / 'run'}"]
-    _error_line(_train(args), "data.max_lost_fraction=0.01", "shard-000001.tar: 15 lost", FIX)
+    _error_line(_train(args), "data.webdataset.max_lost_fraction=0.01", "shard-000001.tar: 15 lost", FIX)
     # The reference: allowed to lose that much, the same data trains to the end.
-    proc = _train([*args, "data.max_lost_fraction=0.5"])
+    proc = _train([*args, "data.webdataset.max_lost_fraction=0.5"])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert "shard-000001.tar' holds 5 samples, the manifest lists 20" in proc.stderr
 
@@ -91,7 +91,8 @@ def test_a_garbage_shard_of_one_rank_under_torchrun_ends_the_run(converted: Path
     env.pop("HS_DEBUG", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            str(LAUNCH), *SHARDS, "data.batch_size_per_gpu=8", "dist.timeout_minutes=5",
-           f"data.path={converted}/train/shard-{{000000..000001}}.tar", f"data.manifest={converted}/manifest.json",
+           f"data.path={converted}/train/shard-{{000000..000001}}.tar",
+           f"data.webdataset.manifest={converted}/manifest.json",
            f"run_dir={tmp_path / 'run'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr

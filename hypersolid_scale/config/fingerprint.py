@@ -1,8 +1,8 @@
 """What a run trains, as a hash: the config's fingerprint, and the differences a refused resume lists.
 
-Only the keys that define *what* is trained enter it (a method's section only when it is the chosen one);
-how long, where, how it is logged, evaluated or checkpointed may change between a checkpoint and its
-resumption. Configs stored by older versions are compared as this version reads them.
+Only the keys that define *what* is trained enter it (a method's or a format's section only when it is the
+chosen one); how long, where, how it is logged, evaluated or checkpointed may change between a checkpoint and
+its resumption. Configs stored by older versions are compared as this version reads them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.schema import Config, from_dict, to_dict
+from hypersolid_scale.data.config import DEFAULT_FORMAT, DataConfig
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.methods.config import DEFAULT_METHOD
 
@@ -49,10 +50,14 @@ _RESUMABLE_PREFIXES = (
 
 
 def _training_relevant(cfg_dict: dict[str, Any]) -> dict[str, Any]:
-    """The keys that define what is trained: a method's section counts only when it is the chosen one."""
+    """The keys that define what is trained: a method's or a format's section counts only when it is the chosen
+    one (``method.<name>.*``, ``data.<format>.*``)."""
     flat = {k: v for k, v in flatten(cfg_dict).items() if not k.startswith(_RESUMABLE_PREFIXES)}
     chosen = flat.get("method.name", DEFAULT_METHOD)  # the schema's default for a config that sets none
-    unread = tuple(f"method.{m}." for m in method_names() if m != chosen)
+    fmt = flat.get("data.format", DEFAULT_FORMAT)
+    unread = tuple(f"method.{m}." for m in method_names() if m != chosen) + tuple(
+        f"data.{f}." for f in DataConfig.format_sections if f != fmt
+    )
     return {k: v for k, v in flat.items() if not k.startswith(unread)}
 
 

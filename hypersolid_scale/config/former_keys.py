@@ -17,6 +17,8 @@ from hypersolid_scale.safety.errors import ConfigError
 
 __all__ = ["FORMER_KEYS", "rename_former_keys"]
 
+_WEBDATASET = "WebDataset's own keys are the section data.webdataset"
+_FFCV = "FFCV's own keys are the section data.ffcv"
 # former key -> (key, why it was renamed)
 FORMER_KEYS: dict[str, tuple[str, str]] = {
     "data.max_train_samples": (
@@ -27,6 +29,9 @@ FORMER_KEYS: dict[str, tuple[str, str]] = {
         "data.views_on",
         "where the multi-crop views are made; data.jpeg_decoder says where JPEGs are decoded",
     ),
+    **{f"data.{k}": (f"data.webdataset.{k}", _WEBDATASET) for k in ("shuffle_buffer", "manifest", "verify_shards")},
+    "data.max_lost_fraction": ("data.webdataset.max_lost_fraction", _WEBDATASET),
+    **{f"data.ffcv_{k}": (f"data.ffcv.{k}", _FFCV) for k in ("order", "os_cache", "batches_ahead")},
 }
 _noted: set[str] = set()
 _ABSENT = object()

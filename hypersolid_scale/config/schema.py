@@ -27,7 +27,7 @@ from hypersolid_scale.config.former_keys import rename_former_keys
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.precision import PRECISIONS, bf16_as_precision, check_precision
 from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_key
-from hypersolid_scale.data.config import DataConfig
+from hypersolid_scale.data.config import DataConfig, chosen_format_section, drop_missing_format_sections
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method
 from hypersolid_scale.methods.config import MOVED_NOTE, chosen_section, drop_missing_sections, move_loss_section
@@ -301,10 +301,10 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 
 def to_dict(cfg: Config, *, stored: bool = False) -> dict[str, Any]:
-    """Plain nested dict (what ``config.yaml`` holds); ``stored``: with the chosen method's section only (what
-    a checkpoint stores, so that removing another method's module leaves it readable)."""
+    """Plain nested dict (what ``config.yaml`` holds); ``stored``: with the chosen method's and format's sections
+    only (what a checkpoint stores, so that removing another method's or format's module leaves it readable)."""
     d = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
-    return {**d, "method": chosen_section(d["method"])} if stored else d
+    return {**d, "method": chosen_section(d["method"]), "data": chosen_format_section(d["data"])} if stored else d
 
 
 _FORMAT_NAMES = ("webdataset", "ffcv", "imagefolder")  # once values of data.dataset, now of data.format
@@ -334,10 +334,11 @@ def _moved_override(ov: str) -> DictConfig:
 
 def migrate(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict stored by an older version (a checkpoint's), as this version names it: renamed keys
-    under their new name, the ``loss`` section as ``method``, and a storage format written as
-    ``data.dataset`` moved to ``data.format``."""
-    d = rename_former_keys(d, "a stored config")
-    d = drop_missing_sections(bf16_as_precision(_moved(d, "a stored config"), "a stored config"), "a stored config")
+    under their new name, the ``loss`` section as ``method``, sections of methods or formats not installed
+    here left out, and a storage format written as ``data.dataset`` moved to ``data.format``."""
+    where = "a stored config"
+    d = rename_former_keys(d, where)
+    d = drop_missing_format_sections(drop_missing_sections(bf16_as_precision(_moved(d, where), where), where), where)
     for old, new in _RENAMED.items():
         (section, old_key), new_key = old.split("."), new.split(".")[1]
         if isinstance(d.get(section), dict) and old_key in d[section]:

@@ -2,12 +2,24 @@
 
 The trainer nests this dataclass under ``cfg.data`` (OmegaConf structured config), so every field is a
 plain type and ``None`` means "take the preset's / dataset's default".
+
+The keys every format shares are `DataConfigBase`'s. Each registered format that declares its own keys (its
+``Options`` dataclass, in its module under data/formats/) adds the section ``data.<format>.*``: `DataConfig` is
+built from the registry, as the ``method`` section is from the methods' (a new format file adds its section).
+Only the chosen format's section is checked (by the format), enters the fingerprint and is stored with a
+checkpoint (`chosen_format_section`); a stored section of a format not installed here is left out, said in
+one line (`drop_missing_format_sections`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from hypersolid_scale.data import formats
 from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -16,16 +28,21 @@ DECODE_MODES = ("workers", "device")
 JPEG_DECODERS = ("device", "workers")
 DEVICE_DECODE_FORMATS = ("webdataset", "imagefolder")
 EVAL_SPLITS = ("test", "holdout")
-FFCV_ORDERS = ("random", "quasi_random", "sequential")
 DEFAULT_BATCH_SIZE_PER_GPU = 256  # when a config states neither batch key
+DEFAULT_FORMAT = "builtin"
 
 
 @dataclass
-class DataConfig:
+class DataConfigBase:
+    """The keys of ``data.*`` every format shares; `DataConfig` adds one section per format with options."""
+
+    # The formats that have a section (data.<format>.*), set on DataConfig.
+    format_sections: ClassVar[tuple[str, ...]] = ()
+
     # --- what ---------------------------------------------------------------------------------------
     # How the data is stored: "builtin" (a dataset this package loads into memory itself), "webdataset"
     # (tar shards), "ffcv" (.beton files) or "imagefolder" (one subfolder per class).
-    format: str = "builtin"
+    format: str = DEFAULT_FORMAT
     # The dataset's name. builtin: "fashion_mnist" (the default) | "digits". File formats: an optional free
     # name (e.g. "cifar10", "stl10", "imagenet1k") that picks the multi-crop preset when preset=auto.
     dataset: str | None = None
@@ -85,17 +102,12 @@ class DataConfig:
     num_workers: int = 2
     # Added to the trainer's seed: changes the augmentation/order stream without touching model init.
     seed_offset: int = 0
-    shuffle_buffer: int = 2000  # webdataset: samples held for shuffling inside each worker
-    # webdataset: the conversion manifest (path or URL: pipe:, http(s), s3://...) when it is not next to
-    # local shards; shards are checked against it (sample counts; sha256 with verify_shards).
-    manifest: str | None = None
-    verify_shards: bool = False  # webdataset: also hash each shard as it streams and compare with the manifest
-    # webdataset: error out when truncated/short shards lose more than this fraction of the samples a rank
-    # reads in an epoch (undecodable samples are skipped, warned and counted, not limited); 1.0 never stops.
-    max_lost_fraction: float = 0.01
-    ffcv_order: str = "quasi_random"  # random | quasi_random (memory-friendly) | sequential
-    ffcv_os_cache: bool = False  # True: memory-map the whole file (dataset fits in RAM)
-    ffcv_batches_ahead: int = 3
+    # Then one section per format with options: data.webdataset.* (shuffle_buffer, manifest, verify_shards,
+    # max_lost_fraction), data.ffcv.* (order, os_cache, batches_ahead); see each format's module.
+
+    def format_options(self) -> Any:
+        """The chosen format's own section (``data.<format>``, its ``Options``); None when it has none."""
+        return getattr(self, self.format) if self.format in self.format_sections else None
 
     def loader_batch(self) -> int:
         """The rows of every batch a training loader yields: ``batch_size_per_gpu`` once ``build_train_loader``
@@ -114,9 +126,7 @@ class DataConfig:
         return f"data.format={self.format}" + (f" data.dataset={name}" if name else "")
 
     def validate(self) -> None:
-        """Raise ConfigError naming the bad field and the allowed values."""
-        from hypersolid_scale.data import formats
-
+        """Raise ConfigError naming the bad field and the allowed values (the chosen format checks its section)."""
         # Formats are registered by their modules in hypersolid_scale/data/formats/.
         if self.dataset in formats.names() and self.dataset != "builtin":  # what data.dataset used to mean
             raise ConfigError(
@@ -154,7 +164,6 @@ class DataConfig:
                 ),
             ),
             (self.eval_split in EVAL_SPLITS, f"data.eval_split={self.eval_split!r} is not one of {EVAL_SPLITS}"),
-            (self.ffcv_order in FFCV_ORDERS, f"data.ffcv_order={self.ffcv_order!r} is not one of {FFCV_ORDERS}"),
             (
                 self.batch_size_per_gpu is None or self.batch_size_per_gpu >= 1,
                 f"data.batch_size_per_gpu must be >= 1, got {self.batch_size_per_gpu}",
@@ -172,10 +181,6 @@ class DataConfig:
                 ),
             ),
             (self.num_workers >= 0, f"data.num_workers must be >= 0, got {self.num_workers}"),
-            (
-                0.0 <= self.max_lost_fraction <= 1.0,
-                f"data.max_lost_fraction must be in [0, 1] (1.0 never stops), got {self.max_lost_fraction}",
-            ),
             (
                 0.0 < self.holdout_fraction < 1.0,
                 f"data.holdout_fraction must be in (0, 1), got {self.holdout_fraction}",
@@ -197,3 +202,57 @@ class DataConfig:
                 f"data.format={self.format!r} needs data.path (convert images first: "
                 "python -m hypersolid_scale.data.convert --help)"
             )
+        if (options := self.format_options()) is not None:
+            formats.get(self.format).check_options(options)
+
+
+def _data_config_class() -> type:
+    """`DataConfigBase` plus the field ``<format>: Options`` of every registered format that declares them."""
+    sections = formats.with_options()
+    common = {f.name for f in dataclasses.fields(DataConfigBase)}
+    if clash := sorted(common & set(sections)):
+        raise ConfigError(f"format names {clash} are keys of the data section; rename the formats")
+    fields = [(name, opts, dataclasses.field(default_factory=opts)) for name, opts in sections.items()]
+    cls = dataclasses.make_dataclass(
+        "DataConfig", fields, bases=(DataConfigBase,), namespace={"format_sections": tuple(sections)}
+    )
+    cls.__module__ = __name__  # picklable, and named where it is defined
+    cls.__doc__ = "The ``data`` section: the keys every format shares and one section per format with options."
+    return cls
+
+
+if TYPE_CHECKING:
+
+    class DataConfig(DataConfigBase):
+        """Statically the shared keys; at run time also one section per format (``data.<format>.*``)."""
+
+else:
+    DataConfig = _data_config_class()
+
+
+def chosen_format_section(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``data`` section (a nested dict) with only the chosen format's own section (what a checkpoint stores)."""
+    chosen = data.get("format", DEFAULT_FORMAT)
+    return {k: v for k, v in data.items() if k == chosen or k not in DataConfig.format_sections}
+
+
+_said_dropped = False
+
+
+def drop_missing_format_sections(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """``d`` (a stored nested config dict) without the ``data.<name>`` sections of formats not installed here,
+    said once per process (rank 0) naming ``where`` the config comes from."""
+    global _said_dropped
+    data = d.get("data")
+    if not isinstance(data, dict):
+        return d
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    gone = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in known)
+    if not gone:
+        return d
+    if not _said_dropped and os.environ.get("RANK", "0") == "0":
+        _said_dropped = True
+        names = ", ".join(f"data.{g}" for g in gone)
+        note = f"note: {where} has sections of formats not installed here ({names}); they are left out"
+        print(note, file=sys.stderr, flush=True)
+    return {**d, "data": {k: v for k, v in data.items() if k not in gone}}

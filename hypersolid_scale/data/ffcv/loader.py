@@ -35,6 +35,7 @@ import torch
 from hypersolid_scale.data.common import ResumableEpochs, epoch_permutation, mix_seed, split_global_batches
 from hypersolid_scale.data.ffcv.beton_writer import write_beton  # noqa: F401  (part of this module's API)
 from hypersolid_scale.data.ffcv.crop import KeyedRandomResizedCropFlip, _SharedKernel
+from hypersolid_scale.data.formats.ffcv import ORDERS
 from hypersolid_scale.data.photometric import BatchPhotometric
 from hypersolid_scale.data.presets import MultiCropPreset
 
@@ -89,9 +90,6 @@ def check_beton(path: str) -> int:
     return int(reader.num_samples)
 
 
-ORDERS = ("random", "quasi_random", "sequential")
-
-
 class _EpochOrder(TraversalOrder):  # type: ignore[misc]
     """FFCV traversal order: this rank's rows of every global batch of the epoch, from batch `start` on.
 
@@ -101,7 +99,7 @@ class _EpochOrder(TraversalOrder):  # type: ignore[misc]
 
     def __init__(self, mode: str, *, num_samples: int, seed: int, rank: int, world_size: int, batch_size: int) -> None:
         if mode not in ORDERS:
-            raise ValueError(f"data.ffcv_order={mode!r} is not one of {ORDERS}")
+            raise ValueError(f"data.ffcv.order={mode!r} is not one of {ORDERS}")
         self.mode, self.num_samples, self.seed = mode, num_samples, seed
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
         self.start = 0  # first batch of the epoch to produce (a restored position)

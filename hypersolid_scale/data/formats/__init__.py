@@ -2,7 +2,9 @@
 
 Every module of this package defines one `Format` subclass and registers an instance with `register`;
 `get` and `names` import them all on first use (``python -m hypersolid_scale.data.formats`` lists them). A
-new format is one new module here (plus its tests).
+new format is one new module here (plus its tests). A format's own keys are its ``Options`` dataclass, the
+config section ``data.<name>.*`` (``DataConfig`` has one per format that declares them, read and checked only
+when it is the chosen format).
 Modules here stay cheap to import: torch, webdataset or FFCV are imported inside the methods that need
 them, so validating a config or running the converter does not load them.
 
@@ -37,6 +39,15 @@ class Format:
     name: str = ""
     needs_path: bool = True  # data.path is required
     order: int = DEFAULT_ORDER  # place in names() (then by name): the default, builtin, comes first
+    # The dataclass of this format's own keys, the config section data.<name>.* (None: it has none).
+    Options: type | None = None
+
+    def options(self, cfg: DataConfig) -> Any:
+        """This format's section of `cfg` (``data.<name>``, an ``Options``)."""
+        return getattr(cfg, self.name)
+
+    def check_options(self, options: Any) -> None:
+        """Raise ConfigError naming the first bad ``data.<name>.<key>`` of this format's section."""
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
@@ -156,3 +167,8 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Format:
     """The format registered as ``name``; a ConfigError listing the known names otherwise."""
     return FORMATS.get(name)
+
+
+def with_options() -> dict[str, type]:
+    """{name: Options} of the registered formats that declare their own keys, in ``names()`` order."""
+    return {n: opts for n in names() if (opts := get(n).Options) is not None}

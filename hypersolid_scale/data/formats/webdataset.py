@@ -3,9 +3,11 @@ multi-crop in DataLoader workers; evaluation reads the shards at random (data/we
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.formats import FileFormat, register
+from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -15,9 +17,31 @@ if TYPE_CHECKING:
     from hypersolid_scale.data.presets import MultiCropPreset
 
 
+@dataclass
+class WebDatasetOptions:
+    """The section data.webdataset.*: how the shards are shuffled and checked."""
+
+    shuffle_buffer: int = 2000  # samples held for shuffling inside each worker
+    # The conversion manifest (path or URL: pipe:, http(s), s3://...) when it is not next to local shards;
+    # shards are checked against it (sample counts; sha256 with verify_shards).
+    manifest: str | None = None
+    verify_shards: bool = False  # also hash each shard as it streams and compare with the manifest
+    # Error out when truncated/short shards lose more than this fraction of the samples a rank reads in an
+    # epoch (undecodable samples are skipped, warned and counted, not limited); 1.0 never stops.
+    max_lost_fraction: float = 0.01
+
+
 class WebDatasetFormat(FileFormat):
     name = "webdataset"
     layouts = ("{split}",)
+    Options = WebDatasetOptions
+
+    def check_options(self, options: WebDatasetOptions) -> None:
+        if not 0.0 <= options.max_lost_fraction <= 1.0:
+            raise ConfigError(
+                "data.webdataset.max_lost_fraction must be in [0, 1] (1.0 never stops), got "
+                f"{options.max_lost_fraction}"
+            )
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
@@ -25,6 +49,7 @@ class WebDatasetFormat(FileFormat):
         from hypersolid_scale.data.webdataset.stream import WebDatasetLoader
 
         assert cfg.path is not None
+        opts: WebDatasetOptions = self.options(cfg)
         device_stage: dict[str, Any] = {}
         if cfg.views_on == "device":  # the workers read bytes and draw; this process decodes and augments
             from hypersolid_scale.data.device_views import DeviceStage, HostStage
@@ -38,11 +63,11 @@ class WebDatasetFormat(FileFormat):
             seed=seed,
             batch_size=cfg.loader_batch(),
             num_workers=cfg.num_workers,
-            shuffle_buffer=cfg.shuffle_buffer,
+            shuffle_buffer=opts.shuffle_buffer,
             num_samples=cfg.max_pretrain_samples,
-            manifest=cfg.manifest,
-            verify_shards=cfg.verify_shards,
-            max_lost_fraction=cfg.max_lost_fraction,
+            manifest=opts.manifest,
+            verify_shards=opts.verify_shards,
+            max_lost_fraction=opts.max_lost_fraction,
             **device_stage,
         )
 
@@ -50,19 +75,20 @@ class WebDatasetFormat(FileFormat):
         from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
         from hypersolid_scale.data.webdataset.index import ShardIndexDataset
 
+        opts: WebDatasetOptions = self.options(cfg)
         return ShardIndexDataset(
             path,
             mode=pil_mode(preset),
             transform=build_eval_transform(preset),
-            manifest=cfg.manifest,
-            verify=cfg.verify_shards,
+            manifest=opts.manifest,
+            verify=opts.verify_shards,
         )
 
     def manifest(self, cfg: DataConfig) -> dict | None:
-        if cfg.manifest:  # remote shards: the manifest named by data.manifest
+        if manifest := self.options(cfg).manifest:  # remote shards: the one data.webdataset.manifest names
             from hypersolid_scale.data.webdataset.shards import Manifest
 
-            return Manifest.load(cfg.manifest).data
+            return Manifest.load(manifest).data
         return super().manifest(cfg)
 
 

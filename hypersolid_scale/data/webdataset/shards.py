@@ -3,7 +3,8 @@ reader while accounting for what it lacks. Shard URLs, and opening them: urls.py
 
 Integrity (what a shard is checked against when it has been read to its end):
 - the manifest written by `python -m hypersolid_scale.data.convert` (next to local shards, or given with
-  data.manifest): its sample count, and with `verify` its sha256, computed on the bytes as they stream by;
+  data.webdataset.manifest): its sample count, and with `verify` its sha256, computed on the bytes as they
+  stream by;
 - the tar end-of-archive marker: a shard whose bytes stop before it was cut (at a member boundary or in a
   header), which the tar reader itself takes for a normal end.
 A shard that breaks in the middle of a member yields the samples before the break. Each finding is an
@@ -73,13 +74,13 @@ class Manifest:
                 return cls(json.loads(f.read()), url)
         except (OSError, ValueError, RuntimeError) as e:
             raise DataError(
-                f"cannot read the manifest {url!r} (data.manifest): {type(e).__name__}: {e}; point "
-                "data.manifest at the manifest.json the converter wrote"
+                f"cannot read the manifest {url!r} (data.webdataset.manifest): {type(e).__name__}: {e}; point "
+                "data.webdataset.manifest at the manifest.json the converter wrote"
             ) from e
 
     @classmethod
     def locate(cls, shards: list[str], explicit: str | None) -> Manifest | None:
-        """data.manifest when set, else the manifest.json next to (or above) the first local shard."""
+        """data.webdataset.manifest when set, else the manifest.json next to (or above) the first local shard."""
         if explicit:
             return cls.load(explicit)
         local = next((s for s in shards if is_local(s)), None)

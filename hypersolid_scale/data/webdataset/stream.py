@@ -14,9 +14,9 @@ shards than streams, every stream reads all shards and keeps every S-th sample.
 Data loss is never silent. A sample that fails to decode is skipped (`stats["corrupt_skipped"]`). A shard
 is checked against the manifest when it has been read to its end: fewer samples than listed ("short",
 e.g. truncated at a member boundary), a break inside a member ("truncated": the samples before it are
-used), a missing tar end marker, a sha256 mismatch (with data.verify_shards) each warn once per read and
-count (`stats`: short_shards, truncated_shards, lost_samples, checksum_mismatches). When the samples a
-rank's shards lost in an epoch exceed max_lost_fraction of the samples it reads per epoch, iteration
+used), a missing tar end marker, a sha256 mismatch (with data.webdataset.verify_shards) each warn once per
+read and count (`stats`: short_shards, truncated_shards, lost_samples, checksum_mismatches). When the samples
+a rank's shards lost in an epoch exceed max_lost_fraction of the samples it reads per epoch, iteration
 raises an error naming the shards (undecodable samples are warned about one by one and do not count).
 A shard that is missing, cannot be opened or is no tar archive raises an error naming it. These errors
 are `DataError`s (the user's data, reported in one line), also when a DataLoader worker met them. `stats`
@@ -283,7 +283,7 @@ class WebDatasetLoader(ResumableEpochs):
             if not all(is_local(s) for s in self.shards):
                 warnings.warn(
                     f"no manifest lists every shard of {urls!r}: counting samples streams every "
-                    "shard once; set data.manifest to the conversion's manifest.json to skip that",
+                    "shard once; set data.webdataset.manifest to the conversion's manifest.json to skip that",
                     stacklevel=1,
                 )
             total = count_samples(self.shards)
@@ -373,9 +373,9 @@ class WebDatasetLoader(ResumableEpochs):
         more = f"; and {len(worst) - 10} more shards" if len(worst) > 10 else ""
         return (
             f"rank {self.rank} lost {total:.0f} samples in epoch {self.epoch}, {total / per_epoch:.1%} of "
-            f"the {per_epoch} it reads per epoch, over data.max_lost_fraction={self.max_lost_fraction}. "
+            f"the {per_epoch} it reads per epoch, over data.webdataset.max_lost_fraction={self.max_lost_fraction}. "
             f"Shards: {shards}{more}. Repair or re-convert them (python -m hypersolid_scale.data.convert), "
-            f"or raise data.max_lost_fraction to train on what is left (1.0 never stops)."
+            f"or raise data.webdataset.max_lost_fraction to train on what is left (1.0 never stops)."
         )
 
 
