@@ -104,11 +104,12 @@ _FORKING_HOLDER = """
 import os, sys, time
 from hypersolid_scale.safety.run_lock import acquire_run_lock
 acquire_run_lock(sys.argv[1])
-child = os.fork()
-if child == 0:  # like a DataLoader worker: outlives a SIGKILLed trainer for a while
+if os.fork() == 0:  # like a DataLoader worker: outlives a SIGKILLed trainer for a while
+    # Said by the child, so that its at-fork handlers (which close its copy of the lock) have run: a holder
+    # killed before the child is first scheduled would otherwise leave the lock with the child for a moment.
+    print(os.getpid(), flush=True)
     time.sleep(60)
     os._exit(0)
-print(child, flush=True)
 time.sleep(600)
 """
 
