@@ -83,7 +83,18 @@ def test_cli_exit_status_only_fails_when_strict(tmp_path: Path) -> None:
     assert same.returncode == 0 and "nothing slower" in same.stdout
 
 
-def test_committed_results_compare_with_themselves() -> None:
+def test_committed_results_are_compared_row_by_row() -> None:
+    """The committed file is read as compare expects it: every timed row matches its twin, and one row made
+    twice as slow (and one 50 % heavier) is flagged, that row alone."""
     committed = json.loads((ROOT / "benchmarks" / "results" / "repulsion.json").read_text())
+    timed = [i for i, r in enumerate(committed["rows"]) if "seconds" in r and r["seconds"] >= 0.1]
     out = _compare().compare(committed, copy.deepcopy(committed))
-    assert out["matched"] > 0 and not (out["slower"] or out["heavier"] or out["lost"])
+    assert out["matched"] == sum("seconds" in r for r in committed["rows"]) >= len(timed) > 1
+    assert not (out["slower"] or out["heavier"] or out["faster"] or out["lost"])
+    changed = copy.deepcopy(committed)
+    slow, heavy = (changed["rows"][i] for i in timed[:2])
+    slow["seconds"] *= 2
+    heavy["peak_bytes"] = int(heavy["peak_bytes"] * 1.5) + 64 * 2**20
+    out = _compare().compare(committed, changed)
+    assert [(r["backend"], r["m"]) for r in out["slower"]] == [(slow["backend"], slow["m"])]
+    assert [(r["backend"], r["m"]) for r in out["heavier"]] == [(heavy["backend"], heavy["m"])]
