@@ -16,3 +16,11 @@ def update_gap(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], start
     moved = sum(float((ref[k].double() - start[k].double()).square().sum()) for k in floats)
     assert moved > 0, "the reference did not move: an update gap would prove nothing"
     return (diff / moved) ** 0.5
+
+
+def relative_move(ref: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> float:
+    """|ref - start| / |start| over the floating tensors of ``ref``: how far training moved them, for the check
+    that a comparison on the update can fail (the update must be far larger than its tolerance)."""
+    floats = [k for k, r in ref.items() if isinstance(r, torch.Tensor) and r.is_floating_point()]
+    moved = sum(float((ref[k].double() - start[k].double()).square().sum()) for k in floats)
+    return (moved / sum(float(start[k].double().square().sum()) for k in floats)) ** 0.5
