@@ -191,6 +191,35 @@ def test_the_device_stage_never_synchronises_with_the_host() -> None:
         assert float((a - b).abs().max()) <= 1e-4
 
 
+def decoder_overwrites(stage: DeviceStage, batch: HostBatch, rounds: int = 20) -> int:
+    """How many reductions queued on the caller's stream read memory the decoder overwrote first
+    (pytorch/vision#9606): per round, tensors the size of the decoded images are filled, reductions over
+    them are queued behind a long kernel, the tensors are freed, and the batch is decoded."""
+    sizes = [im.numel() for im in stage.decode(batch)[0]]
+    wrong = 0
+    with torch.cuda.stream(torch.cuda.Stream()):  # a stage runs on a side stream (prefetch.staged)
+        for _ in range(rounds):
+            xs = [torch.ones(n, dtype=torch.uint8, device="cuda") for n in sizes]
+            torch.cuda.synchronize()
+            torch.cuda._sleep(50_000_000)  # some 30 ms of GPU time queued before the reductions
+            sums = [x.sum(dtype=torch.int64) for x in xs]
+            del xs  # their blocks are free for the next allocation on this stream, in stream order
+            stage.decode(batch)
+            torch.cuda.synchronize()
+            wrong += sum(int(s) != n for s, n in zip(sums, sizes))
+    return wrong
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_decoder_never_overwrites_memory_the_stages_stream_still_reads() -> None:
+    """nvJPEG's hardware decoder writes without waiting for the caller's stream: the stage decodes on a stream
+    of its own (`DeviceStage.decode_stream`), so every reduction queued before a decode sees its own data."""
+    preset = PRESETS["default"]
+    stage = DeviceStage(preset, "cuda")
+    assert decoder_overwrites(stage, host_batch(preset, photos(16, seed=15))) == 0
+
+
 # ------------------------------------------------------------------- prefetch ------------------------
 def _stage(item: int) -> tuple[list[torch.Tensor], int]:
     return [torch.full((2,), float(item))], item * 10

@@ -119,6 +119,12 @@ class DeviceStage:
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.cpu_seconds = 0.0
         self.corrupt = 0
+        # nvJPEG's hardware decoder writes its outputs without waiting for the caller's stream, and torchvision
+        # takes those outputs from the caller stream's pool: a block freed there while queued kernels still
+        # read it (the last batch's boxes, say) gets overwritten early (pytorch/vision#9606; wrong views, or
+        # an index out of bounds in `crop_resize`'s gather). The decoder therefore gets a stream of its own,
+        # whose pool holds only decoded images, each released only once the caller's kernels reading it ran.
+        self.decode_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def __call__(self, batch: HostBatch) -> list[torch.Tensor]:
         t0 = time.thread_time()
@@ -147,10 +153,7 @@ class DeviceStage:
         todo = [i for i, enc in enumerate(batch.encoded) if enc]
         if todo:
             data = [batch.payloads[i] for i in todo]
-            try:
-                decoded: list[torch.Tensor | None] = list(decode_jpeg(data, mode=self.read_mode, device=self.device))
-            except RuntimeError:  # one bad file fails the batched call: find it
-                decoded = [self._decode_one(d) for d in data]
+            decoded = self._decode_all(data)
             for i, img in zip(todo, decoded):
                 images[i] = img
         params = batch.params
@@ -173,6 +176,22 @@ class DeviceStage:
                 stacklevel=2,
             )
         return [im for im in images if im is not None], params
+
+    def _decode_all(self, data: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The JPEGs `data` decoded on the device, in one batched call where they all decode, on the decoder's
+        own stream (`decode_stream`); the caller's stream waits for it and holds each image until read."""
+        caller = torch.cuda.current_stream(self.device) if self.decode_stream is not None else None
+        with torch.cuda.stream(self.decode_stream):  # a no-op context for None (the CPU)
+            try:
+                decoded: list[torch.Tensor | None] = list(decode_jpeg(data, mode=self.read_mode, device=self.device))
+            except RuntimeError:  # one bad file fails the batched call: find it
+                decoded = [self._decode_one(d) for d in data]
+        if caller is not None and self.decode_stream is not None:
+            caller.wait_stream(self.decode_stream)
+            for img in decoded:
+                if img is not None:
+                    img.record_stream(caller)
+        return decoded
 
     def _decode_one(self, data: torch.Tensor) -> torch.Tensor | None:
         """One JPEG on the device, else on the CPU (a file nvJPEG does not take is not a corrupt one), else None."""
