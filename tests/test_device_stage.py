@@ -191,6 +191,31 @@ def test_the_device_stage_never_synchronises_with_the_host() -> None:
         assert float((a - b).abs().max()) <= 1e-4
 
 
+def test_the_eager_chain_makes_no_tensor_from_host_data_after_its_first_batch(monkeypatch) -> None:
+    """``torch.tensor(..., device=cuda)`` waits for the device (a host synchronisation per call; the CUDA test
+    above sees it): after the first batch, the device stage's calls make no tensor from Python data."""
+    import sys
+
+    preset = PRESETS["default"]
+    stage = DeviceStage(preset, "cpu")
+    assert stage.photometric._compiled is None  # the eager chain, as the CUDA fall-back runs it
+    images, params = stage.decode(host_batch(preset, photos(8, seed=16)))
+    padded = pad_images(images)
+    stage.views_of(padded, params)
+    made: list[str] = []
+    original = torch.tensor
+
+    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        where = sys._getframe(1).f_code.co_filename
+        if "hypersolid_scale" in where:
+            made.append(f"{Path(where).name}:{sys._getframe(1).f_lineno}")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", counting)
+    stage.views_of(padded, params)
+    assert made == [], made
+
+
 def decoder_overwrites(stage: DeviceStage, batch: HostBatch, rounds: int = 20) -> int:
     """How many reductions queued on the caller's stream read memory the decoder overwrote first
     (pytorch/vision#9606): per round, tensors the size of the decoded images are filled, reductions over

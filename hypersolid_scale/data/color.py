@@ -11,14 +11,30 @@ from __future__ import annotations
 import torch
 
 GRAY_WEIGHTS = (0.299, 0.587, 0.114)  # ITU-R 601-2, as torchvision/PIL "L"
+_HUE_OFFSETS = (5.0, 3.0, 1.0)  # HSV -> RGB: n for (r, g, b)
+_CONSTANTS: dict[tuple[tuple[float, ...], torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def channel_constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
+    """`values` as a (1, C, 1, 1) tensor on the device and in the dtype of `like`.
+
+    Eager, each is made once per device and dtype and kept: ``torch.tensor(..., device=cuda)`` copies from
+    the host and waits for the kernels queued before it, a host synchronisation per call (the device stage
+    must make none). Under ``torch.compile`` it is made in the graph, where it is a constant.
+    """
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, device=like.device, dtype=like.dtype).view(1, -1, 1, 1)
+    key = (values, like.device, like.dtype)
+    if (t := _CONSTANTS.get(key)) is None:
+        t = _CONSTANTS[key] = torch.tensor(values, device=like.device, dtype=like.dtype).view(1, -1, 1, 1)
+    return t
 
 
 def gray(x: torch.Tensor) -> torch.Tensor:
     """(B, C, H, W) -> (B, 1, H, W) luminance; one channel stays as is."""
     if x.shape[1] == 1:
         return x
-    w = torch.tensor(GRAY_WEIGHTS, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    return (x * w).sum(dim=1, keepdim=True)
+    return (x * channel_constant(GRAY_WEIGHTS, x)).sum(dim=1, keepdim=True)
 
 
 def hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -37,6 +53,5 @@ def hue_shift(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         v == r, torch.remainder((g - b) / safe, 6.0), torch.where(v == g, (b - r) / safe + 2.0, (r - g) / safe + 4.0)
     )
     sixths = torch.remainder(sixths + 6.0 * shift.view(-1, 1, 1, 1), 6.0)
-    n = torch.tensor((5.0, 3.0, 1.0), device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    k = torch.remainder(n + sixths, 6.0)
+    k = torch.remainder(channel_constant(_HUE_OFFSETS, x) + sixths, 6.0)
     return v - spread * torch.minimum(k, 4.0 - k).clamp(0.0, 1.0)
