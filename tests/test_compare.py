@@ -183,26 +183,56 @@ def test_a_failing_training_is_named_and_the_others_still_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_quick_comparison_end_to_end_then_resume(tmp_path):
+def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_one_evaluation_redone(tmp_path):
     # Two methods, not --quick's seven: every method trains through the one training step and is evaluated by
     # the one evaluation (each baseline's training is tested in test_baselines_train.py); what this test adds
     # is the comparison around them. Hypersolid with --quick's two seeds (mean and std), BYOL with one (no std,
-    # and the evaluation the second start redoes). One process per training (torchrun --nproc_per_node=1);
-    # the 2-process trainings of a comparison are run by the two tests around this one. The evaluations on
-    # 300 images per split, as those tests' (--quick alone would take 1000).
+    # and the evaluation the third start redoes). One process per training (torchrun --nproc_per_node=1); the
+    # 2-process trainings of a comparison are run by the failing-training test above. The evaluations on 300
+    # images per split, as that test's (--quick alone would take 1000). Three starts of one comparison: the
+    # first is stopped by SIGTERM a few steps into its first training, the second resumes that training from
+    # the checkpoint saved at the stop and finishes, the third redoes one removed evaluation only.
+    import re
+    import signal
+    import time
+
     out = tmp_path / "cmp"
     methods = ["hypersolid", "byol"]
+    steps = 16  # long enough to be stopped a few steps in, well before the end
     # A global batch of 64 (the configs' 128 would double each step's time on one process).
     quick = ["--quick", "--methods", ",".join(methods), "--nproc", "1", "--eval-samples", "300", "--out", str(out),
-             "data.global_batch_size=64"]
+             "--steps", str(steps), "data.global_batch_size=64"]
+    proc = subprocess.Popen([sys.executable, str(REPO / "launch" / "compare.py"), *quick], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / "logs" / "hypersolid-seed0.train.log"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # until the first training is a few steps in
+        done = [int(n) for n in re.findall(rf"(\d+)/{steps} \[", log.read_text(errors="replace"))] if log.exists() else []
+        if done and max(done) >= 3:
+            break
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, output[-3000:]
+    stopped = sorted((out / "runs" / "hypersolid-seed0" / "checkpoints").glob("step_*.pt"))
+    assert stopped and stopped[-1].name < f"step_{steps:08d}.pt", stopped  # the trainer saved where it stopped
+    killed = json.loads((out / "state.json").read_text())
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out}/mlflow.db")
+    assert client.get_run(killed["parent_run_id"]).info.status == "KILLED"
+
     proc = _compare(*quick)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"resumed from {stopped[-1]}" in log.read_text()
     got = json.loads((out / "compare.json").read_text())["methods"]
     assert list(got) == methods
     state = json.loads((out / "state.json").read_text())
     for method, row in got.items():
         seeds = 2 if method in ("hypersolid", "simclr") else 1
-        assert row["seeds"] == seeds and row["images_seen"] == 6 * 64 and len(row["train_s"]) == seeds
+        assert row["seeds"] == seeds and row["images_seen"] == steps * 64 and len(row["train_s"]) == seeds
         for _label, key, _spec in table.METRICS:  # every column computed (or skipped with its reason)
             assert key in row["metrics"] or key in json.loads((out / "compare.json").read_text())["skipped"].get(
                 method, {}), (method, key)
@@ -212,16 +242,14 @@ def test_quick_comparison_end_to_end_then_resume(tmp_path):
         assert row["metrics"]["knn_k20_weighted"]["values"] == knn
         assert (row["metrics"]["knn_k20_weighted"]["std"] is None) == (seeds == 1)
         for s in range(seeds):
-            assert (out / "runs" / f"{method}-seed{s}" / "checkpoints" / "step_00000006.pt").exists()
+            assert (out / "runs" / f"{method}-seed{s}" / "checkpoints" / f"step_{steps:08d}.pt").exists()
     for png in ("dbscan_nmi_vs_eps.png", "metrics.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     md = (out / "compare.md").read_text()
-    assert "384 images seen per training" in md and md.count("| hypersolid |") == 2
+    assert f"{steps * 64} images seen per training" in md and md.count("| hypersolid |") == 2
 
-    from mlflow import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{out}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("compare").experiment_id])
+    assert state["parent_run_id"] == killed["parent_run_id"]  # the stopped comparison's run, finished
     parent = [r for r in runs if r.info.run_id == state["parent_run_id"]]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == state["parent_run_id"]]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
@@ -244,41 +272,3 @@ def test_quick_comparison_end_to_end_then_resume(tmp_path):
         assert (rec["eval_s"] != state["runs"][name]["eval_s"]) == (name == "byol-seed0"), name
     assert json.loads((out / "compare.json").read_text())["methods"]["byol"]["metrics"]["knn_k20_weighted"][
         "values"] == got["byol"]["metrics"]["knn_k20_weighted"]["values"]  # the same checkpoint, the same kNN
-
-
-@pytest.mark.slow
-def test_sigterm_stops_the_training_at_a_checkpoint_and_the_next_start_resumes_it(tmp_path):
-    import re
-    import signal
-    import time
-
-    out = tmp_path / "cmp"
-    # 30 steps of 64 images: long enough to be stopped a few steps in, well before the end.
-    args = ["--methods", "simclr", "--seeds", "1", "--steps", "30", "--eval-samples", "300", "--out", str(out),
-            "data.global_batch_size=64"]
-    proc = subprocess.Popen([sys.executable, str(REPO / "launch" / "compare.py"), *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    log = out / "logs" / "simclr-seed0.train.log"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # until the training is a few steps in
-        done = [int(n) for n in re.findall(r"(\d+)/30 \[", log.read_text(errors="replace"))] if log.exists() else []
-        if done and max(done) >= 5:
-            break
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 130, output[-3000:]
-    stopped = sorted((out / "runs" / "simclr-seed0" / "checkpoints").glob("step_*.pt"))
-    assert stopped and stopped[-1].name < "step_00000030.pt", stopped  # the trainer saved where it stopped
-
-    from mlflow import MlflowClient
-
-    state = json.loads((out / "state.json").read_text())
-    client = MlflowClient(f"sqlite:///{out}/mlflow.db")
-    assert client.get_run(state["parent_run_id"]).info.status == "KILLED"
-    again = _compare(*args)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resumed from {stopped[-1]}" in log.read_text()
-    assert (out / "runs" / "simclr-seed0" / "checkpoints" / "step_00000030.pt").exists()
-    assert client.get_run(state["parent_run_id"]).info.status == "FINISHED"
