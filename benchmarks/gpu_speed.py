@@ -57,6 +57,8 @@ ROWS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "jpeg_device_cl_b256": ("jpeg_device", 256, (CL,)),
     "jpeg_pil_cl_b128": ("jpeg_pil", 128, (CL,)),
     "step_cl_b128_compile": ("step", 128, (CL, "dist.compile=true")),
+    # The compiled step issues far fewer launches: does that free the host for the device stage's thread?
+    "jpeg_device_cl_b128_compile": ("jpeg_device", 128, (CL, "dist.compile=true")),
 }
 PROFILED = "jpeg_device_cl_b128"
 
@@ -139,6 +141,7 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
         step(i)
     sync(device)
     warm_s = time.perf_counter() - t0
+    stage_cpu0 = getattr(run.loader, "device_stage_cpu_s", 0.0)
     cpu0, t0, steps, waited = host_cpu_s(), time.perf_counter(), 0, 0.0
     while steps < 1 or (steps < args.max_steps and time.perf_counter() - t0 < share_s):
         loss, w = step(args.warmup + steps)
@@ -146,6 +149,14 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
         steps += 1
     sync(device)
     elapsed = time.perf_counter() - t0
+    stage = getattr(run.loader, "device_stage", None)
+    extra = {}
+    if stage is not None:  # data.views_on=device: the stage thread's share of the host time, and its chain
+        stage_s = run.loader.device_stage_cpu_s - stage_cpu0
+        extra = {
+            "device_stage_cpu_ms_per_image": 1000 * stage_s / (batch * steps),
+            "photometric_chain": "compiled" if stage.photometric.compiled else "eager",
+        }
     return {
         "images_per_s": batch * steps / elapsed,
         "step_ms": 1000 * elapsed / steps,
@@ -156,6 +167,7 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
         "last_loss": float(loss),
         "memory_format": "channels_last" if run.memory_format == torch.channels_last else "nchw",
         "bf16": bool(run.bf16),
+        **extra,
     }
 
 

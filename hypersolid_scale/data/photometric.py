@@ -94,6 +94,11 @@ class BatchPhotometric:
         # batches of the same shapes only check the compiled graph's guards.
         self._compiled = torch.compile(self._chain, fullgraph=True, dynamic=False) if compile else None
 
+    @property
+    def compiled(self) -> bool:
+        """Whether the chain runs compiled (False: asked for eager, or the compiler failed and it fell back)."""
+        return self._compiled is not None
+
     def decisions(self, u: torch.Tensor, index: int) -> Decisions:
         """View `index`'s decisions from its uniforms `u` (B, NUM_COLUMNS) (torchvision's ColorJitter ranges)."""
         p = self.preset
