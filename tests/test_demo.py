@@ -60,10 +60,10 @@ def test_demo_rejects_a_bad_step_budget(tmp_path: Path) -> None:
 def test_demo_end_to_end_on_a_reduced_budget(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     env = {**os.environ, "HS_PYTHON": sys.executable, "HS_DEMO_RUN_DIR": str(run_dir), "HS_DEMO_STEPS": "10",
-           "HS_DEMO_EVAL_SAMPLES": "2000",
+           "HS_DEMO_EVAL_SAMPLES": "1000",
            # The full demo's random-init DBSCAN exceeds the edge budget (10000 nearly collapsed embeddings:
-           # 100M pairs within eps=0.1); a budget of 1M edges for 2000 samples (4M pairs) keeps that case.
-           "HS_DEMO_EVAL_ARGS": "eval.dbscan_max_edges=1000000"}
+           # 100M pairs within eps=0.1); a budget of 250k edges for 1000 samples (1M pairs) keeps that case.
+           "HS_DEMO_EVAL_ARGS": "eval.dbscan_max_edges=250000"}
     runs_before = sorted((REPO / "runs").glob("*")) if (REPO / "runs").is_dir() else []
     out = subprocess.run(["bash", str(DEMO)], capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     log = f"--- stdout\n{out.stdout[-6000:]}\n--- stderr\n{out.stderr[-6000:]}"
@@ -80,14 +80,14 @@ def test_demo_end_to_end_on_a_reduced_budget(tmp_path: Path) -> None:
     # The random-init embeddings are nearly collapsed: the larger radii of the eps sweep are over the edge
     # budget; they are skipped with their reason, and the sweep's other radii still run.
     assert re.search(r"skipped for random init: dbscan at eps [0-9.]+ to 0.5 \(\d+ values\): .*exceeds "
-                     r"dbscan_max_edges=1000000", out.stdout), log
+                     r"dbscan_max_edges=250000", out.stdout), log
     times = re.search(r"wall time \(s\): prepare (\d+), train (\d+), eval trained (\d+), eval random init (\d+)",
                       out.stdout)
     assert times is not None, log
 
     for name in ("trained", "random_init"):
         report = json.loads((run_dir / "eval" / name / "report.json").read_text())
-        assert report["meta"]["n_train"] == 2000 and report["meta"]["n_test"] == 2000
+        assert report["meta"]["n_train"] == 1000 and report["meta"]["n_test"] == 1000
         assert 0.0 <= report["metrics"]["knn_k20_weighted"] <= 100.0
         assert (run_dir / "eval" / name / "report.md").read_text().startswith("# Evaluation of")
     trained = json.loads((run_dir / "eval" / "trained" / "report.json").read_text())

@@ -100,13 +100,22 @@ def test_tuned_values_follow_held_out_knn() -> None:
     assert planmod.budget_settings(_tune_results(knn)) == [("hypersolid", 0.9), ("simclr", 0.2)]
 
 
-def test_random_init_epoch_and_step_evaluations(tmp_path: Path) -> None:
+def test_quick_plan_is_one_run_of_two_methods() -> None:
+    names = [r.name for r in plan("cpu", quick=True)]
+    assert len(names) == 2 and len({n.split("-")[1] for n in names}) == 2  # two methods
+
+
+def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     """A random-init run evaluates its step-0 weights and nothing else; a run with eval_epochs is evaluated at
     each of those epochs (quick: 2 epochs of 4 steps); --runs picks runs by name, and a run with
     eval_every_steps is evaluated at each such checkpoint (quick: every 2 of its 4 steps), the entries labelled
-    with their fraction of the epoch. One invocation for the three, 2 at a time."""
-    runs = "cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,cpu-hypersolid-s0-steps"
-    _drive(tmp_path, "--group", "cpu", "--runs", runs, "--parallel", "2")
+    with their fraction of the epoch; a one-epoch run is evaluated at its end. One invocation for the four, 2 at
+    a time. A second invocation runs nothing again; a third resumes a training stopped after its step-2
+    checkpoint from that step, not from 0."""
+    one_epoch = "cpu-simclr-s0"
+    runs = f"cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,cpu-hypersolid-s0-steps,{one_epoch}"
+    drive = lambda: _drive(tmp_path, "--group", "cpu", "--runs", runs, "--parallel", "2")  # noqa: E731
+    drive()
     out = tmp_path / "out" / "cpu"
     init = json.loads((out / "cpu-random-s0.json").read_text())
     assert init["part"] == "random" and init["final_step"] == 0
@@ -121,40 +130,32 @@ def test_random_init_epoch_and_step_evaluations(tmp_path: Path) -> None:
     assert r["part"] == "steps" and [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(0.5, 2), (1.0, 4)]
     assert all(0 <= e["knn_k20_weighted"] <= 100 for e in r["per_epoch"])
     assert sorted(p.stem for p in out.glob("[!_]*.json")) == sorted(runs.split(","))  # only the runs named
-
-
-def test_trains_evaluates_skips_and_resumes(tmp_path: Path) -> None:
-    out = tmp_path / "out" / "cpu"
-    names = [r.name for r in plan("cpu", quick=True)]
-    assert len(names) == 2 and len({n.split("-")[1] for n in names}) == 2  # two methods
-
-    _drive(tmp_path)
-    results = {n: json.loads((out / f"{n}.json").read_text()) for n in names}
-    for r in results.values():
-        assert r["final_step"] == 4 and r["resumed_from_step"] is None  # 128 images / 32 = 4 steps
-        assert [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(1, 4)]
-        assert 0 <= r["final"]["knn_k20_weighted"] <= 100 and r["card"] == "cpu" and r["wall_s"] > 0
+    first = json.loads((out / f"{one_epoch}.json").read_text())
+    assert first["final_step"] == 4 and first["resumed_from_step"] is None  # 128 images / 32 = 4 steps
+    assert [(e["epoch"], e["step"]) for e in first["per_epoch"]] == [(1, 4)]
+    assert 0 <= first["final"]["knn_k20_weighted"] <= 100 and first["card"] == "cpu" and first["wall_s"] > 0
     assert json.loads((out / "_skipped.json").read_text())["skipped"] == []
 
-    # Second invocation: both results exist, nothing runs again.
+    # Second invocation: every result exists, nothing runs again.
+    names = runs.split(",")
     stamps = {n: (out / f"{n}.json").stat().st_mtime_ns for n in names}
-    log = tmp_path / "scratch" / "cpu" / names[0] / "train.log"
+    home = tmp_path / "scratch" / "cpu" / one_epoch
+    log = home / "train.log"
     log_stamp = log.stat().st_mtime_ns
-    text = _drive(tmp_path)
+    text = drive()
     assert all(f"skip {n}: result exists" in text for n in names)
     assert stamps == {n: (out / f"{n}.json").stat().st_mtime_ns for n in names}
     assert log.stat().st_mtime_ns == log_stamp
 
     # A training stopped after its step-2 checkpoint, with no result: it resumes at step 2, not from 0.
-    home = tmp_path / "scratch" / "cpu" / names[0]
-    (out / f"{names[0]}.json").unlink()
+    (out / f"{one_epoch}.json").unlink()
     (home / "train_done.json").unlink()
     (home / "run" / "checkpoints" / "step_00000004.pt").unlink()
     for report in home.glob("eval/*/report.json"):
         report.unlink()
-    text = _drive(tmp_path)
-    assert f"skip {names[1]}: result exists" in text and f"done {names[0]}" in text
-    again = json.loads((out / f"{names[0]}.json").read_text())
+    text = drive()
+    assert f"skip {names[0]}: result exists" in text and f"done {one_epoch}" in text
+    again = json.loads((out / f"{one_epoch}.json").read_text())
     assert again["resumed_from_step"] == 2 and again["final_step"] == 4
     assert "at step 2" in log.read_text() and again["per_epoch"][0]["step"] == 4
 

@@ -2,7 +2,7 @@
 
 ``launch/train.py`` under torchrun trains the quickstart network (BatchNorms included) for a few SGD steps:
 2 processes x b images vs 1 process x 2b images must end with the same parameters AND BatchNorm running
-statistics, under DDP and DeepSpeed ZeRO 0 and 2. That needs every piece at once: the loss's global-batch
+statistics, under DDP and DeepSpeed ZeRO 2. That needs every piece at once: the loss's global-batch
 contract (docs/design.md §3), BatchNorm over the global batch (``dist.sync_bn=auto``) and data that do not depend on
 the world size (global batch t and its augmentations are the same; rank r takes rows [r*b, (r+1)*b)).
 SGD, not Adam: Adam's update is blind to a constant factor on the gradient, the classic distributed error.
@@ -42,10 +42,10 @@ COMMON = [
 ]
 ENGINES = {
     "ddp": ["dist.engine=ddp"],
-    "zero0": ["dist.engine=deepspeed", "dist.zero_stage=0"],
-    # ZeRO 1 is left to tests/test_engines.py (2 processes = 1 for ddp and ZeRO 0, 1, 2 in one torchrun job): the
-    # trainer's own code knows two cases, stage 0 and a partitioned optimizer, and ZeRO 2 is the larger of the
-    # partitioned ones.
+    # ZeRO 0 and 1 are left to other tests of the same contract: tests/test_engines.py (2 processes = 1 for ddp and
+    # ZeRO 0, 1, 2 in one torchrun job) and tests/test_baselines_deepspeed.py (launch/train.py under torchrun, 2
+    # ranks = 1 process, ZeRO 0 with SimCLR and ZeRO 2 with BYOL). ZeRO 2, the partitioned optimizer, is the one
+    # run here with this network's BatchNorm statistics.
     "zero2": ["dist.engine=deepspeed", "dist.zero_stage=2"],
 }
 
