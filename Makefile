@@ -52,7 +52,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup lint
-	$(PY) -m pytest -v -n $(PYTEST_WORKERS) --dist loadfile --timeout=1800 --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -v -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout=1800 --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -10,10 +10,10 @@ import torch
 def update_gap(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> float:
     """|got - ref| / |ref - start| over the floating tensors of ``ref`` (norms over all of them together, in
     float64); ``got`` and ``start`` must hold every one of them."""
-    floats = [k for k, r in ref.items() if isinstance(r, torch.Tensor) and r.is_floating_point()]
+    floats = _floats(ref)
     assert floats and set(floats) <= set(got) and set(floats) <= set(start), set(floats) ^ set(got)
-    diff = sum(float((got[k].double() - ref[k].double()).square().sum()) for k in floats)
-    moved = sum(float((ref[k].double() - start[k].double()).square().sum()) for k in floats)
+    diff = _squared_distance(got, ref, floats)
+    moved = _squared_distance(ref, start, floats)
     assert moved > 0, "the reference did not move: an update gap would prove nothing"
     return (diff / moved) ** 0.5
 
@@ -21,6 +21,15 @@ def update_gap(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], start
 def relative_move(ref: dict[str, torch.Tensor], start: dict[str, torch.Tensor]) -> float:
     """|ref - start| / |start| over the floating tensors of ``ref``: how far training moved them, for the check
     that a comparison on the update can fail (the update must be far larger than its tolerance)."""
-    floats = [k for k, r in ref.items() if isinstance(r, torch.Tensor) and r.is_floating_point()]
-    moved = sum(float((ref[k].double() - start[k].double()).square().sum()) for k in floats)
+    floats = _floats(ref)
+    moved = _squared_distance(ref, start, floats)
     return (moved / sum(float(start[k].double().square().sum()) for k in floats)) ** 0.5
+
+
+def _floats(tensors: dict[str, torch.Tensor]) -> list[str]:
+    return [k for k, t in tensors.items() if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _squared_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], keys: list[str]) -> float:
+    """sum over ``keys`` of |a[k] - b[k]|^2, in float64."""
+    return sum(float((a[k].double() - b[k].double()).square().sum()) for k in keys)
