@@ -4,6 +4,7 @@ the 5-epoch budget, Hypersolid on two views and the planned/done/left table (rep
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -210,10 +211,11 @@ def plan_lines(cpu_all: Sequence[dict[str, Any]], results: dict[str, dict[str, A
     planned = plan("cpu", results=results)
     done = {r["run"] for r in cpu_all}
     waiting = sum(BUDGET_SEEDS for _, v in budget_settings(results) if v is None)
-    # The cost of what is left, from the first pass's measured means (one process on this 2-core CPU).
+    # The cost of what is left, from the first pass's measured medians (one process on this 2-core CPU): a run
+    # paused while it ran (its wall time counts the pause) moves a median less than a mean.
     first = [r for r in cpu_all if r["part"] == "cpu"]
-    train = sum(r["train_s_total"] or r["train_s"] for r in first) / max(1, len(first))
-    evals = sum(r["eval_s"] for r in first) / max(1, len(first))
+    train = statistics.median([r["train_s_total"] or r["train_s"] for r in first]) if first else 0.0
+    evals = statistics.median([r["eval_s"] for r in first]) if first else 0.0
 
     def cost(r: Any) -> float:
         return (30.0 if r.random_init else r.epochs * train) + evals * max(1, len(r.eval_epochs))
@@ -227,7 +229,7 @@ def plan_lines(cpu_all: Sequence[dict[str, Any]], results: dict[str, dict[str, A
             "`bash benchmarks/replication/cpu.sh` runs what is left in this order and skips what is done (a stopped "
             f"run resumes from its last 100-step checkpoint). Estimated time left: {hours:.1f} h of one process on "
             f"this 2-core CPU ({train / 60:.1f} min per training epoch and {evals / 60:.1f} min per evaluation, the "
-            "first pass's means)."
+            "first pass's medians)."
         ),
         "",
         "| part | planned | done | not run |",
