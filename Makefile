@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 # Torch threads per test process: the cores shared among the workers (on 2 cores, 1 each: with two 2-thread
 # processes on 2 cores, each parallel region waits until the OS runs its other thread). OMP_NUM_THREADS set wins.
-TEST_THREADS := $(shell n=$$(( $$(nproc) / $(PYTEST_WORKERS) )); [ $$n -gt 0 ] && echo $$n || echo 1)
+TEST_THREADS = $(shell n=$$(( $$(nproc) / $(PYTEST_WORKERS) )); [ $$n -gt 0 ] && echo $$n || echo 1)
 # What ruff and mypy check (mypy reads the same list from pyproject.toml's [tool.mypy] files).
 LINT_PATHS := hypersolid_scale launch benchmarks
 
