@@ -107,7 +107,15 @@ def test_sparsity_correlation_selectivity() -> None:
     x[:, 2] = (y < 25) * 5.0 + 0.01 * rng.random(600)  # well above the mean for none (most classes on)
     # x[:, 3] stays 0: a dead unit
     sel = G.dimension_selectivity(x, y, z=1.0)
-    assert sel == {"0": 50.0, "1-5": 25.0, "6-20": 25.0, "21plus": 0.0}
+    # the paper's bins; then shares of the 30 classes: 1 class is <= 10 %, 10 classes are in (10 %, 50 %]
+    paper = {"0": 50.0, "1-5": 25.0, "6-20": 25.0, "21plus": 0.0}
+    assert sel == {**paper, "share_le10": 25.0, "share_11-50": 25.0, "share_gt50": 0.0}
+    # On 10 classes the paper's "1-5" is half of them; the shares split it: 1 class, 2-5 classes, 6+ classes.
+    y10 = np.repeat(np.arange(10), 20)
+    x10 = np.stack([(y10 < k) * 5.0 + 0.01 * rng.random(200) for k in (1, 3, 5, 6)], 1)
+    sel10 = G.dimension_selectivity(x10, y10, z=0.5)
+    assert (sel10["1-5"], sel10["6-20"], sel10["21plus"]) == (75.0, 25.0, 0.0)
+    assert (sel10["share_le10"], sel10["share_11-50"], sel10["share_gt50"]) == (25.0, 50.0, 25.0)
     assert G.sparsity(np.array([[0.0, 1.0], [0.0, 0.0]])) == 0.75
     a = rng.standard_normal(500)
     corr = G.feature_correlation(np.stack([a, 2 * a + 1, rng.standard_normal(500), np.zeros(500)], 1))
@@ -157,7 +165,8 @@ def test_dbscan_from_graph_labels_equal_sklearn(min_samples: int) -> None:
     for eps in (0.001, 0.002, 0.01, 0.03):
         m = coo.data <= eps
         ref = DBSCAN(eps=eps, min_samples=min_samples, metric="precomputed").fit_predict(
-            sp.csr_matrix((coo.data[m], (coo.row[m], coo.col[m])), shape=graph.shape))
+            sp.csr_matrix((coo.data[m], (coo.row[m], coo.col[m])), shape=graph.shape)
+        )
         ours = dbscan_from_graph(coo.row[m], coo.col[m], len(x), min_samples)
         np.testing.assert_array_equal(ours, ref)
         n_labels.append(len(set(ref)))
@@ -171,7 +180,8 @@ def test_dbscan_edge_budget_skips_large_eps_loudly() -> None:
         warnings.simplefilter("always")
         sweep = dbscan_sweep(x, y, eps=[0.01, 0.05, 0.4, 0.5], min_samples=5, max_edges=100_000)
     assert [str(w.message) for w in caught if w.category is SkippedWarning] == [
-        "DBSCAN eps=0.4, 0.5 skipped: its neighbourhood graph exceeds dbscan_max_edges=100000"]  # ONE warning
+        "DBSCAN eps=0.4, 0.5 skipped: its neighbourhood graph exceeds dbscan_max_edges=100000"
+    ]  # ONE warning
     assert [r["nmi"] is None for r in sweep] == [False, False, True, True]
     assert "dbscan_max_edges" in sweep[-1]["skipped"] and "skipped" not in sweep[0]
     # the radii that fit give the scores of an unlimited budget
@@ -215,7 +225,8 @@ def test_linear_probe_within_one_point_of_sklearn(digits: tuple) -> None:
     x_tr, y_tr, x_te, y_te = digits
     scaler = StandardScaler().fit(x_tr)
     ref = 100 * LogisticRegression(C=1.0, max_iter=5000).fit(scaler.transform(x_tr), y_tr).score(
-        scaler.transform(x_te), y_te)
+        scaler.transform(x_te), y_te
+    )
     same_objective = linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1.0 / len(x_tr)], device="cpu")
     assert abs(same_objective["linear_top1"] - ref) <= 1.0
     selected = linear_probe(x_tr, y_tr, x_te, y_te, weight_decays=[1e-4, 1e-3, 1e-2], device="cpu")
@@ -299,8 +310,14 @@ def test_run_suites_on_single_class_data_keeps_what_can_be_computed(tmp_path, di
         warnings.simplefilter("always")
         report = run_suites((torch.from_numpy(x_tr), one_tr), (torch.from_numpy(x_te), one_te), ev, tmp_path)
     skipped = set(report["skipped"])
-    assert skipped == {"linear", "kmeans", "geometry_classes", "interpolation", "plot_similarity_density",
-                       "plot_interpolation_profile"}
+    assert skipped == {
+        "linear",
+        "kmeans",
+        "geometry_classes",
+        "interpolation",
+        "plot_similarity_density",
+        "plot_interpolation_profile",
+    }
     assert len([w for w in caught if w.category is SkippedWarning]) == len(skipped)  # one warning each
     m = report["metrics"]
     assert m["knn_k5_majority"] == 100.0  # one class: every vote is right
@@ -318,8 +335,7 @@ def test_nothing_evaluated_only_when_no_metric_and_no_plot(tmp_path) -> None:
     x = torch.randn(8, 4)
     ev = EvalConfig(suites=["knn", "linear"], knn_k=[20], linear_weight_decays=[1e-3])
     with pytest.warns(SkippedWarning):
-        report = run_suites((x, torch.zeros(8, dtype=torch.long)), (x, torch.zeros(8, dtype=torch.long)), ev,
-                             tmp_path)
+        report = run_suites((x, torch.zeros(8, dtype=torch.long)), (x, torch.zeros(8, dtype=torch.long)), ev, tmp_path)
     assert report["metrics"] == {} and set(report["skipped"]) == {"knn_k20", "linear"}
     assert nothing_evaluated(report)
     assert not nothing_evaluated({"metrics": {}, "plots": ["a.png"]})

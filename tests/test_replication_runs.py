@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _warm_python import run_python
 from benchmarks.replication import plan as planmod
 from benchmarks.replication.plan import plan
+from benchmarks.replication.run import EVAL_ARGS, eval_command
 from hypersolid_scale.config.schema import load_config
+from hypersolid_scale.methods.registry import method_names
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,10 +64,21 @@ def _tune_results(knn: dict[str, float]) -> dict[str, dict]:
 def test_cpu_plan_parts_order_and_tuning() -> None:
     runs = plan("cpu", results={})
     parts = {p: [r for r in runs if r.part == p] for p in ("cpu", "steps", "random", "tune", "views", "budget")}
-    assert [len(v) for v in parts.values()] == [20, 1, 5, 12, 5, 5]
-    # Priority order: the first pass, then the floor, the tuning, 2 views, the extra seeds, the 5-epoch runs.
+    assert [len(v) for v in parts.values()] == [20, 1, 5, 18, 5, 5]
+    # Priority order: the first pass, then the floor, the tuning, 2 views, the extra seeds, the 5-epoch runs;
+    # the 20-epoch runs wait for the whole (widened) tuning grid.
     order = [part for part, _ in itertools.groupby(r.part for r in runs)]
     assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget"]
+    # The widened grid's values (amendment 2) run after the first grid's, each seed-major.
+    first = [(r.method, r.overrides[0]) for r in parts["tune"][:12]]
+    assert sorted(set(first)) == sorted(
+        (m, f"{planmod.CPU_TUNE[m][0]}={v}") for m, g in planmod.FIRST_TUNE.items() for v in g
+    )
+    assert [r.overrides[0] for r in parts["tune"][12:15]] == [
+        "method.hypersolid.alpha=0.95",
+        "method.hypersolid.alpha=0.97",
+        "method.simclr.temperature=0.05",
+    ]
     assert all(r.random_init and r.seed == i for i, r in enumerate(parts["random"]))
     assert all("data.eval_split=holdout" in r.overrides and r.epochs == 1 for r in parts["tune"])
     assert sorted((r.method, r.overrides[0], r.seed) for r in parts["tune"]) == sorted(
@@ -84,10 +99,24 @@ def test_tuned_values_follow_held_out_knn() -> None:
     assert planmod.tuned("hypersolid", _tune_results(knn)) is None
     knn |= {"method.hypersolid.alpha=0.9": 79.0, "method.simclr.temperature=0.5": 72.0}
     results = _tune_results(knn)
+    # The first grid is complete: the 5-epoch part's values are chosen from it; the widened grid is not yet.
+    assert planmod.tuned("hypersolid", results, planmod.FIRST_TUNE["hypersolid"]) == 0.75
+    assert planmod.tuned("hypersolid", results) is None and not planmod.long_runs(results)
+    knn |= {"method.hypersolid.alpha=0.95": 78.0, "method.hypersolid.alpha=0.97": 77.0}
+    knn |= {"method.simclr.temperature=0.05": 73.0}
+    results = _tune_results(knn)
     assert planmod.tuned("hypersolid", results) == 0.75
     skipped = {**results, "cpu-tune-hypersolid-alpha0.5-s1": {"final": {}}}  # its kNN@5 was not measured
     assert planmod.tuned("hypersolid", skipped) is None
-    assert planmod.tuned("simclr", results) == 0.2  # a tie: the first listed value
+    assert planmod.tuned("simclr", results, planmod.FIRST_TUNE["simclr"]) == 0.2  # a tie: the first listed value
+    assert planmod.tuned("simclr", results) == 0.05  # the widened grid moves it
+    # The 20-epoch runs: the tuned values over the widened grid, 3 seeds, evaluated after 1, 2, 5, 10, 20.
+    long = [r for r in plan("cpu", results=results) if r.part == "long"]
+    assert [(r.name, r.epochs, r.eval_epochs) for r in long[:2]] == [
+        ("cpu-long-hypersolid-alpha0.75-s0", 20, (1, 2, 5, 10, 20)),
+        ("cpu-long-simclr-temperature0.05-s0", 20, (1, 2, 5, 10, 20)),
+    ]
+    assert len(long) == 6 and plan("cpu", results=results)[-1].part == "long"
     budget = [r for r in plan("cpu", results=results) if r.part == "budget"]
     assert sorted({r.overrides[0] for r in budget}) == [
         "method.hypersolid.alpha=0.75",
@@ -178,3 +207,26 @@ def test_an_unknown_run_name_is_refused() -> None:
         timeout=120,
     )
     assert bad.returncode != 0 and "--runs: no run cpu-x in the cpu group" in bad.stderr
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_the_drivers_paper_protocol_evaluates_every_methods_checkpoint(method: str, tmp_path: Path) -> None:
+    """The evaluation command run.py gives a checkpoint (eval_command with EVAL_ARGS, the paper's protocol),
+    on a 2-step checkpoint of each registered method: exit 0 and the backbone's kNN@5 measured. A baseline's
+    checkpoint once stopped this command with exit code 2 (it asked for Hypersolid's projector), which the
+    driver's quick mode (kNN only) never ran; the projector half is skipped for a baseline, with its reason."""
+    config = planmod.CONFIGS.get(method, f"configs/baselines/{method}_quickstart.yaml")
+    quick = [*planmod.QUICK, *planmod.QUICK_HEADS.get(method, ())]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    train = ["launch/train.py", "--config", config, f"run_dir={tmp_path / 'run'}", *planmod.COMMON, "max_steps=2"]
+    trained = run_python([*train, *quick], env=env, cwd=ROOT)
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    ckpt = tmp_path / "run" / "checkpoints" / "step_00000002.pt"
+    cmd = eval_command(sys.executable, ckpt, tmp_path / "eval", "cpu", EVAL_ARGS, quick=True)
+    assert cmd[1] == "launch/eval.py" and "--protocol" in cmd
+    done = run_python(cmd[1:], env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert 0 <= report["metrics"]["protocol.backbone.raw.knn_k5_majority"] <= 100
+    projector = [s for s in report.get("skipped", []) if "protocol.projector" in str(s)]
+    assert bool(projector) == (method != "hypersolid"), report.get("skipped")

@@ -16,6 +16,10 @@ Groups:
   crops), seeds 0-4: multi-crop apart from the objective. (f) ``budget``: 5 epochs, the protocol after
   epochs 1, 2 and 5, seeds 0-4: Hypersolid at the paper's alpha 0.9 and at the tuned alpha, SimCLR at the
   tuned temperature (the tuned entries join the plan once (d) is complete, read from its committed JSON).
+  (g) ``long``: 20 epochs, the protocol after epochs 1, 2, 5, 10 and 20, seeds 0-2: Hypersolid at the tuned
+  alpha and SimCLR at the tuned temperature (amendment 2 of docs/replication.md: the tuning grid was widened
+  to bracket its optimum, and these runs wait for it). Part (d) runs before (g), and (g) before any budget
+  run that a moved tuned value adds to (f).
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -47,16 +51,25 @@ FIRST_CPU_SEEDS = {"hypersolid": 5, "simclr": 5, "swav": 3, "barlowtwins": 3}  #
 CPU_RESULTS = "benchmarks/results/replication/cpu"  # relative to the repository root
 # (d) the cpu group's equal tuning (held-out split, 2 seeds per value, chosen by held-out kNN@5) and (f) its
 # 5-epoch budget, the protocol after the epochs of BUDGET_EVAL_EPOCHS.
+# Amendment 2 (docs/replication.md) widened the grid to bracket both optima, which sat on its edge: alpha
+# 0.95 and 0.97, temperature 0.05. The rule is unchanged; the new values run after the first ones.
 CPU_TUNE = {
-    "hypersolid": ("method.hypersolid.alpha", (0.5, 0.75, 0.9)),
-    "simclr": ("method.simclr.temperature", (0.1, 0.2, 0.5)),
+    "hypersolid": ("method.hypersolid.alpha", (0.5, 0.75, 0.9, 0.95, 0.97)),
+    "simclr": ("method.simclr.temperature", (0.1, 0.2, 0.5, 0.05)),
 }
+FIRST_TUNE: dict[str, tuple[float, ...]] = {
+    "hypersolid": (0.5, 0.75, 0.9),
+    "simclr": (0.1, 0.2, 0.5),
+}  # the grid the 5-epoch runs chose from
 CPU_DEFAULTS = {"hypersolid": 0.9, "simclr": 0.2}  # the quickstart configs' values of those knobs
 TUNE_SEEDS = 2
 TUNE_METRIC = "protocol.backbone.raw.knn_k5_majority"
 BUDGET_EPOCHS = 5
 BUDGET_EVAL_EPOCHS = (1, 2, 5)
 BUDGET_SEEDS = 5
+LONG_EPOCHS = 20
+LONG_EVAL_EPOCHS = (1, 2, 5, 10, 20)
+LONG_SEEDS = 3
 RANDOM_SEEDS = 5
 VIEWS_SEEDS = 5
 # The views each method trains on in the cpu group (its quickstart config's data.num_local_views; the
@@ -171,28 +184,34 @@ def _knob(key: str, v: float) -> str:
 
 
 def tune_runs() -> list[Run]:
-    """(d): seed-major, so that an interrupted part still holds every value at seed 0."""
+    """(d): the first grid, then the values amendment 2 added; each seed-major, so that an interrupted part
+    still holds every value at seed 0."""
+    added = {m: tuple(v for v in values if v not in FIRST_TUNE[m]) for m, (_, values) in CPU_TUNE.items()}
+    grids: list[dict[str, tuple[float, ...]]] = [FIRST_TUNE, added]
     return [
         Run(
-            f"cpu-tune-{m}-{_knob(key, v)}-s{s}",
+            f"cpu-tune-{m}-{_knob(CPU_TUNE[m][0], v)}-s{s}",
             m,
             CONFIGS[m],
-            (f"{key}={v}", "data.eval_split=holdout"),
+            (f"{CPU_TUNE[m][0]}={v}", "data.eval_split=holdout"),
             s,
             "cpu",
             "tune",
             1,
         )
+        for grid in grids
         for s in range(TUNE_SEEDS)
-        for m, (key, values) in CPU_TUNE.items()
+        for m, values in grid.items()
         for v in values
     ]
 
 
-def tuned(method: str, results: dict[str, dict[str, Any]]) -> float | None:
-    """The tuned value of ``method``'s knob: the highest held-out kNN@5 averaged over seeds, once every
-    planned tuning run of the method has a result (``results``: run name -> its JSON); None before."""
+def tuned(method: str, results: dict[str, dict[str, Any]], grid: tuple[float, ...] | None = None) -> float | None:
+    """The tuned value of ``method``'s knob over ``grid`` (default: the whole CPU_TUNE grid): the highest
+    held-out kNN@5 averaged over seeds, once every planned tuning run of those values has a result
+    (``results``: run name -> its JSON); None before."""
     key, values = CPU_TUNE[method]
+    values = values if grid is None else grid
     means = []
     for v in values:
         got = [results.get(r.name) for r in tune_runs() if r.method == method and r.overrides[0] == f"{key}={v}"]
@@ -211,14 +230,40 @@ def load_results(folder: str | Path | None = None) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(path.glob("*.json")) if not p.name.startswith("_")}
 
 
+def long_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
+    """(g): Hypersolid and SimCLR at their tuned values over the widened grid, seed-major; empty until the
+    tuning is complete."""
+    known = [(m, tuned(m, results)) for m in ("hypersolid", "simclr")]
+    if any(v is None for _, v in known):
+        return []
+    return [
+        Run(
+            f"cpu-long-{m}-{_knob(CPU_TUNE[m][0], v)}-s{s}",
+            m,
+            CONFIGS[m],
+            (f"{CPU_TUNE[m][0]}={v}",),
+            s,
+            "cpu",
+            "long",
+            LONG_EPOCHS,
+            eval_epochs=LONG_EVAL_EPOCHS,
+        )
+        for s in range(LONG_SEEDS)
+        for m, v in known
+        if v is not None
+    ]
+
+
 def budget_settings(results: dict[str, dict[str, Any]]) -> list[tuple[str, float | None]]:
     """(method, knob value) of the 5-epoch part: Hypersolid at the paper's alpha and at the tuned one, SimCLR
-    at the tuned temperature; None where the tuning has not finished (the entry waits for it)."""
-    alpha = tuned("hypersolid", results)
+    at the tuned temperature, tuned over the first grid (FIRST_TUNE: what the part was planned and run on;
+    the widened grid's values are (g)'s, whose evaluations after epoch 5 are the same budget); None where the
+    tuning has not finished (the entry waits for it)."""
+    alpha = tuned("hypersolid", results, FIRST_TUNE["hypersolid"])
     settings: list[tuple[str, float | None]] = [("hypersolid", CPU_DEFAULTS["hypersolid"])]
     if alpha != CPU_DEFAULTS["hypersolid"]:
         settings.append(("hypersolid", alpha))
-    return [*settings, ("simclr", tuned("simclr", results))]
+    return [*settings, ("simclr", tuned("simclr", results, FIRST_TUNE["simclr"]))]
 
 
 def budget_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
@@ -272,6 +317,7 @@ def cpu_runs(results: dict[str, dict[str, Any]] | None = None) -> list[Run]:
         ),
         *more,
         *budget_runs(results),
+        *long_runs(results),
     ]
 
 

@@ -39,6 +39,7 @@ from benchmarks import common
 from benchmarks.common import ROOT
 from benchmarks.replication.plan import QUICK_EVAL, Run, plan, quick_run
 from benchmarks.replication.runfiles import checkpoints, device_facts, read_json, write_json
+from hypersolid_scale.training.epoch_end import EPOCHS_FILE, read_epochs
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
@@ -51,12 +52,20 @@ PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0
 OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
 SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+TRAIN_IDS = ("epoch", "step")  # an epoch record's keys that are not statistics (``steps`` is kept: its weight)
 
 
 def eval_arguments(py: str) -> list[str]:
     """EVAL_ARGS when launch/eval.py knows ``--protocol``, else FALLBACK_EVAL_ARGS."""
     out = subprocess.run([py, "launch/eval.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     return EVAL_ARGS if "--protocol" in out.stdout else FALLBACK_EVAL_ARGS
+
+
+def eval_command(py: str, checkpoint: Path, out: Path, device: str, args: list[str], quick: bool) -> list[str]:
+    """The evaluation command of one checkpoint: ``args`` are EVAL_ARGS (the paper's protocol), a fallback or
+    CURVE_EVAL_ARGS; ``quick`` caps the evaluation sets (QUICK_EVAL)."""
+    where = ["--checkpoint", str(checkpoint), "--output-dir", str(out), "--device", device]
+    return [py, "launch/eval.py", *where, "--no-mlflow", *args, *(QUICK_EVAL if quick else ())]
 
 
 @dataclass
@@ -181,8 +190,7 @@ class Driver:
             args = self.full_args if (epoch in full or not run.curve) else CURVE_EVAL_ARGS
             protocol = "paper" if args == EVAL_ARGS else args[1]
             out = st.home / "eval" / f"step_{step:08d}_{protocol.replace(',', '+')}"
-            where = ["--checkpoint", str(ckpts[step]), "--output-dir", str(out), "--device", self.args.device]
-            cmd = [self.py, "launch/eval.py", *where, "--no-mlflow", *args, *(QUICK_EVAL if self.args.quick else ())]
+            cmd = eval_command(self.py, ckpts[step], out, self.args.device, args, self.args.quick)
             task = Task(run, "eval", cmd, out / "eval.log", step, epoch, protocol)
             st.pending += 1
             if read_json(out / "report.json") is not None:
@@ -206,7 +214,18 @@ class Driver:
 
     def finish(self, st: State) -> None:
         done = read_json(st.home / "train_done.json") or {}
-        per_epoch = sorted(st.entries, key=lambda e: e["epoch"])
+        # The training's own epoch means (the trainer's epochs.jsonl: loss terms, active pairs), every epoch,
+        # and beside each evaluation of an epoch's end the means of that epoch (``train.<statistic>``).
+        trained = read_epochs(st.home / "run" / EPOCHS_FILE)
+        per_epoch = sorted(
+            (
+                {**e, **{f"train.{k}": v for k, v in trained.get(int(e["epoch"]), {}).items() if k not in TRAIN_IDS}}
+                if float(e["epoch"]).is_integer()
+                else e
+                for e in st.entries
+            ),
+            key=lambda e: e["epoch"],
+        )
         result = {
             "run": st.run.name,
             **{k: getattr(st.run, k) for k in ("method", "seed", "group", "part", "epochs", "config")},
@@ -222,6 +241,7 @@ class Driver:
             **{k: done.get(k) for k in ("final_step", "resumed_from_step")},
             "per_epoch": per_epoch,
             "final": per_epoch[-1] if per_epoch else {},
+            "train_per_epoch": list(trained.values()),
         }
         write_json(self.out / f"{st.run.name}.json", result)
         # The suite's keys (knn_k20_weighted) or the protocol's (protocol.backbone.raw.knn_k20_weighted).

@@ -197,12 +197,23 @@ SELECTIVITY_BINS: tuple[tuple[str, int, float], ...] = (
     ("6-20", 6, 20),
     ("21plus", 21, math.inf),
 )
+# The same question in shares of the classes, so that it reads the same on 10 classes as on 1,000: the
+# paper's absolute bins were made for ImageNet-1k (1-5 of 1,000 classes is class-specific; on Fashion-MNIST's
+# 10 it is half of them, and 21+ is always empty). (name, lowest share, highest share), shares of C classes;
+# the first bin holds at least one class (on C < 10, 10 % of C is under one class).
+SELECTIVITY_SHARE_BINS: tuple[tuple[str, float, float], ...] = (
+    ("share_le10", 0.0, 0.10),
+    ("share_11-50", 0.10, 0.50),
+    ("share_gt50", 0.50, 1.0),
+)
 
 
 def dimension_selectivity(
     feats: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, *, z: float = 1.0
 ) -> dict[str, float]:
-    """Percent of dimensions activated by 0, 1–5, 6–20 and 21+ classes (keys "0", "1-5", "6-20", "21plus").
+    """Percent of dimensions activated by 0, 1–5, 6–20 and 21+ classes (keys "0", "1-5", "6-20", "21plus",
+    the paper's Table 4 bins), and by shares of the C classes (SELECTIVITY_SHARE_BINS: "share_le10" for one
+    class up to 10 % of them, "share_11-50" for more than 10 % up to half, "share_gt50" for more than half).
 
     Activation rule: class c activates dimension k when its class-mean activation is more than ``z``
     standard deviations above the dimension's overall mean, (μ_{c,k} − μ_k) / σ_k > z, on raw features.
@@ -215,7 +226,14 @@ def dimension_selectivity(
     with np.errstate(divide="ignore", invalid="ignore"):
         active = np.where(sd > 1e-12, (class_mean - mu) / sd, 0.0) > z
     n_classes = active.sum(0)  # (d,)
-    return {name: float(100.0 * np.mean((n_classes >= lo) & (n_classes <= hi))) for name, lo, hi in SELECTIVITY_BINS}
+    out = {name: float(100.0 * np.mean((n_classes >= lo) & (n_classes <= hi))) for name, lo, hi in SELECTIVITY_BINS}
+    c = active.shape[0]
+    for name, lo, hi in SELECTIVITY_SHARE_BINS:
+        # a dimension of n classes is in (lo·C, hi·C], the bounds at least one class (n = 1 is in the first bin)
+        low, high = max(1.0, lo * c), max(1.0, hi * c)
+        inside = (n_classes >= 1) & (n_classes <= high + 1e-9) & ((n_classes > low + 1e-9) | (lo == 0.0))
+        out[name] = float(100.0 * np.mean(inside))
+    return out
 
 
 def embedding_metrics(

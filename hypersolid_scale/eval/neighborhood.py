@@ -59,6 +59,13 @@ def interpolation_profile(
 
 
 def profile_summary(profile: dict[str, list[float]]) -> dict[str, float]:
-    """Peak of the mean distance along positive and negative paths, and their gap (neg − pos)."""
+    """Peak of the mean distance along positive and negative paths, their gap (neg − pos) and their ratio
+    (neg / pos; scale-free: the gap grows with the overall spread of the embeddings, the ratio does not)."""
     pos, neg = max(profile["pos_mean"]), max(profile["neg_mean"])
-    return {"interp_pos_peak": float(pos), "interp_neg_peak": float(neg), "interp_gap": float(neg - pos)}
+    ratio = float(neg / pos) if pos > 0 else float("nan")
+    return {
+        "interp_pos_peak": float(pos),
+        "interp_neg_peak": float(neg),
+        "interp_gap": float(neg - pos),
+        "interp_ratio": ratio,
+    }
