@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.replication import claims, formatting, report
+from benchmarks.replication.readme import README_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +91,7 @@ def test_holm_and_direction_of_a_lower_is_better_claim():
 def test_missing_groups_are_not_testable(tmp_path):
     text, files, summary, readme = report.render(tmp_path / "results", tmp_path)
     assert files == {}  # no group ran: no all-metrics table
-    assert "the CPU group has not run yet." in readme
+    assert "**Replication study**: nothing has run yet" in readme
     assert "### CPU group: one epoch, each method's defaults\n\nScope: " in text and "\n\nNot run yet." in text
     verdicts = {r["claim"]: r["verdict"] for r in summary["verdicts"]}
     assert verdicts.pop("HDBSCAN finds more clusters") == "not comparable here"  # 10 classes, runs or not
@@ -113,11 +114,19 @@ def test_report_writes_and_checks_a_section(tmp_path):
     assert "| Hypersolid clusters better: K-Means |" in text and "**holds here**" in text
     summary = readme.read_text()
     assert "stale summary" not in summary and summary.endswith(f"{report.README_END}\nafter\n")
-    held = next(line for line in summary.splitlines() if line.startswith("* **holds after 1 epoch, each method's"))
+    # The README block: the scope in one line, one table at the longest budget run (here 1 epoch; no random-init
+    # runs: "–"), what holds, what does not, what cannot be judged; at most 15 lines.
+    block = summary.split(report.README_START)[1].split(report.README_END)[0]
+    assert len(block.splitlines()) <= 15
+    held = next(line for line in block.splitlines() if line.startswith("* **Holds**"))
     assert "Hypersolid clusters better: K-Means" in held
-    assert "| K-Means AMI |" in summary and summary.count("| not run |") == len(report.README_METRICS)
+    header = next(line for line in block.splitlines() if line.startswith("| 1 epoch, defaults: mean"))
+    assert "| K-Means AMI |" in header and "| Hypersolid | " in block
+    floor = next(line for line in block.splitlines() if line.startswith("| random init |"))
+    assert floor.count("| – ") == len(README_METRICS)
     assert "\n**Replication study, at its scope**: Fashion-MNIST (10 classes)" in summary
-    assert "views: Hypersolid 2 + 4, SimCLR 2, SwAV 2 + 4, Barlow Twins 2 views" in summary
+    cannot = next(line for line in block.splitlines() if line.startswith("* **Cannot be judged here**"))
+    assert "HDBSCAN finds more clusters" in cannot
     assert (results / "report" / "cpu_headline.png").stat().st_size > 10_000
     table = (results / "report" / "cpu_all_metrics.md").read_text()
     assert "| backbone.raw.kmeans.ami | kmeans |" in table
@@ -331,3 +340,42 @@ def test_claims_that_do_not_fit_ten_classes_are_judged_on_what_does():
         r["final"] |= {f"{BB}geometry.selectivity_share_le10": (30.0 if hyp else 10.0) + r["seed"]}
         r["final"] |= {f"{BB}geometry.selectivity_share_gt50": (5.0 if hyp else 15.0) + r["seed"]}
     assert _verdict(runs, selectivity) == "holds here"
+
+
+def test_the_20_epoch_part_has_its_curves_loss_terms_and_verdicts_at_5_and_20(tmp_path):
+    """Part "long": once the widened tuning has chosen, the 20-epoch runs' rows (every evaluated epoch, the
+    training's loss terms beside the protocol's metrics) and two verdict scopes from the same runs, after 5 and
+    after 20 epochs; the README's table is at the longest budget that has run."""
+    from benchmarks.replication import plan
+
+    results = tmp_path / "results"
+    study = _study({"simclr": -0.05}, seeds=3)
+    hyp = [r for r in study if r["method"] == "hypersolid"]
+    simclr = [r for r in study if r["method"] == "simclr"]
+    extra = []
+    best = {"method.hypersolid.alpha=0.95", "method.simclr.temperature=0.05"}
+    for run in plan.tune_runs():
+        src = (hyp if run.method == "hypersolid" else simclr)[run.seed]
+        final = {**src["final"], plan.TUNE_METRIC: 90.5 if run.overrides[0] in best else 80.5}
+        extra.append(_part({**src, "final": final}, run.name, "tune", run.overrides))
+    for src, knob in ((hyp, "method.hypersolid.alpha=0.95"), (simclr, "method.simclr.temperature=0.05")):
+        for r in src:
+            terms = {"train.loss": 1.0 / r["seed"] if r["seed"] else 2.0, "train.alignment": 0.1 * (r["seed"] + 1)}
+            per_epoch = [{**r["final"], "epoch": e, **terms} for e in plan.LONG_EVAL_EPOCHS]
+            name = f"cpu-long-{r['method']}-{knob.split('.')[-1].replace('=', '')}-s{r['seed']}"
+            extra.append(_part(r, name, "long", (knob,), epochs=20, per_epoch=per_epoch, final=per_epoch[-1]))
+    _write(results, [*study, *extra])
+    text, _files, summary, readme = report.render(results, tmp_path)
+    assert summary["tuned"] == {"hypersolid": 0.95, "simclr": 0.05}
+    rows = [line for line in text.splitlines() if line.startswith("| Hypersolid α 0.95 (tuned) | ")]
+    assert [line.split(" | ")[1] for line in rows] == ["1", "2", "5", "10", "20"]
+    header = next(line for line in text.splitlines() if line.startswith("| setting | epoch |") and "(train)" in line)
+    col = header.split(" | ").index("alignment (train)")
+    assert rows[0].split(" | ")[col].startswith("0.200 [")  # the training's own term, measured (seeds 0-2)
+    assert "cpu_long_curves.png" in text
+    long = {r["short"] for r in summary["verdicts"] if "of 20 epochs" in r["short"]}
+    assert long == {"5 of 20 epochs, widened tuning", "20 of 20 epochs, widened tuning"}
+    at20 = [r for r in summary["verdicts"] if r["short"] == "20 of 20 epochs, widened tuning"]
+    assert any(r["verdict"] in {"holds here", "does not hold here", "inconclusive here"} for r in at20)
+    block = readme.split(report.README_START)[-1]
+    assert "| 20 of 20 epochs, widened tuning: mean" in block

@@ -18,6 +18,7 @@ from benchmarks.replication.plan import plan
 from benchmarks.replication.run import EVAL_ARGS, eval_command
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.methods.registry import method_names
+from hypersolid_scale.training.epoch_end import read_epochs, record_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,6 +155,9 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     assert "random_init.py" in init["command"] and "max_steps=1" in init["command"]
     budget = json.loads((out / "cpu-budget-hypersolid-alpha0.9-s0.json").read_text())
     assert [(e["epoch"], e["step"]) for e in budget["per_epoch"]] == [(1, 4), (2, 8)]
+    # The training's own epoch means (epochs.jsonl) beside each evaluation and for every epoch.
+    assert [(t["epoch"], t["steps"]) for t in budget["train_per_epoch"]] == [(1, 4), (2, 4)]
+    assert all(0 < e["train.alignment"] < 2 and 0 <= e["train.active_fraction"] <= 1 for e in budget["per_epoch"])
     assert init["final"]["knn_k20_weighted"] != budget["final"]["knn_k20_weighted"]
     r = json.loads((out / "cpu-hypersolid-s0-steps.json").read_text())
     assert r["part"] == "steps" and [(e["epoch"], e["step"]) for e in r["per_epoch"]] == [(0.5, 2), (1.0, 4)]
@@ -230,3 +234,22 @@ def test_the_drivers_paper_protocol_evaluates_every_methods_checkpoint(method: s
     assert 0 <= report["metrics"]["protocol.backbone.raw.knn_k5_majority"] <= 100
     projector = [s for s in report.get("skipped", []) if "protocol.projector" in str(s)]
     assert bool(projector) == (method != "hypersolid"), report.get("skipped")
+
+
+def test_epoch_records_combine_a_resumed_epoch_and_skip_a_torn_line(tmp_path: Path) -> None:
+    """epochs.jsonl: an epoch stopped at step 3 and resumed to step 8 is one epoch, its means weighted by steps;
+    a run resumed from an earlier checkpoint repeats steps, and the later record of those steps wins; a line cut
+    by a crash is skipped."""
+    path = tmp_path / "epochs.jsonl"
+    record_epoch(path, 0, 4, 4, {"loss": 1.0})
+    record_epoch(path, 1, 7, 3, {"loss": 2.0})  # epoch 2, steps 5-7, then stopped
+    record_epoch(path, 1, 8, 1, {"loss": 6.0})  # resumed: step 8
+    record_epoch(path, 2, 12, 4, {"loss": 9.0})  # epoch 3 ...
+    record_epoch(path, 2, 12, 4, {"loss": 5.0})  # ... repeated from the epoch-2 checkpoint: this one counts
+    with path.open("a") as f:
+        f.write('{"epoch": 4, "step": 16, "ste')
+    got = read_epochs(path)
+    assert sorted(got) == [1, 2, 3]
+    assert (got[2]["steps"], got[2]["step"], got[2]["loss"]) == (4, 8, pytest.approx((3 * 2.0 + 6.0) / 4))
+    assert (got[3]["steps"], got[3]["loss"]) == (4, 5.0)
+    assert read_epochs(tmp_path / "missing.jsonl") == {}

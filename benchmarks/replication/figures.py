@@ -113,3 +113,35 @@ def draw_cpu(cmp: Comparison | None, out: Path) -> dict[str, Path]:
 def draw_gpu(curve: Sequence[dict[str, Any]], out: Path) -> dict[str, Path]:
     """The GPU group's figures, from its learning-curve runs (plan part "curve")."""
     return {"gpu_curves": _curves(curve, out / "gpu_curves.png")} if curve else {}
+
+
+def draw_long(runs: Sequence[dict[str, Any]], out: Path) -> dict[str, Path]:
+    """The 20-epoch part's curves: one panel per metric (the protocol's and the training's loss terms), each
+    seed a thin line, the mean over seeds a thick one (plan part "long")."""
+    if not runs:
+        return {}
+    from benchmarks.replication.long_run import LONG_METRICS
+
+    fig, axes = plt.subplots(3, 4, figsize=(16, 10))
+    for ax, (key, label) in zip(axes.flat, LONG_METRICS):
+        for m in methods_in(runs):
+            by_epoch: dict[float, list[float]] = {}
+            for r in (r for r in runs if r["method"] == m):
+                pts = [(e["epoch"], e[key]) for e in r["per_epoch"] if isinstance(e.get(key), (int, float))]
+                if pts:
+                    ax.plot(*zip(*pts), "-", color=COLOURS[m], alpha=0.25, lw=1)
+                for x, y in pts:
+                    by_epoch.setdefault(x, []).append(y)
+            if by_epoch:
+                xs = sorted(by_epoch)
+                ax.plot(xs, [sum(by_epoch[x]) / len(by_epoch[x]) for x in xs], "o-", color=COLOURS[m], lw=2)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(LONG_METRICS) :]:
+        ax.axis("off")
+    for m in methods_in(runs):
+        axes.flat[0].plot([], [], "-", color=COLOURS[m], label=METHOD_NAMES[m])
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle("20 epochs: the protocol after epochs 1, 2, 5, 10, 20 and the training's epoch means (thin: seeds)")
+    return {"cpu_long_curves": _save(fig, out / "cpu_long_curves.png")}

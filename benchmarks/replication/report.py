@@ -14,13 +14,11 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT
 from benchmarks.replication.claims import (
-    BB,
     FAMILIES,
     FAMILY_METRICS,
     FAMILY_NAMES,
@@ -34,6 +32,7 @@ from benchmarks.replication.claims import (
     methods_in,
     verdicts,
 )
+from benchmarks.replication.long_run import long_lines, long_scopes
 from benchmarks.replication.plan import (
     BUDGET_EPOCHS,
     CPU_TUNE,
@@ -43,6 +42,7 @@ from benchmarks.replication.plan import (
     budget_settings,
     tuned,
 )
+from benchmarks.replication.readme import longest, readme_block
 from benchmarks.replication.sections import (
     DATASET,
     OTHER_METRICS,
@@ -143,7 +143,8 @@ def render(
     """(the doc's Results section, {path: text} of each group's all-metrics table, the summary, the README
     block); ``doc_dir`` is where the doc lives (its links are relative to it)."""
     cpu_all, gpu = load(results / "cpu"), load(results / "gpu")
-    part = {p: [r for r in cpu_all if r["part"] == p] for p in ("cpu", "steps", "random", "tune", "views", "budget")}
+    parts = ("cpu", "steps", "random", "tune", "views", "budget", "long")
+    part = {p: [r for r in cpu_all if r["part"] == p] for p in parts}
     cpu, steps, floor = part["cpu"], part["steps"], part["random"]
     by_name = {r["run"]: r for r in cpu_all}
     tuned_values = {m: tuned(m, by_name) for m in CPU_TUNE}  # over the widened grid (amendment 2)
@@ -154,12 +155,14 @@ def render(
     cpu_cmp = compare(cpu, floor) if cpu else None
     gpu_cmp = compare(curve, floor) if curve else None  # the floor: the same initial weights, seed by seed
     if plots:
-        from benchmarks.replication.figures import draw_cpu, draw_gpu
+        from benchmarks.replication.figures import draw_cpu, draw_gpu, draw_long
 
         figs_cpu, figs_gpu = draw_cpu(cpu_cmp, fig_dir), draw_gpu(curve, fig_dir)
+        figs_long = draw_long(part["long"], fig_dir)
     else:  # --check: the links the plotting run writes, without drawing
         figs_cpu = {n: fig_dir / f"{n}.png" for n in ("cpu_headline", "cpu_hdbscan") if cpu}
         figs_gpu = {n: fig_dir / f"{n}.png" for n in ("gpu_curves",) if curve}
+        figs_long = {n: fig_dir / f"{n}.png" for n in ("cpu_long_curves",) if part["long"]}
     cpu_title, gpu_title = "CPU group: one epoch, each method's defaults", "GPU group: the learning curves' final epoch"
     cpu_lines = group_section(
         cpu_title, cpu_scope(cpu, floor), cpu, cpu_cmp, figs_cpu, doc_dir, fig_dir / "cpu_all_metrics.md", floor=True
@@ -212,6 +215,7 @@ def render(
                 "waits for the tuning" if v is None or simclr_v is None else "its runs have not been done",
             )
         )
+    scopes += long_scopes(part["long"], tuned_values)
     rows = verdicts(scopes, gpu)
     skipped_file = results / "gpu" / "_skipped.json"
     if skipped_file.exists():
@@ -268,6 +272,7 @@ def render(
             *views_lines(views_runs, cpu),
             *tuning_lines(part["tune"], tuned_values, first_tuned),
             *budget_lines(part["budget"], settings, first_tuned, floor),
+            *long_lines(part["long"], tuned_values, figs_long, lambda path: _rel(path, doc_dir)),
             *steps_lines(steps, cpu),
             *gpu_lines,
             *sweep_lines(gpu_rest),
@@ -284,57 +289,8 @@ def render(
     for cmp, title, name in ((cpu_cmp, cpu_title, "cpu"), (gpu_cmp, gpu_title, "gpu_curve")):
         if cmp is not None:
             files[fig_dir / f"{name}_all_metrics.md"] = all_metrics(cmp, title)
-    scope_line = cpu_scope(cpu, floor) if cpu else ""
-    return text.rstrip() + "\n", files, summary, readme_block(cpu_cmp, rows, reruns, scope_line)
-
-
-README_METRICS = (
-    (f"{BB}knn_k5_majority", "kNN@5 (%)"),
-    (f"{BB}linear_top1", "linear probe (%)"),
-    (f"{BB}kmeans.ami", "K-Means AMI"),
-    (f"{BB}hdbscan_mcs10.ami", "HDBSCAN AMI, min_cluster_size 10 (every setting in the report)"),
-    (f"{BB}geometry.sparsity", "sparsity"),
-    (f"{BB}geometry.anisotropy", "anisotropy"),
-)
-
-
-def readme_block(
-    cpu: Comparison | None, rows: Sequence[dict[str, str]], reruns: Sequence[str] = (), scope: str = ""
-) -> str:
-    """The README's summary of the study: its scope first, the CPU group's means and the verdicts with their
-    scopes, linking to the report."""
-    lines = [
-        f"**Replication study, at its scope**: {scope}."
-        if scope
-        else "**Replication study**: the CPU group has not run yet.",
-        "",
-        (
-            "[docs/replication.md](docs/replication.md), generated from "
-            "[benchmarks/results/replication/](benchmarks/results/replication/): the protocol was fixed before the "
-            "runs; methods are paired by seed. The paper trains 100-200 epochs on ImageNet-1k and Food-101: no "
-            "verdict below reaches that scope."
-        ),
-        "",
-    ]
-    if cpu is not None:
-        lines += [
-            "One epoch, defaults; mean [95 % interval] (n seeds):",
-            "",
-            *means_table(cpu, README_METRICS, True),
-            "",
-        ]
-    by_verdict: dict[str, list[str]] = {}
-    for r in rows:
-        if r["verdict"] != "not testable here":
-            by_verdict.setdefault(r["scoped"], []).append(r["claim"])
-    untested = sorted({r["scope"] for r in rows if r["verdict"] == "not testable here" and r["scope"] != "GPU group"})
-    lines += ["Verdicts on the paper's claims, each at its scope:", ""]
-    lines += [f"* **{v}**: " + "; ".join(claims) + "." for v, claims in by_verdict.items()]
-    if untested:
-        lines.append("* **not testable yet** (runs planned, not run): " + "; ".join(untested) + ".")
-    if reruns:
-        lines += ["", "Reruns: " + "; ".join(reruns) + "."]
-    return "\n".join(lines) + "\n"
+    block = readme_block(longest(scopes), cpu_cmp.floor if cpu_cmp else {}, rows, reruns)
+    return text.rstrip() + "\n", files, summary, block
 
 
 README_START = "<!-- replication summary: generated by benchmarks/replication/report.py; do not edit by hand -->\n"

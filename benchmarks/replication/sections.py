@@ -15,6 +15,7 @@ from benchmarks.replication.claims import (
     HDBSCAN_CLUSTERS,
     HEADLINE,
     INTERP,
+    INTERP_RATIO,
     METHOD_NAMES,
     REFERENCE,
     SELECTIVITY,
@@ -49,6 +50,7 @@ from benchmarks.replication.tables import (
 
 OTHER_METRICS = (
     *((k, label) for k, label, _, _ in SELECTIVITY),
+    (INTERP_RATIO, "interpolation peak ratio, different / same class"),
     (INTERP, "interpolation gap"),
     (DBSCAN_BEST, "best DBSCAN NMI over the eps grid"),
     *HDBSCAN_CLUSTERS,
@@ -156,6 +158,16 @@ CURVE_METRICS = (
 )
 
 
+def epoch_row(label: str, runs: Sequence[dict[str, Any]], epoch: int, metrics: Sequence[tuple[str, str]]) -> str:
+    """One table row: the runs' evaluation after ``epoch``, mean [95 % interval] over seeds per metric ("–" for a
+    metric the runs lack, "not run" when there are no runs)."""
+    cells = [
+        _cell({r["seed"]: x[k] for r in runs if (x := _at_epoch(epoch)(r)) and k in x}, "–" if runs else "not run")
+        for k, _ in metrics
+    ]
+    return f"| {label} | {epoch} | " + " | ".join(cells) + " |"
+
+
 def budget_lines(
     budget: Sequence[dict[str, Any]],
     settings: Sequence[tuple[str, float | None]],
@@ -180,12 +192,7 @@ def budget_lines(
         rs = [r for r in budget if r["method"] == m and float(_setting(r)) == v]
         label = budget_label(m, v, tuned_values.get(m))
         out.append(f"* {label}: {len(rs)} of {BUDGET_SEEDS} seeds done.")
-        for e in BUDGET_EVAL_EPOCHS:
-            cells = [
-                _cell({r["seed"]: x[k] for r in rs if (x := _at_epoch(e)(r)) and k in x}, "–" if rs else "not run")
-                for k, _ in CURVE_METRICS
-            ]
-            rows.append(f"| {label} | {e} | " + " | ".join(cells) + " |")
+        rows += [epoch_row(label, rs, e, CURVE_METRICS) for e in BUDGET_EVAL_EPOCHS]
     cells = [
         _cell({r["seed"]: r["final"][k] for r in floor if k in r["final"]}, "–" if floor else "not run")
         for k, _ in CURVE_METRICS

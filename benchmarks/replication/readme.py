@@ -1,0 +1,86 @@
+"""The README's summary of the replication study (between its markers; report.py writes it): at most 15
+lines, so that a reader takes it in at a glance: the scope in one line, one table at the longest budget that
+has run (Hypersolid, the best baseline there and the random-init floor), and three lines, what holds, what does
+not and what cannot be judged here, at that budget. Every verdict list and every other scope is in
+docs/replication.md; nothing here repeats it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from benchmarks.replication.claims import BB, METHOD_NAMES, REFERENCE, Comparison, Scope
+from benchmarks.replication.tables import _cell
+
+README_METRICS = (
+    (f"{BB}knn_k5_majority", "kNN@5 (%)"),
+    (f"{BB}linear_top1", "linear (%)"),
+    (f"{BB}kmeans.ami", "K-Means AMI"),
+    (f"{BB}hdbscan_mcs10.ami", "HDBSCAN AMI (mcs 10)"),
+    (f"{BB}geometry.anisotropy", "anisotropy"),
+)
+SCOPE = (
+    "Fashion-MNIST (10 classes), the quickstart's 4-block CNN at 28 px, global batch 128; budgets of 1, 5 and 20 "
+    "epochs (the paper: 100-200 on ImageNet-1k and Food-101); α and SimCLR's temperature tuned on a held-out split "
+    "at 1 epoch, 2 seeds per value, SwAV and Barlow Twins at their defaults (1 epoch only); 5 paired seeds per "
+    "setting, 3 at 20 epochs"
+)
+
+
+def _short(claim: str) -> str:
+    return claim.removeprefix("Geometry: Hypersolid's ").split(":", 1)[0] if claim.startswith("Geometry") else claim
+
+
+def longest(scopes: Sequence[Scope]) -> Scope | None:
+    """The last scope (the longest budget, scopes being listed by budget) whose runs exist."""
+    return next((s for s in reversed(scopes) if s.cmp is not None and len(s.cmp.methods) > 1), None)
+
+
+def readme_block(
+    scope: Scope | None, floor: dict[str, dict[int, float]], rows: Sequence[dict[str, str]], reruns: Sequence[str]
+) -> str:
+    """The summary at ``scope`` (None: nothing has run), ``floor`` the random-init values by metric and seed,
+    ``rows`` every verdict (those of ``scope`` are summarised), ``reruns`` the reruns' agreement."""
+    link = (
+        "[docs/replication.md](docs/replication.md) (generated from "
+        "[benchmarks/results/replication/](benchmarks/results/replication/)) has every scope, test and verdict"
+    )
+    if scope is None or scope.cmp is None:
+        return f"**Replication study**: nothing has run yet; {link}.\n"
+    cmp: Comparison = scope.cmp
+    others = [m for m in cmp.methods if m != REFERENCE]
+    knn = README_METRICS[0][0]
+    best = max(others, key=lambda m: _cell_mean(cmp.values[m].get(knn)))
+    lines = [
+        f"**Replication study, at its scope**: {SCOPE}.",
+        "",
+        f"| {scope.key}: mean [95 % interval] | " + " | ".join(label for _, label in README_METRICS) + " |",
+        "|---|" + "---|" * len(README_METRICS),
+    ]
+    for name, values in (
+        (METHOD_NAMES[REFERENCE], cmp.values[REFERENCE]),
+        (f"{METHOD_NAMES[best]} (best baseline)", cmp.values[best]),
+        ("random init", floor),
+    ):
+        lines.append(f"| {name} | " + " | ".join(_cell(values.get(k), "–") for k, _ in README_METRICS) + " |")
+    mine = [r for r in rows if r["scope"] == scope.label]
+    said = {
+        "Holds": [r for r in mine if r["verdict"] == "holds here"],
+        "Does not hold": [r for r in mine if r["verdict"] == "does not hold here"],
+        "Cannot be judged here": [r for r in mine if r["verdict"] in ("not comparable here", "not testable here")],
+    }
+    said["Cannot be judged here"] += [r for r in rows if r["scope"] == "GPU group"]
+    inconclusive = [r for r in mine if r["verdict"] == "inconclusive here"]
+    lines.append("")
+    for head, rs in said.items():
+        why = " (not comparable on 10 classes, not measured, or GPU-only)" if head.startswith("Cannot") else ""
+        lines.append(f"* **{head}**{why}: " + ("; ".join(_short(r["claim"]) for r in rs) or "none") + ".")
+    if inconclusive:
+        lines[-1] += " Inconclusive at this budget: " + "; ".join(_short(r["claim"]) for r in inconclusive) + "."
+    rerun = f" Reruns: {'; '.join(reruns)}." if reruns else ""
+    lines += ["", f"{link}.{rerun}"]
+    return "\n".join(lines) + "\n"
+
+
+def _cell_mean(vals: dict[int, float] | None) -> float:
+    return sum(vals.values()) / len(vals) if vals else float("-inf")
