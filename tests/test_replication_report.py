@@ -1,4 +1,4 @@
-"""The replication report (benchmarks/replication/report.py, claims.py): the committed Results section is what
+"""The replication report (benchmarks/replication/report.py, claims.py, judging.py): the committed Results section is what
 the committed run JSON gives, and the verdict rules turn known differences into the verdicts they state."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.replication import claims, formatting, report
+from benchmarks.replication import claims, formatting, judging, report
 from benchmarks.replication.readme import README_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def _study(shift: dict[str, float], seeds: int = 5, noise: float = 0.01) -> list
 
 
 def _verdict(runs: list[dict], claim: str) -> str:
-    rows = claims.verdicts([claims.Scope("1 epoch", "after 1 epoch, defaults", claims.compare(runs))], [])
+    rows = judging.verdicts([judging.Scope("1 epoch", "after 1 epoch, defaults", judging.compare(runs))], [])
     return next(r["verdict"] for r in rows if r["claim"] == claim)
 
 
@@ -81,7 +81,7 @@ def test_holm_and_direction_of_a_lower_is_better_claim():
     for r in runs:  # Hypersolid's anisotropy 0.1 below everyone's, seed by seed
         if r["method"] == "hypersolid":
             r["final"][f"{BB}geometry.anisotropy"] -= 0.1
-    cmp = claims.compare(runs)
+    cmp = judging.compare(runs)
     d = cmp.diffs["geometry"]["simclr"][f"{BB}geometry.anisotropy"]
     assert d.diff.mean == pytest.approx(0.1, abs=2e-3) and d.p_holm < 0.05 and d.p_holm >= d.p
     assert _verdict(runs, "Geometry: Hypersolid's anisotropy is lower") == "holds here"
@@ -174,7 +174,7 @@ def test_each_claim_is_its_own_holm_family():
     for r in runs:
         if r["method"] == "simclr":
             r["final"][f"{BB}linear_top1"] += 0.02  # SimCLR's linear probe ahead, seed by seed
-    cmp = claims.compare(runs)
+    cmp = judging.compare(runs)
     assert set(cmp.diffs) == {*claims.FAMILIES, "rest"}
     assert set(claims.FAMILIES["accuracy"]) == {(k, label) for k, label, _ in claims.CLAIMS[0].metrics}
     d = cmp.diffs["accuracy"]["simclr"][f"{BB}linear_top1"]
@@ -222,17 +222,17 @@ def test_claims_measured_but_not_judged_before_are_judged():
     for r in runs:  # best NMI over the grid: the max of the q entries
         bump = 0.2 if r["method"] == "hypersolid" else 0.0
         r["final"] |= {f"{BB}dbscan_q05.nmi": 0.1, f"{BB}dbscan_q50.nmi": 0.3 + bump + 1e-3 * r["seed"] ** 2}
-    assert claims.derived(claims.protocol_numbers(runs[0]["final"]))[claims.DBSCAN_BEST] == pytest.approx(0.5)
+    assert judging.derived(judging.protocol_numbers(runs[0]["final"]))[claims.DBSCAN_BEST] == pytest.approx(0.5)
     assert _verdict(runs, "DBSCAN: higher best NMI over eps") == "holds here"
 
 
 def test_every_verdict_names_its_scope_and_an_unrun_scope_is_not_testable():
-    cmp = claims.compare(_study({"simclr": -0.05, "swav": -0.05, "barlowtwins": -0.05}))
+    cmp = judging.compare(_study({"simclr": -0.05, "swav": -0.05, "barlowtwins": -0.05}))
     scopes = [
-        claims.Scope("1 epoch, defaults", "after 1 epoch, each method's untuned defaults", cmp),
-        claims.Scope("5 epochs", "after 5 epochs, tuned", None, "waits for the tuning"),
+        judging.Scope("1 epoch, defaults", "after 1 epoch, each method's untuned defaults", cmp),
+        judging.Scope("5 epochs", "after 5 epochs, tuned", None, "waits for the tuning"),
     ]
-    rows = [r for r in claims.verdicts(scopes, []) if r["scope"] != "GPU group"]
+    rows = [r for r in judging.verdicts(scopes, []) if r["scope"] != "GPU group"]
     assert len(rows) == 2 * len(claims.CLAIMS)
     assert all(r["scoped"].endswith(r["scope"]) and r["scope"] in {s.label for s in scopes} for r in rows)
     km = [r for r in rows if r["claim"] == KMEANS]
@@ -328,7 +328,7 @@ def test_claims_that_do_not_fit_ten_classes_are_judged_on_what_does():
         r["final"] |= {f"{BB}geometry.interp_pos_peak": pos + noise, f"{BB}geometry.interp_neg_peak": neg + noise}
         r["final"] |= {f"{BB}geometry.interp_gap": neg - pos + noise}
         r["final"] |= {f"{BB}hdbscan_mcs{m}.n_clusters": (40 if hyp else 10) + r["seed"] for m in claims.HDBSCAN_MCS}
-    values = claims.derived(claims.protocol_numbers(runs[0]["final"]))
+    values = judging.derived(judging.protocol_numbers(runs[0]["final"]))
     assert values[claims.INTERP_RATIO] == pytest.approx(0.10 / 0.06, abs=1e-3)
     interp = "Interpolation: a larger gap between different- and same-class paths"
     assert _verdict(runs, interp) == "does not hold here"

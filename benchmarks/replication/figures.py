@@ -16,7 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from benchmarks import common
-from benchmarks.replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, Comparison, methods_in
+from benchmarks.replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, methods_in
+from benchmarks.replication.judging import Comparison
 from hypersolid_scale.eval.stats import t_interval
 
 COLOURS = {"hypersolid": "tab:red", "simclr": "tab:blue", "swav": "tab:green", "barlowtwins": "tab:purple"}

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.replication.claims import METHOD_NAMES, Scope, compare
+from benchmarks.replication.claims import METHOD_NAMES
+from benchmarks.replication.judging import Scope, compare
 from benchmarks.replication.plan import CPU_TUNE, LONG_EPOCHS, LONG_EVAL_EPOCHS, LONG_SEEDS
 from benchmarks.replication.sections import (
     CURVE_METRICS,

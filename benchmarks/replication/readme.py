@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks.replication.claims import BB, METHOD_NAMES, REFERENCE, Comparison, Scope
+from benchmarks.replication.claims import BB, METHOD_NAMES, REFERENCE
+from benchmarks.replication.judging import Comparison, Scope
 from benchmarks.replication.tables import _cell
 
 README_METRICS = (

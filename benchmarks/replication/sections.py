@@ -19,9 +19,9 @@ from benchmarks.replication.claims import (
     METHOD_NAMES,
     REFERENCE,
     SELECTIVITY,
-    compare,
     methods_in,
 )
+from benchmarks.replication.judging import compare
 from benchmarks.replication.plan import (
     BUDGET_EPOCHS,
     BUDGET_EVAL_EPOCHS,

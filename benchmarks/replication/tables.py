@@ -6,18 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.replication.claims import (
-    BB,
-    FAMILY_NAMES,
-    HDBSCAN_MCS,
-    LEVEL,
-    METHOD_NAMES,
-    REFERENCE,
-    Comparison,
-    methods_in,
-    protocol_numbers,
-)
+from benchmarks.replication.claims import BB, FAMILY_NAMES, HDBSCAN_MCS, LEVEL, METHOD_NAMES, REFERENCE, methods_in
 from benchmarks.replication.formatting import fmt, fmt_cell, fmt_interval
+from benchmarks.replication.judging import Comparison, protocol_numbers
 from hypersolid_scale.eval.stats import t_interval
 
 
