@@ -14,6 +14,7 @@ import pytest
 
 from _warm_python import run_python
 from benchmarks.replication import plan as planmod
+from benchmarks.replication import runspec
 from benchmarks.replication.plan import plan
 from benchmarks.replication.run import EVAL_ARGS, eval_command
 from hypersolid_scale.config.schema import load_config
@@ -86,7 +87,7 @@ def test_cpu_plan_parts_order_and_tuning() -> None:
         (m, f"{key}={v}", s) for m, (key, vals) in planmod.CPU_TUNE.items() for v in vals for s in range(2)
     )
     assert all(r.overrides == ("data.num_local_views=0",) and r.method == "hypersolid" for r in parts["views"])
-    assert {(r.method, r.seed) for r in parts["cpu"]} == {(m, s) for m in planmod.CONFIGS for s in range(5)}
+    assert {(r.method, r.seed) for r in parts["cpu"]} == {(m, s) for m in runspec.CONFIGS for s in range(5)}
     # Before the tuning is complete only the paper's alpha is planned at 5 epochs, evaluated after 1, 2, 5.
     assert {r.overrides for r in parts["budget"]} == {("method.hypersolid.alpha=0.9",)}
     assert all(r.epochs == 5 and r.eval_epochs == (1, 2, 5) for r in parts["budget"])
@@ -219,10 +220,10 @@ def test_the_drivers_paper_protocol_evaluates_every_methods_checkpoint(method: s
     on a 2-step checkpoint of each registered method: exit 0 and the backbone's kNN@5 measured. A baseline's
     checkpoint once stopped this command with exit code 2 (it asked for Hypersolid's projector), which the
     driver's quick mode (kNN only) never ran; the projector half is skipped for a baseline, with its reason."""
-    config = planmod.CONFIGS.get(method, f"configs/baselines/{method}_quickstart.yaml")
-    quick = [*planmod.QUICK, *planmod.QUICK_HEADS.get(method, ())]
+    config = runspec.CONFIGS.get(method, f"configs/baselines/{method}_quickstart.yaml")
+    quick = [*runspec.QUICK, *runspec.QUICK_HEADS.get(method, ())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
-    train = ["launch/train.py", "--config", config, f"run_dir={tmp_path / 'run'}", *planmod.COMMON, "max_steps=2"]
+    train = ["launch/train.py", "--config", config, f"run_dir={tmp_path / 'run'}", *runspec.COMMON, "max_steps=2"]
     trained = run_python([*train, *quick], env=env, cwd=ROOT)
     assert trained.returncode == 0, trained.stdout + trained.stderr
     ckpt = tmp_path / "run" / "checkpoints" / "step_00000002.pt"

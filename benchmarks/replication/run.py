@@ -37,8 +37,9 @@ from typing import Any
 
 from benchmarks import common
 from benchmarks.common import ROOT
-from benchmarks.replication.plan import QUICK_EVAL, Run, plan, quick_run
+from benchmarks.replication.plan import plan, quick_run
 from benchmarks.replication.runfiles import checkpoints, device_facts, read_json, write_json
+from benchmarks.replication.runspec import QUICK_EVAL, Run
 from hypersolid_scale.training.epoch_end import EPOCHS_FILE, read_epochs
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
@@ -354,7 +355,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--parallel", type=int, default=1, help="subprocesses at once (trainings and evaluations)")
     p.add_argument("--budget-s", type=float, default=0.0, help="stop starting work past this (0: no budget)")
-    p.add_argument("--scale", type=float, default=None, help="gpu group: epochs x scale (default: plan.GPU_SCALE)")
+    p.add_argument("--scale", type=float, default=None, help="gpu group: epochs x scale (default: gpu_plan.GPU_SCALE)")
     p.add_argument("--quick", action="store_true", help="2 tiny one-epoch runs, kNN only (tests, dry runs)")
     p.add_argument("--runs", default="", help="only these runs of the group, comma-separated names")
     p.add_argument("--out", default=None, help=f"results (default {OUT}; with --quick <scratch>/results)")

@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks.replication.claims import BB
 from benchmarks.replication.formatting import fmt_cell
-from benchmarks.replication.plan import GPU_SCALE, gpu_runs
+from benchmarks.replication.gpu_plan import GPU_SCALE, gpu_runs
 
 PARTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "tune": (
