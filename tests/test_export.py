@@ -140,7 +140,7 @@ def test_small_cnn_is_exported_as_its_own_module_with_a_note(tmp_path: Path, cap
 
 
 def test_a_baselines_head_is_its_projector(tmp_path: Path) -> None:
-    from hypersolid_scale.checkpoint.run_state import split_method_state
+    from hypersolid_scale.checkpoint.layout import split_method_state
     from hypersolid_scale.methods.registry import build_method
 
     cfg = load_config(None, [*RGB32, "model.arch=small_cnn", "model.small_cnn_width=4", "method.name=simclr"])

@@ -229,9 +229,9 @@ def test_a_stored_config_of_the_earlier_layout_reads_as_moved():
 def test_the_old_projector_layout_of_a_checkpoint_is_read_as_the_method_s(capfd, monkeypatch):
     import importlib
 
-    run_state = importlib.import_module("hypersolid_scale.checkpoint.run_state")  # the package re-exports a
-    migrate_layout = run_state.migrate_layout  # function of the same name
-    monkeypatch.setattr(run_state, "_said_layout", False)  # said once per process: maybe already, by another test
+    layout = importlib.import_module("hypersolid_scale.checkpoint.layout")
+    migrate_layout = layout.migrate_layout
+    monkeypatch.setattr(layout, "_said_layout", False)  # said once per process: maybe already, by another test
 
     proj = torch.ones(2)
     ckpt = {"model": {"backbone.w": torch.zeros(1), "projector.net.0.weight": proj}, "step": 7, "path": "x.pt"}

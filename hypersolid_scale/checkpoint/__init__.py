@@ -23,6 +23,8 @@ Every problem a user can fix (a missing, damaged or foreign file, another archit
 global batch, a full disk) raises :class:`~hypersolid_scale.safety.errors.CheckpointError` naming the file and the fix.
 """
 
+from hypersolid_scale.checkpoint.collect import run_state
+from hypersolid_scale.checkpoint.eval_model import build_model_from_checkpoint, random_init_checkpoint
 from hypersolid_scale.checkpoint.files import (
     FORMAT_VERSION,
     REQUIRED_KEYS,
@@ -39,17 +41,14 @@ from hypersolid_scale.checkpoint.files import (
     run_dir_of,
     save_checkpoint,
 )
-from hypersolid_scale.checkpoint.rng import rng_state, set_rng_state
-from hypersolid_scale.checkpoint.run_state import (
-    build_model_from_checkpoint,
+from hypersolid_scale.checkpoint.resume import (
     check_compatible,
-    random_init_checkpoint,
     resolve_resume,
     restore_run_state,
-    run_state,
     saved_global_batch,
     set_aside_checkpoints,
 )
+from hypersolid_scale.checkpoint.rng import rng_state, set_rng_state
 
 __all__ = [
     "FORMAT_VERSION",

@@ -1,5 +1,5 @@
 """The checkpoint file: where it lives, how it is written (atomically) and read (``weights_only``), pruned
-and cleaned up. What a training run puts in it is :mod:`hypersolid_scale.checkpoint.run_state`'s business.
+and cleaned up. What a training run puts in it is :mod:`hypersolid_scale.checkpoint.collect`'s business.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import torch
 
 from hypersolid_scale.checkpoint import load_checkpoint
 from hypersolid_scale.checkpoint.files import BadCheckpoint
-from hypersolid_scale.checkpoint.run_state import migrate_layout
+from hypersolid_scale.checkpoint.layout import migrate_layout
 from hypersolid_scale.export.layouts import (
     BACKBONE_PREFIX,
     build_library_module,

@@ -1,5 +1,5 @@
 """When the trainer saves, and the collective save itself: ``save`` writes the run's state at a step (the
-layout is ``checkpoint.run_state``'s) and ``Checkpointer`` is the one decision "save now?" (docs/design.md §5).
+layout is ``checkpoint.collect.run_state``'s) and ``Checkpointer`` is the one decision "save now?" (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ __all__ = ["Checkpointer", "save"]
 
 
 def save(run: Run, step: int, tracker: Tracker) -> None:
-    """Collective checkpoint of the run at ``step`` (the layout is ``checkpoint.run_state``'s).
+    """Collective checkpoint of the run at ``step`` (the layout is ``checkpoint.collect.run_state``'s).
 
     Raises :class:`NonFiniteLossError` instead of saving if any step so far was not finite, and a
     ``CheckpointError`` on every rank if rank 0 cannot write the file (a full disk).

@@ -1,7 +1,5 @@
-"""A training run's state in a checkpoint: what goes in (``run_state``, collected from every rank), how it
-comes back (``restore_run_state``), and which checkpoint a run resumes from (``resolve_resume``). The file
-itself (atomic writes, ``weights_only`` reads) is :mod:`hypersolid_scale.checkpoint.files`, the RNG states
-:mod:`hypersolid_scale.checkpoint.rng`.
+"""Putting a run's checkpoint back (``restore_run_state``), checking that it belongs to the run
+(``check_compatible``) and choosing which checkpoint a run resumes from (``resolve_resume``).
 """
 
 from __future__ import annotations
@@ -14,9 +12,6 @@ import time
 import warnings
 from typing import Any, cast
 
-import torch
-from torch import nn
-
 from hypersolid_scale.checkpoint.files import (
     BadCheckpoint,
     checkpoint_dir,
@@ -25,118 +20,19 @@ from hypersolid_scale.checkpoint.files import (
     list_checkpoints,
     load_checkpoint,
 )
-from hypersolid_scale.checkpoint.rng import rng_state, set_rng_state
+from hypersolid_scale.checkpoint.layout import migrate_layout, trained_state
+from hypersolid_scale.checkpoint.rng import set_rng_state
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
-from hypersolid_scale.config.schema import Config, from_dict, to_dict
-from hypersolid_scale.distributed import Engine, barrier, broadcast_object, gather_objects, get_rank
-from hypersolid_scale.methods import get_method, method_names
-from hypersolid_scale.models import build_model
-from hypersolid_scale.safety.errors import CheckpointError, ConfigError
-
-# ----------------------------------------------------------------------------------------------------------
-# The run's state: what a checkpoint of a training run holds, and how it is put back
-# ----------------------------------------------------------------------------------------------------------
+from hypersolid_scale.config.schema import Config, to_dict
+from hypersolid_scale.distributed import Engine, barrier, broadcast_object, get_rank
+from hypersolid_scale.safety.errors import CheckpointError
 
 
-def run_state(
-    *,
-    cfg: Config,
-    engine: Engine,
-    loader: Any,
-    step: int,
-    rank: int,
-    world_size: int,
-    global_batch: int,
-    mlflow_run_id: str | None,
-    tracking_uri: str | None,
-) -> dict[str, Any] | None:
-    """The checkpoint of a run at ``step``. Collective: every rank contributes its RNG state (and its ZeRO
-    shard, inside ``optimizer_state``); the dict is returned on rank 0, None elsewhere.
-
-    ``epoch`` is the loader's epoch (in progress, or just finished when its position is at the end);
-    ``global_batch`` the images of one optimizer step over all ranks, what steps and the loader count.
-    """
-    loader_state = loader.state_dict()
-    optim_state = engine.optimizer_state()
-    rngs = gather_objects(rng_state())
-    if rank != 0:
-        return None
-    model, method = split_method_state(engine.model.state_dict())
-    extra = {} if method is None else {"method": method}
-    return {
-        "model": model,
-        **extra,
-        "optimizer": optim_state,
-        "step": step,
-        "epoch": int(loader_state["epoch"]),
-        "rng": rngs,  # one state per rank, rank order
-        "loader": loader_state,
-        "config": to_dict(cfg, stored=True),
-        "config_fingerprint": fingerprint(cfg),
-        "mlflow_run_id": mlflow_run_id,
-        "tracking_uri": tracking_uri,
-        "world_size": world_size,
-        "global_batch": int(global_batch),
-    }
-
-
-METHOD_PREFIX = "method."  # the method's heads, loss, teacher and state inside the trained module (MethodModel.method)
-
-
-def _portable(v: Any) -> Any:
-    """fp32 CPU tensors (fp64 ones, a dist.precision=fp64 run's, kept as they are); a module's extra state (a dict
-    of host values and tensors, SwaV's queue) likewise."""
-    if isinstance(v, torch.Tensor):
-        return (v.float() if v.is_floating_point() and v.dtype != torch.float64 else v).cpu()
-    if isinstance(v, dict):
-        return {k: _portable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return type(v)(_portable(x) for x in v)
-    return v
-
-
-def split_method_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(model, method)``: the checkpoint's ``model`` (the backbone, ``backbone.*``) and ``method`` (everything
-    under ``method.``: heads, teacher, the method's extra state; None when there is none)."""
-    model = {k: _portable(v) for k, v in state.items() if not k.startswith(METHOD_PREFIX)}
-    method = {k[len(METHOD_PREFIX) :]: _portable(v) for k, v in state.items() if k.startswith(METHOD_PREFIX)}
-    return model, (method or None)
-
-
-_said_layout = False
-
-
-def migrate_layout(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """A Hypersolid checkpoint of an earlier version kept its projector in ``model`` (``projector.*``) and had
-    no ``method`` entry: the same checkpoint in the present layout (``method.projector.*``, the method's step
-    count from the checkpoint's step), said once per process. Other checkpoints are returned as they are."""
-    global _said_layout
-    model = ckpt.get("model") or {}
-    if ckpt.get("method") or not any(k.startswith("projector.") for k in model):
-        return ckpt
-    if not _said_layout and get_rank() == 0:
-        _said_layout = True
-        print(
-            f"note: checkpoint {ckpt.get('path', '')}: written by an earlier version; its projector.* weights "
-            "are read as method.projector.*",
-            file=sys.stderr,
-            flush=True,
-        )
-    method = {k: v for k, v in model.items() if k.startswith("projector.")}
-    method["_extra_state"] = {"step": int(ckpt.get("step", 0))}
-    return {**ckpt, "model": {k: v for k, v in model.items() if not k.startswith("projector.")}, "method": method}
-
-
-def _trained_state(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """The trained module's state dict again: ``model`` plus ``method`` under its prefix."""
-    return {**ckpt["model"], **{METHOD_PREFIX + k: v for k, v in (ckpt.get("method") or {}).items()}}
-
-
-def _load_weights(load: Any, ckpt: dict[str, Any]) -> None:
+def load_weights(load: Any, ckpt: dict[str, Any]) -> None:
     """``load(model and method state)``, turning torch's missing-key / shape errors (and a SwaV queue of
     another size) into one that names the file."""
     try:
-        load(_trained_state(ckpt))
+        load(trained_state(ckpt))
     except (RuntimeError, ValueError) as err:
         arch = ckpt["config"].get("model", {}).get("arch", "?") if isinstance(ckpt["config"], dict) else "?"
         raise BadCheckpoint(
@@ -211,9 +107,9 @@ def restore_run_state(
             f"{epoch} at step {epoch * steps_per_epoch}",
             stacklevel=2,
         )
-        _load_weights(engine.load_model_state, ckpt)
+        load_weights(engine.load_model_state, ckpt)
         return epoch * steps_per_epoch, epoch
-    _load_weights(engine.load_model_state, ckpt)
+    load_weights(engine.load_model_state, ckpt)
     if ckpt.get("optimizer") is not None:
         try:
             engine.load_optimizer_state(ckpt["optimizer"])
@@ -326,74 +222,3 @@ def resolve_resume(cfg: Config) -> dict[str, Any] | None:
     check_compatible(ckpt, to_dict(cfg), fingerprint(cfg), force=cfg.checkpoint.resume == "force", path=path)
     ckpt["path"] = path
     return ckpt
-
-
-class NoProjector(nn.Module):
-    """Stands in for Hypersolid's projector in a model built from a baseline's checkpoint, which trained
-    its own heads: asking for projector features is an error that says what to use instead."""
-
-    def __init__(self, method: str) -> None:
-        super().__init__()
-        self.method = method
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise ConfigError(
-            f"this checkpoint was trained with method.name={self.method}, which has no Hypersolid "
-            "projector; evaluate its backbone features (eval.features=backbone)"
-        )
-
-
-def _trains_projector(method: str) -> bool:
-    """Whether ``method`` trains Hypersolid's projector (``projector_features``); a method that is not installed
-    trains none that this version knows of."""
-    return method in method_names() and get_method(method).projector_features
-
-
-def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
-    """``(BackboneWithProjector with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation.
-
-    The backbone's weights, and Hypersolid's projector when the checkpoint's method trains it
-    (``projector_features``); any other method's checkpoint gets a :class:`NoProjector` in its place.
-    """
-    if not isinstance(ckpt, dict):
-        ckpt = {**load_checkpoint(ckpt), "path": str(ckpt)}
-    ckpt = migrate_layout(ckpt)
-    cfg = from_dict(ckpt["config"])
-    model = build_model(cfg.model)
-    projector = "projector."
-    trains_projector = _trains_projector(cfg.method.name)
-    # Only what embeds images: the backbone, and Hypersolid's projector (not the method's step count).
-    weights = {
-        **ckpt,
-        "model": {
-            **ckpt["model"],
-            **{k: v for k, v in (ckpt.get("method") or {}).items() if trains_projector and k.startswith(projector)},
-        },
-        "method": None,
-    }
-    if trains_projector:
-        _load_weights(model.load_state_dict, weights)
-    else:
-        prefix = "backbone."
-        weights["model"] = {k[len(prefix) :]: v for k, v in weights["model"].items() if k.startswith(prefix)}
-        _load_weights(model.backbone.load_state_dict, weights)
-        model.projector = NoProjector(cfg.method.name)
-    model.eval()
-    return model, cfg
-
-
-def random_init_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``ckpt`` whose weights are the run's *initial* weights (same seed, same code path).
-
-    Evaluating it the same way as the trained checkpoint gives the randomly-initialised baseline that a
-    self-supervised run must beat.
-    """
-    cfg = from_dict(ckpt["config"])
-    torch.manual_seed(cfg.seed)  # the trainer seeds exactly like this before building the model
-    model, method = split_method_state(build_model(cfg.model).state_dict())
-    if _trains_projector(cfg.method.name):  # the projector's initial weights, in the trainer's layout
-        method = {k: v for k, v in model.items() if k.startswith("projector.")}
-        model = {k: v for k, v in model.items() if not k.startswith("projector.")}
-    else:  # a baseline's: its backbone is what evaluation reads
-        model, method = {k: v for k, v in model.items() if k.startswith("backbone.")}, None
-    return {**ckpt, "model": model, "method": method, "optimizer": None, "step": 0, "epoch": 0, "loader": None}
