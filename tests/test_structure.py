@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"config"},
     {"checkpoint"},
     {"training", "export"},
-    {"eval.app", "eval.source"},
+    {"eval.app", "eval.source", "eval.mlflow_log"},
     {"compare"},
 ]
 MAX_LINES = 400

@@ -40,16 +40,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
 
-from hypersolid_scale.eval.clustering import subsample
 from hypersolid_scale.eval.config import FEATURE_SUITES, FEATURES, SUITES, EvalConfig
 from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint
+from hypersolid_scale.eval.inputs import capped, eval_datasets, sample_images
+from hypersolid_scale.eval.mlflow_log import log_to_mlflow
 from hypersolid_scale.eval.protocol import Protocol, get_protocol, run_protocol, summary
 from hypersolid_scale.eval.report import format_table, write_report
 from hypersolid_scale.eval.source import Source, checkpoint_source, external_source
-from hypersolid_scale.eval.suites import Images, Split, nothing_evaluated, run_suites
-from hypersolid_scale.safety.errors import ConfigError, DataError, UserError, run_cli
+from hypersolid_scale.eval.suites import Split, nothing_evaluated, run_suites
+from hypersolid_scale.safety.errors import ConfigError, run_cli
 
 __all__ = ["cli", "default_output_dir", "main", "parse_args"]
 
@@ -108,14 +109,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def capped(ds: Dataset, max_n: int | None, seed: int) -> Dataset:
-    """A seeded random subset of at most ``max_n`` samples (a random one: datasets may be sorted by class)."""
-    n = len(ds)  # type: ignore[arg-type]
-    if max_n is None or n <= max_n:
-        return ds
-    return Subset(ds, subsample(n, max_n, seed).tolist())
-
-
 def default_output_dir(checkpoint: Path, *, external: bool = False) -> Path:
     """``<run_dir>/eval/<step_x>`` for checkpoints inside ``<run_dir>/checkpoints``, else next to the file;
     ``<dirname(weights)>/eval/<stem>`` for the weights of a published backbone."""
@@ -129,94 +122,6 @@ def default_output_dir(checkpoint: Path, *, external: bool = False) -> Path:
     return checkpoint.parent / f"eval_{checkpoint.stem}"
 
 
-def eval_datasets(cfg: Any, checkpoint: Path | None) -> tuple[Dataset, Dataset]:
-    """The (train, test) evaluation datasets of ``cfg.data``; a ``DataError`` saying how to point at them."""
-    from hypersolid_scale.data import build_eval_datasets
-
-    try:
-        return build_eval_datasets(cfg.data)
-    except (UserError, OSError, ValueError) as err:  # data's contract: missing, unreadable or inconsistent data
-        # The location comes from the checkpoint's config, written where it was trained: say how to move it.
-        cls = ConfigError if isinstance(err, ConfigError) else DataError
-        where = "given" if checkpoint is None else f"recorded in checkpoint {str(checkpoint)!r}"
-        damaged = isinstance(err, DataError) and "hypersolid_scale.data.convert" in str(err)  # fix already named
-        hint = "" if damaged else ". Pass data.path=... (and data.test_path=...) to point at that data on this machine"
-        raise cls(
-            f"cannot open the evaluation data {where} ({cfg.data.describe()}, data.path={cfg.data.path!r}): {err}{hint}"
-        ) from None
-
-
-def sample_images(ds: Dataset, cfg: Any, n: int, seed: int) -> Images:
-    """A seeded random draw of ``n`` samples of ``ds`` (model inputs and labels), with the preset's
-    normalisation and the dataset's class names for display."""
-    from hypersolid_scale.data import resolve_preset
-
-    items = [ds[int(i)] for i in subsample(len(ds), n, seed)]  # type: ignore[arg-type]
-    preset = resolve_preset(cfg.data)
-    base = ds
-    while isinstance(base, Subset):
-        base = base.dataset
-    names = getattr(base, "classes", None)  # torchvision's ImageFolder; in-memory datasets show "class <k>"
-    return Images(
-        torch.stack([x for x, _ in items]),
-        torch.tensor([int(y) for _, y in items]),
-        mean=list(preset.mean),
-        std=list(preset.std),
-        class_names=list(names) if names else None,
-    )
-
-
-# ----------------------------------------------------------------------------------------------------------
-# MLflow
-# ----------------------------------------------------------------------------------------------------------
-
-
-def log_to_mlflow(report: dict[str, Any], src: Source, out_dir: Path) -> None:
-    """Log metrics (``eval/<name>`` at the checkpoint's step) and artifacts; fill report["meta"] with the run."""
-    from hypersolid_scale.tracking import make_tracker
-
-    ckpt = src.ckpt
-    tcfg = src.cfg.tracking
-    if ckpt.get("tracking_uri"):
-        tcfg.tracking_uri = ckpt["tracking_uri"]
-    elif tcfg.tracking_uri is None:  # training was not tracked: keep the eval run next to the training run
-        tcfg.tracking_uri = f"sqlite:///{src.home.resolve()}/mlflow.db"
-    tracker = None
-    attached = False
-    if ckpt.get("mlflow_run_id"):
-        try:
-            tracker = make_tracker(
-                tcfg, out_dir, rank=0, resume_run_id=ckpt["mlflow_run_id"], tags=src.tags, attach=True
-            )
-            attached = True
-        except ValueError as err:
-            print(f"[eval] training run not found ({err}); logging to a new MLflow run instead", file=sys.stderr)
-    if tracker is None:
-        tcfg.run_name = tcfg.run_name or f"eval-{src.path.stem}"
-        tracker = make_tracker(tcfg, out_dir, rank=0, tags={**src.tags, "eval.kind": src.kind})
-    step = int(ckpt.get("step", 0))
-    numeric = {f"eval/{k}": float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
-    tracker.log_metrics(numeric, step=step)
-    if report.get("skipped"):  # the reasons are in report.md/report.json; the tag makes skipped runs searchable
-        tracker.set_tags({"eval.skipped": ", ".join(report["skipped"])[:5000]})
-    for r in report.get("dbscan", []):  # the sweep as a curve: x = eps in thousandths
-        if r["nmi"] is not None:
-            tracker.log_metrics(
-                {"eval/dbscan_nmi_vs_eps": r["nmi"], "eval/dbscan_ari_vs_eps": r["ari"]},
-                step=int(round(1000 * r["eps"])),
-            )
-    # The figures keep their place under the output directory (the qualitative ones may sit in a subfolder).
-    for path in (out_dir / "report.json", out_dir / "report.md", *map(Path, report.get("plots", []))):
-        try:
-            sub = path.parent.relative_to(out_dir).as_posix()
-        except ValueError:
-            sub = "."
-        tracker.log_artifact(path, artifact_path=f"eval/{src.path.stem}" + ("" if sub == "." else f"/{sub}"))
-    # Attached to the training's run: its status is the training's (it may still be running).
-    tracker.close(None if attached else "FINISHED")
-    report["meta"].update(mlflow_run_id=tracker.run_id, tracking_uri=tracker.tracking_uri)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # main
 # ----------------------------------------------------------------------------------------------------------
@@ -227,12 +132,48 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
     from hypersolid_scale.distributed import cleanup, init_distributed
 
     args = parse_args(argv)
+    proto = _protocol(args)
+    src, out_dir = _open(args, proto, on_output_dir)
+    ev = _settings(args, src)
+    info, device = init_distributed(device=args.device)
+    try:
+        src.model.to(device)
+        full = dict(zip(("train", "test"), eval_datasets(src.cfg, None if args.backbone else src.path)))
+        caps = {"train": ev.max_train_samples, "test": ev.max_test_samples}
+        data = {split: capped(ds, caps[split], ev.seed) for split, ds in full.items()}
+        kinds = (
+            [k for k in proto.features if k == "backbone" or _has_projector(args, src.cfg)] if proto else [ev.features]
+        )
+        t0 = time.perf_counter()
+        by_kind: dict[str, dict[str, Split]] = {}
+        if proto or any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
+            by_kind = {k: _embed(src, data, full, ev, device, verbose=info.rank == 0, which=k) for k in kinds}
+        embed_s = time.perf_counter() - t0
+        if info.rank != 0:
+            return 0
+        report = _evaluate(src, ev, proto, data, by_kind, out_dir, device)
+        splits = by_kind.get(kinds[0], {})
+        report["timings_s"] = {**({"embed": embed_s} if splits else {}), **report["timings_s"]}
+        _describe(report, src, ev, proto, data, kinds, splits, info.world_size)
+        write_report(report, out_dir)
+        if not args.no_mlflow and src.cfg.tracking.enabled:
+            log_to_mlflow(report, src, out_dir)
+            write_report(report, out_dir)  # now with the MLflow run id
+        return _print_result(report, src, ev, proto, kinds, bool(splits), out_dir)
+    finally:
+        cleanup()
+
+
+def _open(
+    args: argparse.Namespace, proto: Protocol | None, on_output_dir: Callable[[Path], None] | None
+) -> tuple[Source, Path]:
+    """The checkpoint's (or published backbone's) model and config with the overrides, and the output directory
+    (told to ``on_output_dir`` once it is known to be the right one)."""
     if (args.backbone is None) != (args.weights is None) or (args.strip_prefix and args.backbone is None):
         raise ConfigError(
             "--weights and --strip-prefix go with --backbone, and --backbone needs --weights: pass "
             "--backbone SOURCE:NAME --weights FILE, or --checkpoint FILE alone"
         )
-    proto = _protocol(args)
     path = Path(args.checkpoint or args.weights)
     out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(path, external=bool(args.backbone))
     if on_output_dir is not None and (args.output_dir or path.is_file()):  # no folders for a mistyped path
@@ -244,8 +185,12 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         if args.backbone
         else checkpoint_source(path, overrides)
     )
-    cfg = src.cfg
-    ev: EvalConfig = cfg.eval
+    return src, out_dir
+
+
+def _settings(args: argparse.Namespace, src: Source) -> EvalConfig:
+    """The eval section with --suite and --features applied, validated."""
+    ev: EvalConfig = src.cfg.eval
     if args.suite is not None:
         ev.suites = [s.strip() for s in args.suite.split(",") if s.strip()]
     if args.features is not None:
@@ -256,74 +201,91 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
             "--backbone has no projector and no figures of its own: evaluate its backbone features "
             "(drop --features projector) and leave the qualitative suite out of --suite"
         )
-    info, device = init_distributed(device=args.device)
-    try:
-        src.model.to(device)
-        full = dict(zip(("train", "test"), eval_datasets(cfg, None if args.backbone else path)))
-        caps = {"train": ev.max_train_samples, "test": ev.max_test_samples}
-        data = {split: capped(ds, caps[split], ev.seed) for split, ds in full.items()}
-        t0 = time.perf_counter()
-        splits: dict[str, Split] = {}
-        kinds = [k for k in proto.features if k == "backbone" or _has_projector(args, cfg)] if proto else [ev.features]
-        by_kind: dict[str, dict[str, Split]] = {}
-        if proto or any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
-            by_kind = {k: _embed(src, data, full, ev, device, verbose=info.rank == 0, which=k) for k in kinds}
-            splits = by_kind[kinds[0]]
-        embed_s = time.perf_counter() - t0
-        if info.rank != 0:
-            return 0
-        images = (
-            sample_images(data["test"], cfg, ev.qualitative_images, ev.seed) if "qualitative" in ev.suites else None
-        )
-        if proto:
-            alpha = float(getattr(cfg.method.hypersolid, "alpha", proto.default_alpha))
-            pairs = {k: (s["train"], s["test"]) for k, s in by_kind.items()}
-            report = run_protocol(pairs, ev, proto, out_dir, alpha=alpha, device=device, log=print)
-        else:
-            report = run_suites(
-                splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=src.model, images=images
-            )
-        report["timings_s"] = {**({"embed": embed_s} if splits else {}), **report["timings_s"]}
-        sizes = {"n_train": len(data["train"]), "n_test": len(data["test"])}  # type: ignore[arg-type]
-        report["meta"] = {
-            **src.meta,
-            "dataset": cfg.data.describe(),
-            "features": ",".join(kinds),
-            **({"protocol": proto.name} if proto else {}),
-            "feature_dim": int(splits["train"][0].shape[1]) if splits else None,
-            **sizes,
-            "suites": list(ev.suites),
-            "world_size": info.world_size,
-        }
-        report["eval_config"] = asdict(ev)
-        write_report(report, out_dir)
-        if not args.no_mlflow and cfg.tracking.enabled:
-            log_to_mlflow(report, src, out_dir)
-            write_report(report, out_dir)  # now with the MLflow run id
-        title = (
-            f"{src.label}, {cfg.data.describe()}, "
-            + (f"{'+'.join(kinds)} features, " if splits else "")
-            + f"n_train={sizes['n_train']}, n_test={sizes['n_test']})"
-        )
-        shown = summary(report["metrics"]) if proto else report["metrics"]
-        print(format_table(shown, title=title, skipped=report["skipped"]))
-        for name, png in report.get("qualitative", {}).items():
-            print(f"[eval] qualitative {name}: {png}")
+    return ev
+
+
+def _evaluate(
+    src: Source,
+    ev: EvalConfig,
+    proto: Protocol | None,
+    data: dict[str, Dataset],
+    by_kind: dict[str, dict[str, Split]],
+    out_dir: Path,
+    device: torch.device,
+) -> dict[str, Any]:
+    """The report of the protocol on every feature kind, or of the chosen suites on the first."""
+    if proto:
+        alpha = float(getattr(src.cfg.method.hypersolid, "alpha", proto.default_alpha))
+        pairs = {k: (s["train"], s["test"]) for k, s in by_kind.items()}
+        return run_protocol(pairs, ev, proto, out_dir, alpha=alpha, device=device, log=print)
+    splits = next(iter(by_kind.values()), {})
+    images = (
+        sample_images(data["test"], src.cfg, ev.qualitative_images, ev.seed) if "qualitative" in ev.suites else None
+    )
+    return run_suites(
+        splits.get("train"), splits.get("test"), ev, out_dir, device=device, model=src.model, images=images
+    )
+
+
+def _describe(
+    report: dict[str, Any],
+    src: Source,
+    ev: EvalConfig,
+    proto: Protocol | None,
+    data: dict[str, Dataset],
+    kinds: list[str],
+    splits: dict[str, Split],
+    world_size: int,
+) -> None:
+    """The report's ``meta`` (what was evaluated, on what) and ``eval_config``."""
+    sizes = {"n_train": len(data["train"]), "n_test": len(data["test"])}  # type: ignore[arg-type]
+    report["meta"] = {
+        **src.meta,
+        "dataset": src.cfg.data.describe(),
+        "features": ",".join(kinds),
+        **({"protocol": proto.name} if proto else {}),
+        "feature_dim": int(splits["train"][0].shape[1]) if splits else None,
+        **sizes,
+        "suites": list(ev.suites),
+        "world_size": world_size,
+    }
+    report["eval_config"] = asdict(ev)
+
+
+def _print_result(
+    report: dict[str, Any],
+    src: Source,
+    ev: EvalConfig,
+    proto: Protocol | None,
+    kinds: list[str],
+    embedded: bool,
+    out_dir: Path,
+) -> int:
+    """The table, the figures and the report's paths; the exit status (EXIT_NOTHING_EVALUATED when every
+    metric was skipped)."""
+    meta = report["meta"]
+    title = (
+        f"{src.label}, {src.cfg.data.describe()}, "
+        + (f"{'+'.join(kinds)} features, " if embedded else "")
+        + f"n_train={meta['n_train']}, n_test={meta['n_test']})"
+    )
+    shown = summary(report["metrics"]) if proto else report["metrics"]
+    print(format_table(shown, title=title, skipped=report["skipped"]))
+    for name, png in report.get("qualitative", {}).items():
+        print(f"[eval] qualitative {name}: {png}")
+    print(
+        f"[eval] report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
+        + (f"; MLflow run {meta['mlflow_run_id']}" if "mlflow_run_id" in meta else "")
+    )
+    if nothing_evaluated(report):
         print(
-            f"[eval] report: {out_dir / 'report.json'}, {out_dir / 'report.md'}"
-            + (f"; MLflow run {report['meta']['mlflow_run_id']}" if "mlflow_run_id" in report["meta"] else "")
+            f"[eval] error: nothing could be evaluated: every metric of the suites {list(ev.suites)} was "
+            f"skipped on this data (reasons above and in {out_dir / 'report.md'}); choose other suites or "
+            "eval.* settings",
+            file=sys.stderr,
         )
-        if nothing_evaluated(report):
-            print(
-                f"[eval] error: nothing could be evaluated: every metric of the suites {list(ev.suites)} was "
-                f"skipped on this data (reasons above and in {out_dir / 'report.md'}); choose other suites or "
-                "eval.* settings",
-                file=sys.stderr,
-            )
-            return EXIT_NOTHING_EVALUATED
-        return 0
-    finally:
-        cleanup()
+        return EXIT_NOTHING_EVALUATED
+    return 0
 
 
 def _embed(
