@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hypersolid_scale.safety import atomic
+
 if TYPE_CHECKING:
     import torch
 
@@ -145,7 +147,7 @@ def save(fig: Any, path: Path, dpi: int) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    atomic.write_with(path, lambda f: fig.savefig(f, format=Path(path).suffix[1:] or "png", dpi=dpi))
     plt.close(fig)
     return path
 

@@ -41,6 +41,7 @@ from benchmarks.photo_loaders import DEFAULT_SOURCES, prepare_set
 from benchmarks.train_throughput import DeviceImages, make_config
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import WorldInfo
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import trainer
 
 CL, NCHW = "model.channels_last=true", "model.channels_last=false"
@@ -204,7 +205,7 @@ def profile_step(run: Any, next_views: Any, args: argparse.Namespace, path: Path
         lines.append(f"device busy {busy:.1f} ms ({busy / wall_ms:.0%} of the wall time); {len(kernels)} kernels")
         lines.append("largest host gaps (device idle between kernels, ms): " + ", ".join(f"{g:.2f}" for g in gaps[:10]))
     lines.append(table)
-    path.write_text("\n".join(lines) + "\n")
+    atomic.write_text(path, "\n".join(lines) + "\n")
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
@@ -279,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             r["ratio_to_model_step"] = r["images_per_s"] / base["images_per_s"]
         shown = f"{r['images_per_s']:9.1f} img/s" if "images_per_s" in r else r["skipped"][:200]
         print(f"{name:24s} {shown}", flush=True)
-        (out / "gpu_speed.json").write_text(json.dumps(res, indent=1))
+        atomic.write_text((out / "gpu_speed.json"), json.dumps(res, indent=1))
     plot(res, out / "gpu_speed.png")
     return 0
 

@@ -36,6 +36,7 @@ from benchmarks.photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_se
 from benchmarks.train_throughput import DeviceImages, make_config
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import WorldInfo
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import trainer
 
 VARIANTS = ("synthetic", "jpeg_device", "jpeg_pil")
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 res[f"ratio_{name}"] = v["images_per_s"] / base["images_per_s"]
         shown = f"{r['images_per_s']:9.1f} img/s" if "images_per_s" in r else r["skipped"][:200]
         print(f"{variant:12s} {shown}", flush=True)
-        (out / "photo_trainer.json").write_text(json.dumps(res, indent=1))
+        atomic.write_text((out / "photo_trainer.json"), json.dumps(res, indent=1))
     plot(res, out / "photo_trainer.png")
     print({k: round(v, 3) for k, v in res.items() if k.startswith("ratio_")})
     return 0

@@ -41,6 +41,7 @@ from hypersolid_scale.data.tensor_aug import TensorMultiCrop
 from hypersolid_scale.distributed import WorldInfo, cleanup
 from hypersolid_scale.methods import build_method
 from hypersolid_scale.models import build_backbone
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import run_builder, trainer
 
 SETUPS = {"cifar": ("configs/cifar10.yaml", 32), "imagenet": ("configs/imagenet1k.yaml", 256)}
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ctx['res']['setup']:9s} B={ctx['res']['batch_per_gpu']:4d} {variant:18s} {shown}", flush=True)
         meta["seconds_total"] = time.monotonic() - t_start
         # Written after every variant: a run cut short by a time limit keeps what it measured.
-        (out / "train_throughput.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        atomic.write_text((out / "train_throughput.json"), json.dumps({"meta": meta, "results": results}, indent=1))
     cleanup()  # DeepSpeed's one-process group, if a DeepSpeed variant ran
     plot(results, out / "train_throughput.png")
     for r in results:

@@ -32,6 +32,7 @@ from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method
 from hypersolid_scale.methods.config import MOVED_NOTE, chosen_section, drop_missing_sections, move_loss_section
 from hypersolid_scale.models import ModelConfig
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import not_a_directory
 from hypersolid_scale.tracking import TrackingConfig
@@ -375,10 +376,7 @@ def to_yaml(cfg: Config) -> str:
 
 
 def save_config(cfg: Config, run_dir: str | Path) -> Path:
-    path = Path(run_dir) / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(to_yaml(cfg))
-    return path
+    return atomic.write_text(Path(run_dir) / "config.yaml", to_yaml(cfg))
 
 
 __all__ = [
