@@ -117,7 +117,7 @@ _PLAIN = re.compile(r"(?<!atomic)\.write_(text|bytes)\(|\bjson\.dump\(|\.savefig
 
 
 def _sources() -> list[Path]:
-    bench = [p for p in (ROOT / "benchmarks").glob("*.py")] + [ROOT / "benchmarks/replication/runfiles.py"]
+    bench = list((ROOT / "benchmarks").glob("*.py")) + [ROOT / "benchmarks/replication/runfiles.py"]
     return sorted(p for p in [*(ROOT / "hypersolid_scale").rglob("*.py"), *bench] if "__pycache__" not in p.parts)
 
 

@@ -36,7 +36,7 @@ def knn_monitor(run: Run) -> dict[str, float]:
     try:
         tr_f, tr_y = extract_embeddings(
             model,
-            cap(train_ds, ev.monitor_max_train),
+            cap(train_ds, ev.monitor_max_samples),
             batch_size=ev.batch_size,
             device=run.device,
             which=ev.features,
@@ -44,7 +44,7 @@ def knn_monitor(run: Run) -> dict[str, float]:
         )
         te_f, te_y = extract_embeddings(
             model,
-            cap(test_ds, ev.monitor_max_train),
+            cap(test_ds, ev.monitor_max_samples),
             batch_size=ev.batch_size,
             device=run.device,
             which=ev.features,
