@@ -21,9 +21,10 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
+from hypersolid_scale.config.combinations import check_combinations
 from hypersolid_scale.config.former_keys import rename_former_keys
 from hypersolid_scale.config.nested import flatten
-from hypersolid_scale.config.precision import PRECISIONS, check_precision
+from hypersolid_scale.config.precision import PRECISIONS
 from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_key
 from hypersolid_scale.data.config import DataConfig, chosen_format_section, drop_missing_format_sections
 from hypersolid_scale.eval.config import EvalConfig
@@ -189,18 +190,8 @@ def validate(cfg: Config) -> None:
             f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
             "the cosine schedule decays from optim.lr down to optim.min_lr"
         )
-    check_precision(cfg.dist.precision, cfg.dist.engine)
-    if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
-        raise ConfigError(
-            f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
-            "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
-        )
     check_optim(cfg.optim)
-    if cfg.optim.name.lower() == "lars" and cfg.dist.zero_stage != 0:
-        raise ConfigError(
-            f"optim.name=lars cannot run under dist.zero_stage={cfg.dist.zero_stage}: ZeRO hands the optimizer "
-            "flattened shards, so LARS's per-layer trust ratio would span many layers; set dist.zero_stage=0"
-        )
+    check_combinations(cfg)  # across sections: config/combinations.py
     get_method(cfg.method.name).check_run(cfg)
 
 
