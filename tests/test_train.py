@@ -48,6 +48,8 @@ def test_smoke_main_trains_logs_and_resumes_the_same_mlflow_run(tmp_path: Path) 
     assert len(runs) == 1 and runs[0].info.run_id == first["mlflow_run_id"]
     data = runs[0].data
     assert data.params["optim.lr"] == "0.001" and data.params["model.arch"] == "small_cnn"
+    # The chosen method's section only (config.yaml too): no other method's keys to mistake for this run's.
+    assert "method.hypersolid.alpha" in data.params and not any(k.startswith("method.simclr.") for k in data.params)
     assert {"world_size", "engine", "transport"} <= set(data.tags) and data.tags["engine"] == "ddp"
     for key in ("train/loss", "train/alignment", "train/repulsion", "train/active_pairs", "train/lr",
                 "train/images_per_s", "train/step_time_s", "train/data_time_s", "train/data_wait_share",

@@ -310,7 +310,9 @@ def from_dict(d: dict[str, Any]) -> Config:
 
 
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """``config.yaml``: the stored form (:func:`to_dict` with ``stored``: the chosen method's and format's
+    sections only), which :func:`load_config` reads back as the same config."""
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg, stored=True)))
 
 
 def save_config(cfg: Config, run_dir: str | Path) -> Path:
