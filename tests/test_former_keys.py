@@ -167,3 +167,19 @@ def test_the_table_is_the_only_place_that_renames_a_key() -> None:
         if _RENAMING.search(line)
     ]
     assert not found, found
+
+
+def test_a_removed_key_is_left_out_with_a_note_saying_why(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(former_keys, "_noted", set())
+    monkeypatch.delenv("RANK", raising=False)
+    table = {**FORMER_KEYS, "optim.gone": former_keys.Former(None, "it never changed the training")}
+    monkeypatch.setattr(former_keys, "FORMER_KEYS", table)
+    d = {"optim": {"gone": 3, "lr": 0.5}, "seed": 1}
+    assert rename_former_keys(d, "in x.yaml") == {"optim": {"lr": 0.5}, "seed": 1}
+    assert d == {"optim": {"gone": 3, "lr": 0.5}, "seed": 1}  # the layer itself is not changed
+    err = capsys.readouterr().err
+    assert "note: config key 'optim.gone' (in x.yaml) is removed, and left out: it never changed the training" in err
+    assert rename_former_keys(d, "in y.yaml") == {"optim": {"lr": 0.5}, "seed": 1}
+    assert capsys.readouterr().err == ""  # said once per key and process
