@@ -137,19 +137,19 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
         views, waited = next_views(i)
         return trainer.train_step(run, views, i)["loss"], waited
 
-    t0 = time.perf_counter()
-    for i in range(args.warmup):
-        step(i)
-    sync(device)
-    warm_s = time.perf_counter() - t0
-    stage_cpu0 = getattr(run.loader, "device_stage_cpu_s", 0.0)
-    cpu0, t0, steps, waited = host_cpu_s(), time.perf_counter(), 0, 0.0
-    while steps < 1 or (steps < args.max_steps and time.perf_counter() - t0 < share_s):
-        loss, w = step(args.warmup + steps)
-        waited += w
-        steps += 1
-    sync(device)
-    elapsed = time.perf_counter() - t0
+    counters: dict[str, float] = {}
+
+    def start() -> None:  # the counters of the timed steps only
+        counters.update(stage=getattr(run.loader, "device_stage_cpu_s", 0.0), cpu=host_cpu_s(), waited=0.0)
+
+    def timed(i: int) -> torch.Tensor:
+        loss, waited = step(i)
+        counters["waited"] = counters.get("waited", 0.0) + waited
+        return loss
+
+    t = common.timed_loop(timed, device, warmup=args.warmup, seconds=share_s, max_steps=args.max_steps, on_start=start)
+    steps, elapsed, loss, waited = t.steps, t.seconds, t.last, counters["waited"]
+    stage_cpu0, cpu0 = counters["stage"], counters["cpu"]
     stage = getattr(run.loader, "device_stage", None)
     extra = {}
     if stage is not None:  # data.views_on=device: the stage thread's share of the host time, and its chain
@@ -159,12 +159,9 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
             "photometric_chain": "compiled" if stage.photometric.compiled else "eager",
         }
     return {
-        "images_per_s": batch * steps / elapsed,
-        "step_ms": 1000 * elapsed / steps,
+        **t.rates(batch),
         "data_wait_share": waited / elapsed,
         "host_cpu_ms_per_image": 1000 * (host_cpu_s() - cpu0) / (batch * steps),
-        "timed_steps": steps,
-        "warmup_s": warm_s,
         "last_loss": float(loss),
         "memory_format": "channels_last" if run.memory_format == torch.channels_last else "nchw",
         "bf16": bool(run.bf16),
