@@ -63,6 +63,17 @@ def test_the_batch_must_split_over_the_processes_the_launcher_starts(monkeypatch
     load_config(QUICKSTART, ["data.global_batch_size=256"])
 
 
+def test_a_method_s_rule_on_the_world_size_is_checked_with_the_launcher_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    swav = ["method.name=swav", "method.swav.queue_length=64", "eval.features=backbone"]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="method.swav.queue_length > 0 .*set method.swav.queue_length=0"):
+        load_config(QUICKSTART, swav)
+    load_config(QUICKSTART, [*swav[:1], "method.swav.queue_length=0"])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    load_config(QUICKSTART, swav)
+
+
 def test_a_vit_given_an_image_of_another_size_is_the_user_s_error_not_an_internal_one() -> None:
     """What the validation cannot see (e.g. another data set's images at evaluation) is still a UserError."""
     vit, _ = build_backbone(ModelConfig(arch="vit_tiny", in_channels=1, img_size=32, patch_size=16))
