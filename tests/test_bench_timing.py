@@ -14,9 +14,11 @@ CPU = torch.device("cpu")
 def test_a_fixed_number_of_steps_after_the_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, int]] = []
     monkeypatch.setattr(common, "sync", lambda device: calls.append(("sync", -1)))
-    t = common.timed_loop(
-        lambda i: calls.append(("step", i)) or i * 10, CPU, warmup=2, steps=3, on_start=lambda: calls.append(("start", -1))
-    )
+    def step(i: int) -> int:
+        calls.append(("step", i))
+        return i * 10
+
+    t = common.timed_loop(step, CPU, warmup=2, steps=3, on_start=lambda: calls.append(("start", -1)))
     assert calls == [("sync", -1), ("step", 0), ("step", 1), ("sync", -1), ("start", -1),
                      ("step", 2), ("step", 3), ("step", 4), ("sync", -1)]
     assert (t.steps, t.last) == (3, 40) and t.seconds > 0 and t.warmup_s > 0
