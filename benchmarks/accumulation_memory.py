@@ -30,6 +30,7 @@ from benchmarks import common
 from benchmarks.common import ROOT
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.distributed import WorldInfo, cleanup
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import trainer
 
 COMMON = ["tracking.enabled=false", "eval.every_n_epochs=0", "checkpoint.every_n_steps=0", "progress=false"]
@@ -188,7 +189,7 @@ def main() -> None:
         meta["gpu"] = common.card(device)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    atomic.write_text(out, json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     plot(rows, out.with_suffix(".png"))
     for r in rows:
         print(

@@ -12,10 +12,14 @@ import argparse
 import os
 import platform
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from hypersolid_scale.safety import atomic
 
 if TYPE_CHECKING:
     import torch
@@ -127,6 +131,65 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class Timed:
+    """What :func:`timed_loop` measured: ``steps`` timed steps in ``seconds``, after ``warmup_s`` of warm-up;
+    ``last`` is what the last step returned (read it after the clock stopped)."""
+
+    steps: int
+    seconds: float
+    warmup_s: float
+    last: Any
+
+    def rates(self, batch: int) -> dict[str, float]:
+        """The numbers every timed row reports, for ``batch`` images per step."""
+        return {
+            "images_per_s": batch * self.steps / self.seconds,
+            "step_ms": 1000 * self.seconds / self.steps,
+            "timed_steps": self.steps,
+            "warmup_s": self.warmup_s,
+        }
+
+
+def timed_loop(
+    step: Callable[[int], Any],
+    device: torch.device,
+    *,
+    warmup: int,
+    steps: int | None = None,
+    seconds: float = 0.0,
+    max_steps: int = 0,
+    sync_every: int = 0,
+    on_start: Callable[[], None] | None = None,
+) -> Timed:
+    """``step(i)`` for ``warmup`` steps, then timed: ``steps`` steps, or (``steps`` None) steps until ``seconds``
+    are spent, at least one and at most ``max_steps``. The device is synchronised before and after each phase
+    (and every ``sync_every`` timed steps, so that the clock of a time-bounded loop reads finished work, not
+    queued kernels); ``on_start()`` runs between the phases (reset counters there)."""
+    sync(device)
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        step(i)
+    sync(device)
+    warm_s = time.perf_counter() - t0
+    if on_start is not None:
+        on_start()
+    t0, done, last = time.perf_counter(), 0, None
+
+    def more() -> bool:
+        if steps is not None:
+            return done < steps
+        return done < 1 or (done < max_steps and time.perf_counter() - t0 < seconds)
+
+    while more():
+        last = step(warmup + done)
+        done += 1
+        if sync_every and done % sync_every == 0:
+            sync(device)
+    sync(device)
+    return Timed(done, time.perf_counter() - t0, warm_s, last)
+
+
 # ---- subprocesses ----------------------------------------------------------------------------------------
 def module_command(module: str) -> list[str]:
     """``python -m <module>`` with this interpreter (a script that runs itself in a fresh process)."""
@@ -145,7 +208,7 @@ def save(fig: Any, path: Path, dpi: int) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    atomic.write_with(path, lambda f: fig.savefig(f, format=Path(path).suffix[1:] or "png", dpi=dpi))
     plt.close(fig)
     return path
 

@@ -44,6 +44,7 @@ from hypersolid_scale.data import PRESETS
 from hypersolid_scale.data.batched_resize import pad_images
 from hypersolid_scale.data.device_views import DeviceStage, HostStage, _decisions, collate_host
 from hypersolid_scale.data.transforms import build_pil_multicrop, seeded_global_rngs
+from hypersolid_scale.safety import atomic
 
 SEED, EPOCH = 0, 0
 
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batch must be >= 2 and --images >= --batch, got {args.batch} and {args.images}")
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "device_stage.json").write_text(json.dumps(result, indent=1) + "\n")
+    atomic.write_text((args.out / "device_stage.json"), json.dumps(result, indent=1) + "\n")
     plot(result, args.out / "device_stage.png")
     before, after = result["rows"]["before"], result["rows"]["after"]
     print(

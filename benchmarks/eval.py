@@ -49,6 +49,7 @@ from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.eval.density import EPS_FLOOR, dbscan_sweep_labels, labels_from_tree, reachability_tree
 from hypersolid_scale.eval.knn import knn_accuracy
 from hypersolid_scale.eval.linear import linear_probe
+from hypersolid_scale.safety import atomic
 
 # L-BFGS iterations of the timed probe: time per iteration is what scales; launch/eval.py runs up to
 # eval.linear_max_iter (200) iterations for each of the 5 weight decays plus the refit (warm-started).
@@ -213,7 +214,7 @@ def _spawn(spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 def _write_json(result: dict[str, Any], machine: dict[str, Any], path: Path) -> None:
     """Written after every row: a long run interrupted midway keeps the rows it finished."""
     machine["loadavg_end"] = [round(v, 2) for v in os.getloadavg()]
-    path.write_text(json.dumps({**result, "machine": machine}, indent=1, default=float) + "\n")
+    atomic.write_text(path, json.dumps({**result, "machine": machine}, indent=1, default=float) + "\n")
 
 
 def bench_clustering(
@@ -329,7 +330,7 @@ def bench_parts(dims: list[int], n_train: int, n_test: int, out: Path) -> dict[s
         result["parts"] += res["rows"]
         result["quality"][str(d)] = {**res["knn"], **res["linear"]}
     result["total_seconds"] = round(time.perf_counter() - t0, 1)
-    (out / "eval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    atomic.write_text((out / "eval.json"), json.dumps(result, indent=2, default=float) + "\n")
     plot_parts(result, out / "eval.png")
     return result
 
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--row-out", type=Path, help=argparse.SUPPRESS)  # ... and the file for its result
     args = p.parse_args(argv)
     if args.row:
-        args.row_out.write_text(json.dumps(run_row(json.loads(args.row)), default=float))
+        atomic.write_text(args.row_out, json.dumps(run_row(json.loads(args.row)), default=float))
         return 0
     if args.quick:
         args.n, args.classes, args.dense_budget_gib = [3000], 60, 0.02

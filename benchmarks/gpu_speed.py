@@ -41,6 +41,7 @@ from benchmarks.photo_loaders import DEFAULT_SOURCES, prepare_set
 from benchmarks.train_throughput import DeviceImages, make_config
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import WorldInfo
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import trainer
 
 CL, NCHW = "model.channels_last=true", "model.channels_last=false"
@@ -136,19 +137,19 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
         views, waited = next_views(i)
         return trainer.train_step(run, views, i)["loss"], waited
 
-    t0 = time.perf_counter()
-    for i in range(args.warmup):
-        step(i)
-    sync(device)
-    warm_s = time.perf_counter() - t0
-    stage_cpu0 = getattr(run.loader, "device_stage_cpu_s", 0.0)
-    cpu0, t0, steps, waited = host_cpu_s(), time.perf_counter(), 0, 0.0
-    while steps < 1 or (steps < args.max_steps and time.perf_counter() - t0 < share_s):
-        loss, w = step(args.warmup + steps)
-        waited += w
-        steps += 1
-    sync(device)
-    elapsed = time.perf_counter() - t0
+    counters: dict[str, float] = {}
+
+    def start() -> None:  # the counters of the timed steps only
+        counters.update(stage=getattr(run.loader, "device_stage_cpu_s", 0.0), cpu=host_cpu_s(), waited=0.0)
+
+    def timed(i: int) -> torch.Tensor:
+        loss, waited = step(i)
+        counters["waited"] = counters.get("waited", 0.0) + waited
+        return loss
+
+    t = common.timed_loop(timed, device, warmup=args.warmup, seconds=share_s, max_steps=args.max_steps, on_start=start)
+    steps, elapsed, loss, waited = t.steps, t.seconds, t.last, counters["waited"]
+    stage_cpu0, cpu0 = counters["stage"], counters["cpu"]
     stage = getattr(run.loader, "device_stage", None)
     extra = {}
     if stage is not None:  # data.views_on=device: the stage thread's share of the host time, and its chain
@@ -158,12 +159,9 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
             "photometric_chain": "compiled" if stage.photometric.compiled else "eager",
         }
     return {
-        "images_per_s": batch * steps / elapsed,
-        "step_ms": 1000 * elapsed / steps,
+        **t.rates(batch),
         "data_wait_share": waited / elapsed,
         "host_cpu_ms_per_image": 1000 * (host_cpu_s() - cpu0) / (batch * steps),
-        "timed_steps": steps,
-        "warmup_s": warm_s,
         "last_loss": float(loss),
         "memory_format": "channels_last" if run.memory_format == torch.channels_last else "nchw",
         "bf16": bool(run.bf16),
@@ -204,7 +202,7 @@ def profile_step(run: Any, next_views: Any, args: argparse.Namespace, path: Path
         lines.append(f"device busy {busy:.1f} ms ({busy / wall_ms:.0%} of the wall time); {len(kernels)} kernels")
         lines.append("largest host gaps (device idle between kernels, ms): " + ", ".join(f"{g:.2f}" for g in gaps[:10]))
     lines.append(table)
-    path.write_text("\n".join(lines) + "\n")
+    atomic.write_text(path, "\n".join(lines) + "\n")
 
 
 def plot(res: dict[str, Any], path: Path) -> None:
@@ -279,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             r["ratio_to_model_step"] = r["images_per_s"] / base["images_per_s"]
         shown = f"{r['images_per_s']:9.1f} img/s" if "images_per_s" in r else r["skipped"][:200]
         print(f"{name:24s} {shown}", flush=True)
-        (out / "gpu_speed.json").write_text(json.dumps(res, indent=1))
+        atomic.write_text((out / "gpu_speed.json"), json.dumps(res, indent=1))
     plot(res, out / "gpu_speed.png")
     return 0
 

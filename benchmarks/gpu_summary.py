@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from benchmarks import common
+from hypersolid_scale.safety import atomic
 
 PARTS: dict[str, Any] = {
     "cuda_tests": None,
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - the summary is written whatever broke
         summary["torch"] = f"unavailable: {err}"
     summary["parts"] = collect(out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    atomic.write_text((out / "summary.json"), json.dumps(summary, indent=1, default=str))
     try:
         plot_tests(summary["parts"], out / "cuda_tests.png")
     except Exception as err:  # noqa: BLE001

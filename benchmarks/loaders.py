@@ -27,6 +27,7 @@ import torch
 from benchmarks import common
 from hypersolid_scale.data import DataConfig, build_train_loader
 from hypersolid_scale.data.convert import main as convert
+from hypersolid_scale.safety import atomic
 
 SETUPS = {32: "cifar", 224: "default"}
 
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "load_avg_at_end": os.getloadavg(),
     }
-    (out / "loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    atomic.write_text((out / "loaders.json"), json.dumps({"meta": meta, "results": results}, indent=2))
     plot([r for r in results if "images_per_s" in r], out / "loaders.png")
     print(f"wrote {out / 'loaders.json'} and {out / 'loaders.png'}")
 

@@ -39,6 +39,7 @@ from benchmarks.common import RESULTS, sync
 from benchmarks.loaders import ffcv_missing, format_options
 from benchmarks.photo_set import IMAGENET_MEAN_KB, build
 from hypersolid_scale.data import DataConfig, build_train_loader
+from hypersolid_scale.safety import atomic
 
 ROWS = ("pil", "device", "device_workers_jpeg", "ffcv", "device_imagefolder")
 DEFAULT_SOURCES = RESULTS / "photo_sources.npz"
@@ -229,14 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{setup:12s} {row:20s} {shown}", flush=True)
             # Written after every row: a run cut short by a time limit keeps what it measured.
-            (out / "photo_loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+            atomic.write_text((out / "photo_loaders.json"), json.dumps({"meta": meta, "results": results}, indent=1))
     for local in args.local_views:
         rows = {r["row"]: r for r in results if r["setup"] == f"2x224+{local}x96" and "images_per_s" in r}
         if "pil" in rows and "device" in rows:
             meta[f"device_vs_pil_host_cpu_{local}"] = (
                 rows["device"]["host_cpu_ms_per_image"] / rows["pil"]["host_cpu_ms_per_image"]
             )
-    (out / "photo_loaders.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    atomic.write_text((out / "photo_loaders.json"), json.dumps({"meta": meta, "results": results}, indent=1))
     plot([r for r in results if "images_per_s" in r], out / "photo_loaders.png")
     print(f"set: mean {photo_set['mean_kb']:.1f} KB per JPEG (ImageNet ~{IMAGENET_MEAN_KB:.0f} KB)")
     print(f"wrote {out / 'photo_loaders.json'} and {out / 'photo_loaders.png'}")

@@ -36,6 +36,7 @@ from PIL import Image
 from benchmarks import common
 from hypersolid_scale.data.converter import Converter
 from hypersolid_scale.data.sources import Item
+from hypersolid_scale.safety import atomic
 
 IMAGENET_MEAN_KB = 110.0  # ImageNet-1k train: ~140 GB / 1.28 M JPEGs
 SHORT_SIDE = (375, 500)
@@ -262,7 +263,7 @@ def build(
         "generate_s": gen_s,
         "total_s": time.perf_counter() - t0,
     }
-    (Path(out) / "photo_set.json").write_text(json.dumps(manifest, indent=1))
+    atomic.write_text((Path(out) / "photo_set.json"), json.dumps(manifest, indent=1))
     return manifest
 
 

@@ -30,40 +30,15 @@ from typing import Any
 import torch
 
 from benchmarks import common
-from benchmarks.common import sync
 from benchmarks.loaders import option_key
 from benchmarks.photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set, views_key
 from benchmarks.train_throughput import DeviceImages, make_config
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import WorldInfo
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import trainer
 
 VARIANTS = ("synthetic", "jpeg_device", "jpeg_pil")
-
-
-def timed_steps(step_fn: Any, batch: int, warmup: int, share_s: float, max_steps: int, device: torch.device) -> dict:
-    """Warm-up steps, then steps until `share_s` seconds (at least one, at most `max_steps`) are spent."""
-    sync(device)
-    t0 = time.perf_counter()
-    for i in range(warmup):
-        step_fn(i)
-    sync(device)
-    warm_s = time.perf_counter() - t0
-    t0, steps = time.perf_counter(), 0
-    while steps < 1 or (steps < max_steps and time.perf_counter() - t0 < share_s):
-        loss = step_fn(warmup + steps)
-        steps += 1
-        if steps % 4 == 0:
-            sync(device)  # the clock reads finished work, not queued kernels
-    sync(device)
-    elapsed = time.perf_counter() - t0
-    return {
-        "images_per_s": batch * steps / elapsed,
-        "step_ms": 1000 * elapsed / steps,
-        "timed_steps": steps,
-        "warmup_s": warm_s,
-        "last_loss": float(loss),
-    }
 
 
 def run_variant(variant: str, args: argparse.Namespace, root: Path, device: torch.device, share_s: float) -> dict:
@@ -112,7 +87,10 @@ def run_variant(variant: str, args: argparse.Namespace, root: Path, device: torc
             views = [v.to(device, non_blocking=True) for v in views]  # as the trainer's loop does
             return trainer.train_step(run, views, i)["loss"]
 
-    out = timed_steps(step, args.batch, args.warmup, share_s, args.max_steps, device)
+    t = common.timed_loop(
+        step, device, warmup=args.warmup, seconds=share_s, max_steps=args.max_steps, sync_every=4
+    )  # warm-up, then steps until share_s seconds are spent (at least one, at most max_steps)
+    out: dict[str, Any] = {**t.rates(args.batch), "last_loss": float(t.last)}
     out.update(bf16=bool(run.bf16), arch=cfg.model.arch)
     return out
 
@@ -187,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 res[f"ratio_{name}"] = v["images_per_s"] / base["images_per_s"]
         shown = f"{r['images_per_s']:9.1f} img/s" if "images_per_s" in r else r["skipped"][:200]
         print(f"{variant:12s} {shown}", flush=True)
-        (out / "photo_trainer.json").write_text(json.dumps(res, indent=1))
+        atomic.write_text((out / "photo_trainer.json"), json.dumps(res, indent=1))
     plot(res, out / "photo_trainer.png")
     print({k: round(v, 3) for k, v in res.items() if k.startswith("ratio_")})
     return 0

@@ -34,6 +34,7 @@ from pathlib import Path
 from benchmarks import common
 from benchmarks.repulsion_measure import VIEWS, available_backends, measure
 from benchmarks.repulsion_report import plot, summarize
+from hypersolid_scale.safety import atomic
 
 DENSE_BYTES_PER_PAIR = 24  # similarity, hinge, masks and autograd buffers of the (M × M) block, measured ~20
 
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     def save(shares: dict | None = None) -> None:
         """Written after every measurement: a run cut short by a time limit keeps what it measured."""
         meta["seconds_total"] = time.monotonic() - t_start
-        out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows, "share": shares}, indent=1))
+        atomic.write_text(out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows, "share": shares}, indent=1))
 
     for m in args.sizes:
         for regime in args.regimes:
@@ -357,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     save(shares)
     plot(rows, out.with_suffix(".png"), shares)
     table = "\n".join(summarize(rows))
-    out.with_suffix(".md").write_text(table + "\n")
+    atomic.write_text(out.with_suffix(".md"), table + "\n")
     print(table)
     return 0
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from hypersolid_scale.safety import atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 # (case, config file, extra overrides). The config files hold the same settings in every version of the
 # repository; a version that renamed their keys reads its own spelling of them. The batch is given on the command
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out is required unless --compare is given")
     result = record(Path(args.repo).resolve(), args.steps)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    atomic.write_text(Path(args.out), json.dumps(result, indent=1) + "\n")
     return 0
 
 

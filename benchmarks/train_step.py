@@ -40,6 +40,7 @@ from hypersolid_scale.distributed import all_reduce_sum, cleanup, get_rank, get_
 from hypersolid_scale.losses import LossConfig
 from hypersolid_scale.methods.hypersolid import Hypersolid
 from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training.run_builder import MethodModel
 
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "communication")
@@ -193,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_threads": torch.get_num_threads(),
             "steps": args.steps,
         }
-        (out / "train_step.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        atomic.write_text((out / "train_step.json"), json.dumps({"meta": meta, "results": results}, indent=2))
         plot(results, out / "train_step.png")
         print(f"wrote {out / 'train_step.json'} and {out / 'train_step.png'}")
     return 0

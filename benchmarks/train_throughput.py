@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks import common
-from benchmarks.common import ROOT, sync
+from benchmarks.common import ROOT
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data.batch import plan_batch
 from hypersolid_scale.data.presets import resolve_preset
@@ -41,6 +41,7 @@ from hypersolid_scale.data.tensor_aug import TensorMultiCrop
 from hypersolid_scale.distributed import WorldInfo, cleanup
 from hypersolid_scale.methods import build_method
 from hypersolid_scale.models import build_backbone
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import run_builder, trainer
 
 SETUPS = {"cifar": ("configs/cifar10.yaml", 32), "imagenet": ("configs/imagenet1k.yaml", 256)}
@@ -90,28 +91,14 @@ class DeviceImages:
 def time_loop(
     step_fn: Callable[[int], Any], data: DeviceImages, warmup: int, steps: int, device: torch.device
 ) -> dict[str, float]:
-    sync(device)
-    t0 = time.perf_counter()
-    for i in range(warmup):
-        step_fn(i)
-    sync(device)
-    warm_s = time.perf_counter() - t0
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    loss: Any = float("nan")
-    for i in range(warmup, warmup + steps):
-        loss = step_fn(i)
-    sync(device)
-    elapsed = time.perf_counter() - t0
+    def reset_peak() -> None:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    t = common.timed_loop(step_fn, device, warmup=warmup, steps=steps, on_start=reset_peak)
+    loss = float("nan") if t.last is None else t.last
     loss = float(loss.detach() if isinstance(loss, torch.Tensor) else loss)  # after the clock stops
-    out = {
-        "images_per_s": data.batch * steps / elapsed,
-        "step_ms": 1000 * elapsed / steps,
-        "warmup_s": warm_s,
-        "timed_steps": steps,
-        "last_loss": loss,
-    }
+    out = {**t.rates(data.batch), "last_loss": loss}
     if device.type == "cuda":
         out["peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
@@ -353,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ctx['res']['setup']:9s} B={ctx['res']['batch_per_gpu']:4d} {variant:18s} {shown}", flush=True)
         meta["seconds_total"] = time.monotonic() - t_start
         # Written after every variant: a run cut short by a time limit keeps what it measured.
-        (out / "train_throughput.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+        atomic.write_text((out / "train_throughput.json"), json.dumps({"meta": meta, "results": results}, indent=1))
     cleanup()  # DeepSpeed's one-process group, if a DeepSpeed variant ran
     plot(results, out / "train_throughput.png")
     for r in results:

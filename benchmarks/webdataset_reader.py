@@ -43,6 +43,7 @@ from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import PRESETS
 from hypersolid_scale.data.transforms import build_pil_multicrop
 from hypersolid_scale.data.webdataset.stream import WebDatasetLoader, decode_image, decode_label
+from hypersolid_scale.safety import atomic
 
 PRESET = PRESETS["cifar"]
 
@@ -267,7 +268,7 @@ def main() -> int:
         },
         "results": results,
     }
-    (out / "webdataset_reader.json").write_text(json.dumps(report, indent=2))
+    atomic.write_text((out / "webdataset_reader.json"), json.dumps(report, indent=2))
     plot(results, out / "webdataset_reader.png")
     print(f"wrote {out / 'webdataset_reader.json'} and {out / 'webdataset_reader.png'}")
     return 0

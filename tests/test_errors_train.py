@@ -96,7 +96,7 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("optim:\n  momentun: 0.9\n")
     renamed = tmp_path / "renamed.yaml"
-    renamed.write_text("dist:\n  backend: gloo\n")
+    renamed.write_text("dist:\n  backend: gloo\n  transport: nccl\n")  # a former key disagreeing with its successor
     return {
         "yaml_syntax": (["--config", str(syntax)], [str(syntax), "line 3, column 8", "not valid YAML"]),
         "unknown_key": (["--config", str(unknown)], ["optim.momentun", "momentum", str(unknown)]),

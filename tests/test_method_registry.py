@@ -18,12 +18,11 @@ import torch
 from torch import nn
 
 from hypersolid_scale.checkpoint import build_model_from_checkpoint
-from hypersolid_scale.config import schema
+from hypersolid_scale.config import former_keys
 from hypersolid_scale.config.schema import from_dict, load_config, to_dict
 from hypersolid_scale.methods import Method, build_method, get_method, method_names, register
 from hypersolid_scale.methods import config as method_config
 from hypersolid_scale.methods.base import encode
-from hypersolid_scale.methods.config import move_loss_section
 from hypersolid_scale.methods.registry import unregister
 from hypersolid_scale.models import ModelConfig, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
@@ -197,14 +196,13 @@ def test_a_stored_config_with_a_method_no_longer_installed_reads_with_one_note(c
 
 def test_the_loss_section_moves_to_method():
     old = {"loss": {"name": "swav", "alpha": 0.5, "swav": {"temperature": 0.2}}, "seed": 3}
-    new, moved = move_loss_section(old)
-    assert moved and new == {"seed": 3, "method": {"name": "swav", "hypersolid": {"alpha": 0.5},
-                                                   "swav": {"temperature": 0.2}}}
-    assert move_loss_section({"method": {"name": "byol"}}) == ({"method": {"name": "byol"}}, False)
+    new = former_keys.rename_former_keys(old, "here", note=False)
+    assert new == {"seed": 3, "method": {"name": "swav", "hypersolid": {"alpha": 0.5}, "swav": {"temperature": 0.2}}}
+    assert former_keys.rename_former_keys({"method": {"name": "byol"}}, "here") == {"method": {"name": "byol"}}
 
 
 def test_an_old_config_file_and_old_overrides_load_as_the_new_ones_with_one_note(tmp_path, capfd, monkeypatch):
-    monkeypatch.setattr(schema, "_said_moved", False)  # said once per process: maybe already, by another test
+    monkeypatch.setattr(former_keys, "_noted", set())  # said once per process: maybe already, by another test
     monkeypatch.delenv("RANK", raising=False)
     old = tmp_path / "old.yaml"
     old.write_text("loss:\n  alpha: 0.5\n  backend: tiled\n  tile_size: 64\nseed: 1\n")
@@ -214,7 +212,9 @@ def test_an_old_config_file_and_old_overrides_load_as_the_new_ones_with_one_note
     assert to_dict(load_config(None, ["loss.name=dino", "loss.dino.teacher_temp=0.05"])) == \
         to_dict(load_config(None, ["method.name=dino", "method.dino.teacher_temp=0.05"]))
     notes = [line for line in capfd.readouterr().err.splitlines() if "'loss' is now 'method'" in line]
-    assert len(notes) == 1 and str(old) in notes[0], notes  # once, naming where the old layout was found
+    # One line per layer naming where the old layout was found, and each former key said once per process.
+    assert len(notes) == 3 and str(old) in notes[0] and "'loss.*'" in notes[0], notes
+    assert "'loss.name'" in notes[1] and "'loss.dino'" in notes[2], notes
     with pytest.raises(ConfigError, match="unknown config key 'method.hypersolid.alphaa'"):
         load_config(None, ["loss.alphaa=0.5"])
 

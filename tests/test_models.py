@@ -55,7 +55,7 @@ def test_vit_interpolates_position_embeddings_for_local_crops() -> None:
     f224 = model.embed(torch.randn(2, 3, 224, 224))
     f96 = model.embed(torch.randn(2, 3, 96, 96))
     assert f224.shape == f96.shape == (2, 192)
-    with pytest.raises(ValueError, match="multiple of patch_size=16"):
+    with pytest.raises(ValueError, match="multiple of model.patch_size=16"):
         model.embed(torch.randn(1, 3, 50, 50))
 
 

@@ -36,7 +36,7 @@ def _mlflow_runs(run_dir: Path) -> list:
 def test_smoke_main_trains_logs_and_resumes_the_same_mlflow_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY, f"run_dir={run_dir}", "data.max_pretrain_samples=128", "epochs=2", "checkpoint.every_n_steps=3",
-            "tracking.log_every_n_steps=1", "eval.every_n_epochs=1", "eval.monitor_max_train=200", "eval.knn_k=[5]"]
+            "tracking.log_every_n_steps=1", "eval.every_n_epochs=1", "eval.monitor_max_samples=200", "eval.knn_k=[5]"]
     assert main(args) == 0
     steps = [int(p.stem.split("_")[1]) for p in ck.list_checkpoints(run_dir)]
     assert steps[-1] == 8  # 128 samples / 32 = 4 steps per epoch, 2 epochs
@@ -48,6 +48,8 @@ def test_smoke_main_trains_logs_and_resumes_the_same_mlflow_run(tmp_path: Path) 
     assert len(runs) == 1 and runs[0].info.run_id == first["mlflow_run_id"]
     data = runs[0].data
     assert data.params["optim.lr"] == "0.001" and data.params["model.arch"] == "small_cnn"
+    # The chosen method's section only (config.yaml too): no other method's keys to mistake for this run's.
+    assert "method.hypersolid.alpha" in data.params and not any(k.startswith("method.simclr.") for k in data.params)
     assert {"world_size", "engine", "transport"} <= set(data.tags) and data.tags["engine"] == "ddp"
     for key in ("train/loss", "train/alignment", "train/repulsion", "train/active_pairs", "train/lr",
                 "train/images_per_s", "train/step_time_s", "train/data_time_s", "train/data_wait_share",

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from hypersolid_scale.safety import atomic
 
 
 def write_json(path: Path, obj: Any) -> None:
     """Atomic: a reader (or a rerun deciding what to skip) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    atomic.write_json(path, obj, indent=1)
 
 
 def read_json(path: Path) -> Any:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import CheckpointError
 from hypersolid_scale.safety.run_lock import RunDirLocked, acquire_run_lock, holds_lock
 
@@ -52,19 +53,6 @@ def checkpoint_path(run_dir: str | os.PathLike, step: int) -> Path:
 # ----------------------------------------------------------------------------------------------------------
 # Save
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems do not support fsync on directories; the rename is still atomic
-    finally:
-        os.close(fd)
 
 
 def _free_space(directory: Path) -> str:
@@ -122,7 +110,8 @@ def _write_failure(path: Path, reason: str, full: bool) -> CheckpointError:
 
 
 def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
-    """torch.save to ``<path>.<pid>.tmp``, fsync, rename over ``path``, fsync the directory.
+    """torch.save through :func:`hypersolid_scale.safety.atomic.atomic_path` (``<path>.<pid>.tmp``, fsync, rename
+    over ``path``, fsync the directory).
 
     A write that fails (a full disk, a quota, a read-only filesystem) raises :class:`CheckpointError` naming
     the path and the free space; the temporary file is removed and existing files are never touched. A
@@ -130,20 +119,12 @@ def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
     when the data could not have fitted; any other stays the bug it is.
     """
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    try:  # the temporary file is removed before the except clauses measure the free space (atomic_path)
+        atomic.write_with(path, lambda f: torch.save(obj, f))
     except OSError as err:
-        tmp.unlink(missing_ok=True)  # before measuring: the partial file's blocks are not the user's to free
         full = err.errno in (errno.ENOSPC, errno.EDQUOT)
         raise _write_failure(path, str(err.strerror or err), full) from err
     except RuntimeError as err:
-        tmp.unlink(missing_ok=True)
         free = _free_bytes(path.parent)
         too_big = free is not None and free < _tensor_bytes(obj)
         if not (too_big or any(words in str(err) for words in _TORCH_WRITE_FAILED)):
@@ -160,9 +141,6 @@ def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
                 else "the write stopped part-way (a full disk or an exceeded quota)"
             )
         raise _write_failure(path, reason, full) from err
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
     return path
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from hypersolid_scale.config.former_keys import rename_former_keys
 from hypersolid_scale.config.schema import Config, load_config
 from hypersolid_scale.data import plan_batch
 from hypersolid_scale.methods import get_method, method_names
-from hypersolid_scale.methods.config import DEFAULT_METHOD, move_loss_section
+from hypersolid_scale.methods.config import DEFAULT_METHOD
 from hypersolid_scale.safety.errors import ConfigError
 
 
@@ -41,7 +42,7 @@ def _trains(path: Path) -> str:
         d = OmegaConf.to_container(OmegaConf.load(path))
     except Exception:  # noqa: BLE001 - an unreadable file is reported where check_budget loads it, with its cause
         return ""
-    d, _ = move_loss_section({str(k): v for k, v in d.items()} if isinstance(d, dict) else {})
+    d = rename_former_keys({str(k): v for k, v in d.items()} if isinstance(d, dict) else {}, str(path), note=False)
     method = d.get("method")
     return str(method.get("name", DEFAULT_METHOD)) if isinstance(method, dict) else DEFAULT_METHOD
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hypersolid_scale.compare.plan import Training, training_overrides
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 
 STATE = "state.json"
@@ -66,9 +67,7 @@ class State:
         return self.data["runs"].setdefault(name, {})
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
-        os.replace(tmp, self.path)
+        atomic.write_json(self.path, self.data, indent=1, sort_keys=True, newline=False)
 
 
 def _end_with_us(parent: int) -> Callable[[], None]:

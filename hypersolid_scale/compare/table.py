@@ -6,12 +6,13 @@ Two sets of columns: ``QUICK`` for the smoke comparison's reports (``--suite``),
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hypersolid_scale.safety import atomic
 
 # (column, report key, format). The evaluation's metric names: hypersolid_scale.eval.suites.
 METRICS: tuple[tuple[str, str, str], ...] = (
@@ -198,6 +199,6 @@ def write(
 ) -> tuple[Path, Path]:
     """``<out>/compare.json`` and ``<out>/compare.md``; returns their paths."""
     js, md = out / "compare.json", out / "compare.md"
-    js.write_text(json.dumps({"methods": to_json(summary, info), "skipped": skipped}, indent=1))
-    md.write_text(header + "\n\n" + markdown(summary, info, skipped, columns))
+    atomic.write_json(js, {"methods": to_json(summary, info), "skipped": skipped}, indent=1, newline=False)
+    atomic.write_text(md, header + "\n\n" + markdown(summary, info, skipped, columns))
     return js, md

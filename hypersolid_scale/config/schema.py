@@ -13,8 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -23,15 +21,17 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
+from hypersolid_scale.config.combinations import check_combinations
 from hypersolid_scale.config.former_keys import rename_former_keys
 from hypersolid_scale.config.nested import flatten
-from hypersolid_scale.config.precision import PRECISIONS, bf16_as_precision, check_precision
+from hypersolid_scale.config.precision import PRECISIONS
 from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_key
 from hypersolid_scale.data.config import DataConfig, chosen_format_section, drop_missing_format_sections
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method
-from hypersolid_scale.methods.config import MOVED_NOTE, chosen_section, drop_missing_sections, move_loss_section
+from hypersolid_scale.methods.config import chosen_section, drop_missing_sections
 from hypersolid_scale.models import ModelConfig
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import not_a_directory
 from hypersolid_scale.tracking import TrackingConfig
@@ -190,32 +190,9 @@ def validate(cfg: Config) -> None:
             f"config key 'optim.min_lr' = {cfg.optim.min_lr} is above optim.lr = {cfg.optim.lr}; "
             "the cosine schedule decays from optim.lr down to optim.min_lr"
         )
-    check_precision(cfg.dist.precision, cfg.dist.engine)
-    if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
-        raise ConfigError(
-            f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
-            "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
-        )
     check_optim(cfg.optim)
-    if cfg.optim.name.lower() == "lars" and cfg.dist.zero_stage != 0:
-        raise ConfigError(
-            f"optim.name=lars cannot run under dist.zero_stage={cfg.dist.zero_stage}: ZeRO hands the optimizer "
-            "flattened shards, so LARS's per-layer trust ratio would span many layers; set dist.zero_stage=0"
-        )
+    check_combinations(cfg)  # across sections: config/combinations.py
     get_method(cfg.method.name).check_run(cfg)
-
-
-_RENAMED = {"dist.backend": "dist.transport"}  # former name -> name; old checkpoints' configs are migrated
-
-
-def _refuse_renamed(keys: set[str], where: str) -> None:
-    for old, new in _RENAMED.items():
-        if old in keys:
-            raise ConfigError(
-                f"config key '{old}' ({where}) is now called '{new}' (the process group's transport: "
-                "auto | gloo | nccl; 'backend' names only the repulsion algorithm, "
-                f"method.hypersolid.backend); rename it to {new}"
-            )
 
 
 def _read_yaml(path: str | Path) -> DictConfig:
@@ -235,9 +212,7 @@ def _read_yaml(path: str | Path) -> DictConfig:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, got {type(data).__name__}")
-    _refuse_renamed(set(flatten(data)), f"in {path}")
-    data = rename_former_keys(data, f"in {path}")
-    return OmegaConf.create(bf16_as_precision(_moved(data, f"in {path}"), f"in {path}"))
+    return OmegaConf.create(rename_former_keys(data, f"in {path}"))
 
 
 def parse_override(ov: str) -> DictConfig:
@@ -272,9 +247,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
         its allowed set, a malformed override, a run_dir that is a file; it blames the file or the override.
     """
     schema = OmegaConf.structured(Config)
-    given = [(ov.split("=", 1)[0], f"from the command-line override {ov!r}", _moved_override(ov)) for ov in overrides]
+    given = [(ov.split("=", 1)[0], f"from the command-line override {ov!r}", _renamed_override(ov)) for ov in overrides]
     check_batch_overrides([key for key, _, _ in given])
-    _refuse_renamed({key for key, _, _ in given}, "a command-line override")
     layers = ([("", f"in {path}", _read_yaml(path))] if path is not None else []) + given
     merged, where = schema, ""
     try:  # one layer at a time, so that an error is blamed on the file or on the override that caused it
@@ -307,55 +281,20 @@ def to_dict(cfg: Config, *, stored: bool = False) -> dict[str, Any]:
     return {**d, "method": chosen_section(d["method"]), "data": chosen_format_section(d["data"])} if stored else d
 
 
-_FORMAT_NAMES = ("webdataset", "ffcv", "imagefolder")  # once values of data.dataset, now of data.format
-
-
-_said_moved = False
-
-
-def _moved(d: dict[str, Any], where: str) -> dict[str, Any]:
-    """``d`` with an earlier version's ``loss`` section moved to ``method``, said once per process (rank 0)."""
-    global _said_moved
-    d, moved = move_loss_section(d)
-    if moved and not _said_moved and os.environ.get("RANK", "0") == "0":
-        _said_moved = True
-        print(f"note: {MOVED_NOTE} ({where}); the config is read as moved", file=sys.stderr, flush=True)
-    return d
-
-
-def _moved_override(ov: str) -> DictConfig:
+def _renamed_override(ov: str) -> DictConfig:
+    """One override with a former key under its present name (config/former_keys.py)."""
     layer = parse_override(ov)
-    if "loss" not in layer and "dist" not in layer and "data" not in layer:
-        return layer
     d = cast(dict[str, Any], OmegaConf.to_container(layer))
-    d = _moved(rename_former_keys(d, f"the override {ov!r}"), f"the override {ov!r}")
-    return OmegaConf.create(bf16_as_precision(d, f"from the command-line override {ov!r}"))
+    renamed = rename_former_keys(d, f"the override {ov!r}")
+    return layer if renamed == d else OmegaConf.create(renamed)
 
 
 def migrate(d: dict[str, Any]) -> dict[str, Any]:
-    """A config dict stored by an older version (a checkpoint's), as this version names it: renamed keys
-    under their new name, the ``loss`` section as ``method``, sections of methods or formats not installed
-    here left out, and a storage format written as ``data.dataset`` moved to ``data.format``."""
+    """A config dict stored by an older version (a checkpoint's), as this version names it: former keys under
+    their present names (config/former_keys.py), and the sections of methods or formats not installed here
+    left out."""
     where = "a stored config"
-    d = rename_former_keys(d, where)
-    d = drop_missing_format_sections(drop_missing_sections(bf16_as_precision(_moved(d, where), where), where), where)
-    for old, new in _RENAMED.items():
-        (section, old_key), new_key = old.split("."), new.split(".")[1]
-        if isinstance(d.get(section), dict) and old_key in d[section]:
-            moved = {k: v for k, v in d[section].items() if k != old_key}
-            d = {**d, section: {new_key: d[section][old_key], **moved}}
-    data = d.get("data")
-    if isinstance(data, dict) and "format" not in data:
-        was_format = data.get("dataset") in _FORMAT_NAMES
-        d = {
-            **d,
-            "data": {
-                **data,
-                "format": data["dataset"] if was_format else "builtin",
-                "dataset": None if was_format else data.get("dataset"),
-            },
-        }
-    return d
+    return drop_missing_format_sections(drop_missing_sections(rename_former_keys(d, where), where), where)
 
 
 def from_dict(d: dict[str, Any]) -> Config:
@@ -371,14 +310,13 @@ def from_dict(d: dict[str, Any]) -> Config:
 
 
 def to_yaml(cfg: Config) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """``config.yaml``: the stored form (:func:`to_dict` with ``stored``: the chosen method's and format's
+    sections only), which :func:`load_config` reads back as the same config."""
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg, stored=True)))
 
 
 def save_config(cfg: Config, run_dir: str | Path) -> Path:
-    path = Path(run_dir) / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(to_yaml(cfg))
-    return path
+    return atomic.write_text(Path(run_dir) / "config.yaml", to_yaml(cfg))
 
 
 __all__ = [

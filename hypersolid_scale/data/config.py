@@ -24,7 +24,7 @@ from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
 from hypersolid_scale.safety.errors import ConfigError
 
 AUGMENT_MODES = ("auto", "pil", "tensor")
-DECODE_MODES = ("workers", "device")
+VIEWS_ON = ("workers", "device")  # the values of data.views_on: where the multi-crop views are made
 JPEG_DECODERS = ("device", "workers")
 DEVICE_DECODE_FORMATS = ("webdataset", "imagefolder")
 EVAL_SPLITS = ("test", "holdout")
@@ -143,7 +143,7 @@ class DataConfigBase:
             )
         checks = (
             (self.augment in AUGMENT_MODES, f"data.augment={self.augment!r} is not one of {AUGMENT_MODES}"),
-            (self.views_on in DECODE_MODES, f"data.views_on={self.views_on!r} is not one of {DECODE_MODES}"),
+            (self.views_on in VIEWS_ON, f"data.views_on={self.views_on!r} is not one of {VIEWS_ON}"),
             (
                 self.jpeg_decoder in JPEG_DECODERS,
                 f"data.jpeg_decoder={self.jpeg_decoder!r} is not one of {JPEG_DECODERS}",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ from hypersolid_scale.data.common import MANIFEST
 from hypersolid_scale.data.convert_images import ImageTooLarge, encode_image, pixel_limit, prepare_image
 from hypersolid_scale.data.sources import Item
 from hypersolid_scale.data.webdataset.shard_writer import ShardWriter, sha256
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import ConfigError, DataError
 
 __all__ = ["Converter", "DEFAULT_MAX_SIDE", "folder_class_name", "hash_name"]
@@ -28,12 +28,6 @@ __all__ = ["Converter", "DEFAULT_MAX_SIDE", "folder_class_name", "hash_name"]
 # and 8K video frames, and bounds one decoded RGB image at 8192^2 * 3 = 201 MB; larger images are
 # usually scans or crafted headers, and a training crop of 224 px gains nothing from them.
 DEFAULT_MAX_SIDE = 8192
-
-
-def _atomic_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def folder_class_name(label: int, classes: list[str]) -> str:
@@ -253,14 +247,11 @@ class Converter:
         done.append({**self._writer.close(), "consumed": consumed, "bad": list(pending)})
         self._writer = None
         pending.clear()
-        _atomic_json(self.progress_path, self.progress)
+        atomic.write_json(self.progress_path, self.progress, indent=2, newline=False)
 
     @staticmethod
     def _write_file(dest: Path, data: bytes) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
+        atomic.write_bytes(dest, data)
 
     def _nothing_converted(self, split: str, items: Sequence[Item], bad: list[dict]) -> DataError:
         """The error for a split without a single good image; empty folders this run made are removed, so
@@ -343,6 +334,6 @@ class Converter:
                 )
         reasons = [b["reason"] for b in manifest["bad_files"]]
         manifest["bad_counts"] = {r: reasons.count(r) for r in ("too_large", "undecodable")}
-        _atomic_json(self.out / MANIFEST, manifest)
+        atomic.write_json(self.out / MANIFEST, manifest, indent=2, newline=False)
         self.progress_path.unlink(missing_ok=True)
         return manifest

@@ -62,7 +62,7 @@ class EvalConfig:
     knn_k: list[int] = field(default_factory=lambda: [5, 20])  # paper: 200 for ImageNet-1k/Food-101
     knn_temperature: float = 0.07  # weighted vote: exp(cos / T)
     every_n_epochs: int = 1  # online kNN monitor period; 0 disables it
-    monitor_max_train: int = 10000  # train samples the online monitor embeds
+    monitor_max_samples: int = 10000  # per split (train, test) the online monitor embeds; was monitor_max_train
     # linear probe
     linear_optimizer: str = "lbfgs"
     linear_weight_decays: list[float] = field(default_factory=lambda: [1e-6, 1e-5, 1e-4, 1e-3, 1e-2])
@@ -136,7 +136,7 @@ class EvalConfig:
             "interp_pairs",
             "kmeans_niter",
             "linear_max_iter",
-            "monitor_max_train",
+            "monitor_max_samples",
             "dbscan_max_edges",
             "qualitative_images",
         ):

@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
 
 from hypersolid_scale.distributed import all_gather_detached, all_reduce_sum, barrier, get_rank, get_world_size
+from hypersolid_scale.safety import atomic
 
 WHICH = ("backbone", "projector")
 
@@ -126,9 +127,7 @@ def cached_embeddings(
         model, dataset, batch_size=batch_size, device=device, which=which, num_workers=num_workers, desc=desc
     )
     if get_rank() == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save({"feats": feats, "labels": labels, "fingerprint": fingerprint}, tmp)
-        os.replace(tmp, path)
+        blob = {"feats": feats, "labels": labels, "fingerprint": fingerprint}
+        atomic.write_with(path, lambda f: torch.save(blob, f))
     barrier()
     return feats, labels, False

@@ -13,13 +13,14 @@ matplotlib.use("Agg")  # no display on training nodes; must precede pyplot
 import matplotlib.pyplot as plt
 import numpy as np
 
+from hypersolid_scale.safety import atomic
+
 
 def save_figure(fig: plt.Figure, path: str | Path, dpi: int = 120) -> Path:
     """Lay out, write (creating the folder) and close ``fig``; returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    atomic.write_with(path, lambda f: fig.savefig(f, format=path.suffix[1:] or "png", dpi=dpi))
     plt.close(fig)
     return path
 

@@ -5,10 +5,11 @@ Metrics that could not run on the data are listed with their reason (``report["s
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
+
+from hypersolid_scale.safety import atomic
 
 # Metric name -> (section, label, format). Order of this table = order of the printed report.
 LAYOUT: list[tuple[str, str, str, str]] = [
@@ -91,7 +92,7 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> tuple[Path, Pat
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "report.json", out / "report.md"
-    json_path.write_text(json.dumps(_clean(report), indent=2, sort_keys=False) + "\n")
+    atomic.write_json(json_path, _clean(report), indent=2)
     meta = report.get("meta", {})
     lines = [f"# Evaluation of `{meta.get('checkpoint', '?')}`", ""]
     lines += [f"- {k}: `{v}`" for k, v in meta.items() if k != "checkpoint"]
@@ -121,5 +122,5 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> tuple[Path, Pat
         lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in report["plots"]]
     if report.get("timings_s"):
         lines += ["", "## Time (s)", ""] + [f"- {k}: {v:.1f}" for k, v in report["timings_s"].items()]
-    md_path.write_text("\n".join(lines) + "\n")
+    atomic.write_text(md_path, "\n".join(lines) + "\n")
     return json_path, md_path

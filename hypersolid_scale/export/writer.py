@@ -17,7 +17,6 @@ exists is one that loads.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from hypersolid_scale.export.layouts import (
     to_library_state,
 )
 from hypersolid_scale.methods import get_method, method_names
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError, UserError
 
 __all__ = ["EXPORT_FORMAT", "EXPORT_JSON", "export_checkpoint"]
@@ -90,15 +90,10 @@ def _eval_backbone(meta: dict[str, Any]) -> list[str] | None:
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path, info: dict[str, str]) -> None:
-    """The tensors as a safetensors file, written under a temporary name and renamed (no half-written file)."""
+    """The tensors as a safetensors file, written atomically (no half-written file)."""
     from safetensors.torch import save
 
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt", **info}))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    atomic.write_bytes(path, save({k: v.contiguous() for k, v in tensors.items()}, metadata={"format": "pt", **info}))
 
 
 def _out_dir(out: Path) -> Path:
@@ -181,12 +176,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike) -> 
     info = {"arch": meta["arch"], "library": str(meta["library"]), "step": str(meta["step"])}
     try:
         _save_safetensors(state, out_dir / "backbone.safetensors", info)
-        torch.save(state, out_dir / "backbone.pt")
+        atomic.write_with(out_dir / "backbone.pt", lambda f: torch.save(state, f))
         if projector:
             _save_safetensors(projector, out_dir / "projector.safetensors", {**info, "method": method})
         else:  # a directory exported before from another run: no stale projector next to this backbone
             (out_dir / "projector.safetensors").unlink(missing_ok=True)
-        (out_dir / EXPORT_JSON).write_text(json.dumps(meta, indent=2) + "\n")
+        atomic.write_json(out_dir / EXPORT_JSON, meta, indent=2)
     except OSError as err:
         raise CheckpointError(f"cannot write the export to {str(out_dir)!r}: {err.strerror or err}") from None
     return meta

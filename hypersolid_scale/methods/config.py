@@ -7,8 +7,7 @@ method's module leaves it readable; a config stored by an earlier version, with 
 with the sections of methods not installed here left out (:func:`drop_missing_sections`), said in one line.
 
 Earlier versions called this section ``loss``: Hypersolid's keys sat at ``loss.<key>`` and a baseline's at
-``loss.<name>.<key>``. :func:`move_loss_section` moves such a config (a YAML file, an override, a
-checkpoint's config) to the present layout and says so in one line.
+``loss.<name>.<key>``; such a config is read through the table of former keys (``config/former_keys.py``).
 """
 
 from __future__ import annotations
@@ -46,42 +45,6 @@ def _method_config_class() -> type:
 
 
 MethodConfig: Any = _method_config_class()
-
-# Where a key of an earlier version's ``loss`` section lives now: ``loss.name`` -> ``method.name``,
-# ``loss.<method>.*`` -> ``method.<method>.*``, any other ``loss.<key>`` -> ``method.hypersolid.<key>``.
-MOVED_NOTE = (
-    "the config section 'loss' is now 'method': loss.name -> method.name, loss.<key> -> "
-    "method.hypersolid.<key>, loss.<method>.<key> -> method.<method>.<key>"
-)
-
-
-def move_loss_section(d: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    """``d`` (a nested config dict) with an earlier version's ``loss`` section moved into ``method``;
-    ``(d, False)`` when it has none. Keys already under ``method`` win over moved ones."""
-    loss = d.get("loss")
-    if not isinstance(loss, dict):
-        return d, False
-    names = set(method_names())
-    moved: dict[str, Any] = {}
-    hypersolid: dict[str, Any] = {}
-    for key, value in loss.items():
-        if key == "name":
-            moved["name"] = value
-        elif key in names and key != DEFAULT_METHOD and isinstance(value, dict):
-            moved[key] = value
-        else:
-            hypersolid[key] = value
-    if hypersolid:
-        moved[DEFAULT_METHOD] = hypersolid
-    present: dict[str, Any] = d["method"] if isinstance(d.get("method"), dict) else {}
-    merged = {
-        **moved,
-        **{
-            k: ({**moved[k], **v} if isinstance(v, dict) and isinstance(moved.get(k), dict) else v)
-            for k, v in present.items()
-        },
-    }
-    return {**{k: v for k, v in d.items() if k != "loss"}, "method": merged}, True
 
 
 def chosen_section(method: dict[str, Any]) -> dict[str, Any]:

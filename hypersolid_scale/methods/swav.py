@@ -17,6 +17,7 @@ from lightly.models.modules.memory_bank import MemoryBankModule
 from torch import nn
 
 from hypersolid_scale.distributed import get_world_size
+from hypersolid_scale.distributed.process_group import world_info_from_env
 from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
 from hypersolid_scale.safety.errors import ConfigError
@@ -79,7 +80,9 @@ class SwaV(Method):
     @classmethod
     def check_run(cls, cfg: Any) -> None:
         super().check_run(cfg)
-        if cfg.method.swav.queue_length > 0 and get_world_size() > 1 and cfg.dist.engine == "ddp":
+        # The launcher's world size: known when the config is validated, before the process group exists.
+        launched = world_info_from_env().world_size
+        if cfg.method.swav.queue_length > 0 and launched > 1 and cfg.dist.engine == "ddp":
             # DDP broadcasts every buffer from rank 0 before each forward, the per-rank queue included.
             raise ConfigError(
                 "method.swav.queue_length > 0 keeps a queue per rank, which DistributedDataParallel "

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from hypersolid_scale.data import build_eval_datasets
 from hypersolid_scale.distributed import all_reduce_max_flag, all_reduce_sum
 from hypersolid_scale.eval import extract_embeddings, knn_accuracy
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.tracking import Tracker
 from hypersolid_scale.training.run_builder import Run
 
@@ -35,7 +36,7 @@ def knn_monitor(run: Run) -> dict[str, float]:
     try:
         tr_f, tr_y = extract_embeddings(
             model,
-            cap(train_ds, ev.monitor_max_train),
+            cap(train_ds, ev.monitor_max_samples),
             batch_size=ev.batch_size,
             device=run.device,
             which=ev.features,
@@ -43,7 +44,7 @@ def knn_monitor(run: Run) -> dict[str, float]:
         )
         te_f, te_y = extract_embeddings(
             model,
-            cap(test_ds, ev.monitor_max_train),
+            cap(test_ds, ev.monitor_max_samples),
             batch_size=ev.batch_size,
             device=run.device,
             which=ev.features,
@@ -104,7 +105,6 @@ def plot_loss(history: list[tuple[int, float]], path: Path) -> Path:
     ax.plot(steps, losses)
     ax.set(xlabel="step", ylabel="loss", title="training loss")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    atomic.write_with(path, lambda f: fig.savefig(f, format=path.suffix[1:] or "png", dpi=100))
     plt.close(fig)
     return path

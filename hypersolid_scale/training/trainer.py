@@ -58,7 +58,8 @@ from hypersolid_scale.distributed import (
 )
 from hypersolid_scale.losses import PackedStats
 from hypersolid_scale.losses.stats import pack
-from hypersolid_scale.methods import get_method
+from hypersolid_scale.methods import get_method, method_names
+from hypersolid_scale.methods.config import DEFAULT_METHOD
 from hypersolid_scale.safety.errors import EXIT_BAD_INPUT, UserError, report
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
@@ -254,7 +255,7 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
         if info.rank == 0:
             save_config(cfg, cfg.run_dir)
         if ckpt is None:
-            tracker.log_params(flatten(to_dict(cfg)))
+            tracker.log_params(flatten(to_dict(cfg, stored=True)))  # the chosen method's and format's only
         tracker.log_artifact(Path(cfg.run_dir) / "config.yaml")
     except BaseException:
         tracker.close(status="FAILED")
@@ -262,7 +263,8 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
     if info.rank == 0:
         where = f"resumed from {ckpt['path']} at step {step}" if ckpt else "starting from scratch"
         print(
-            f"[hypersolid] {info.world_size} process(es), {cfg.dist.engine}/{run.transport}, "
+            f"[hypersolid] training method.name={cfg.method.name}: {info.world_size} process(es), "
+            f"{cfg.dist.engine}/{run.transport}, "
             f"device={run.device.type}, precision={run.precision}, {run.steps_per_epoch} steps/epoch, "
             f"{run.total_steps} steps total; {where}",
             flush=True,
@@ -343,7 +345,8 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
 
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:
     parser = argparse.ArgumentParser(
-        description="Hypersolid self-supervised pre-training (run under torchrun or srun for several processes)."
+        description="Self-supervised pre-training of the method the config names (method.name: "
+        f"{', '.join(method_names())}; default {DEFAULT_METHOD}); run under torchrun or srun for several processes."
     )
     parser.add_argument("--config", default=None, help="YAML config (configs/*.yaml); defaults if omitted")
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. optim.lr=1e-3")

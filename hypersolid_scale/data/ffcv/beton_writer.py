@@ -18,7 +18,6 @@ This module imports FFCV's writer and fields only, not the loader side (`hyperso
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing import Process, Queue, Value
@@ -30,6 +29,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import DataError
 
 try:
@@ -197,7 +197,7 @@ def write_beton(
     max_pixels: int | None = None,
     max_side: int = 0,
 ) -> None:
-    """Write (image, label) pairs to `path` (via `path.tmp`, renamed when complete, removed on failure).
+    """Write (image, label) pairs to `path` (atomically: via a temporary file, removed on failure).
 
     `max_pixels` / `max_side`: the largest image's pixel count and longest side (the converter reads them
     from the headers); None: every image is loaded once here to measure it. `page_size`: None chooses
@@ -219,16 +219,11 @@ def write_beton(
             f"FFCV page size {page_size} cannot hold an image of {max_pixels} pixels ({3 * max_pixels} "
             f"bytes as raw RGB); use page_size={needed} or leave it out"
         )
-    tmp = path + ".tmp"
-    try:
+    with atomic.atomic_path(path) as tmp:
         writer = _GuardedWriter(
-            tmp,
+            str(tmp),
             {"image": RGBImageField(write_mode=write_mode, jpeg_quality=jpeg_quality), "label": IntField()},
             num_workers=num_workers,
             page_size=page_size,
         )
         writer.from_indexed_dataset(_ArrayList(images, labels))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

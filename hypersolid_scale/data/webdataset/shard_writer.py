@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import tarfile
 from pathlib import Path
+
+from hypersolid_scale.safety import atomic
 
 
 def sha256(path: str | Path) -> str:
@@ -28,7 +29,7 @@ class ShardWriter:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.tmp = atomic.temp_path(self.path)
         self.count = 0
         self._tar: tarfile.TarFile | None = tarfile.open(self.tmp, "w")
 
@@ -48,7 +49,7 @@ class ShardWriter:
         assert self._tar is not None, "the shard is closed"
         self._tar.close()
         self._tar = None
-        os.replace(self.tmp, self.path)
+        atomic.commit(self.tmp, self.path)
         return {"name": self.path.name, "count": self.count, "sha256": sha256(self.path)}
 
     def abort(self) -> None:

@@ -49,6 +49,9 @@ class Backbone:
             otherwise that setting is rejected.
         check: extra validation of the config, called by ``ModelConfig.validate`` after the checks common to
             all backbones; raises ValueError naming the bad field and the fix.
+        input_multiple: ``input_multiple(cfg) -> (n, key)`` for a backbone whose input sides must be multiples of
+            ``n`` (the ViT's patch size, the config key ``key``): every view size is checked against it when the
+            config is validated (``config/combinations.py``). None: any size.
         order: its place in `backbone_names()` (then by name); the default, ``small_cnn``, comes first.
     """
 
@@ -57,6 +60,7 @@ class Backbone:
     small_stem: bool = False
     check: Callable[[ModelConfig], None] | None = None
     order: int = DEFAULT_ORDER
+    input_multiple: Callable[[ModelConfig], tuple[int, str]] | None = None
 
 
 BACKBONES: Registry[Backbone] = Registry(
@@ -70,12 +74,13 @@ def register_backbone(
     small_stem: bool = False,
     check: Callable[[ModelConfig], None] | None = None,
     order: int = DEFAULT_ORDER,
+    input_multiple: Callable[[ModelConfig], tuple[int, str]] | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator registering ``build(cfg) -> (module, feature_dim)`` as the backbone ``name`` (see `Backbone`
     for the options). Returns the builder unchanged, so one builder may be registered under several names."""
 
     def decorator(build: Builder) -> Builder:
-        BACKBONES.register(name, Backbone(name, build, small_stem, check, order))
+        BACKBONES.register(name, Backbone(name, build, small_stem, check, order, input_multiple))
         return build
 
     return decorator

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from hypersolid_scale.models.backbones import register_backbone
+from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
     from hypersolid_scale.models.config import ModelConfig
@@ -40,9 +41,12 @@ class ViTBackbone(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = x.shape[-2:]
         if h % self.patch_size or w % self.patch_size:
-            raise ValueError(
-                f"ViT input of size {h}x{w} is not a multiple of patch_size={self.patch_size}; "
-                "choose crop sizes that are multiples of the patch size"
+            # Reachable from input (an image size the config's validation did not see, e.g. another dataset's
+            # evaluation images): the user's to fix, not an internal error.
+            raise ConfigError(
+                f"ViT input of size {h}x{w} is not a multiple of model.patch_size={self.patch_size}; choose crop "
+                f"sizes (data.global_crop_size, data.local_crop_size) that are multiples of {self.patch_size}, or a "
+                "model.patch_size that divides them"
             )
         return self.vit(x)
 
@@ -56,7 +60,9 @@ def check_vit(cfg: ModelConfig) -> None:
         )
 
 
-@register_backbone("vit_tiny", check=check_vit)  # patches, no stem: no small_stem
+@register_backbone(
+    "vit_tiny", check=check_vit, input_multiple=lambda cfg: (cfg.patch_size, "model.patch_size")
+)  # patches, no stem: no small_stem
 def build_vit_tiny(cfg: ModelConfig) -> tuple[nn.Module, int]:
     """ViTBackbone of ``cfg.in_channels``, ``cfg.img_size`` and ``cfg.patch_size``."""
     vit = ViTBackbone(cfg)

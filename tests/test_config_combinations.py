@@ -1,0 +1,81 @@
+"""Cross-section checks at config validation (config/combinations.py): each combination the run would refuse
+later is refused by ``load_config``, before any process starts, in one line naming both keys and a value that
+works; and that value loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hypersolid_scale.config.combinations import RULES
+from hypersolid_scale.config.schema import load_config
+from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.safety.errors import ConfigError, UserError
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+
+# rule -> (the overrides it refuses, the keys and fix its message names, the overrides that fix it)
+CASES = {
+    "check_engine": (
+        ["dist.precision=fp64", "dist.engine=deepspeed"],
+        ["dist.precision=fp64", "dist.engine=ddp"],
+        ["dist.precision=fp32", "dist.engine=deepspeed"],
+    ),
+    "check_transport_on_device": (
+        ["dist.transport=nccl", "dist.device=cpu"],
+        ["dist.transport=nccl", "dist.device=cpu", "dist.transport=gloo"],
+        ["dist.transport=gloo", "dist.device=cpu"],
+    ),
+    "check_crops_fit_backbone": (
+        ["model.arch=vit_tiny"],  # 28 px crops, patch_size 16: the issue's new user
+        ["data.global_crop_size=28", "model.patch_size=16", "model.arch=vit_tiny", "model.patch_size=4"],
+        ["model.arch=vit_tiny", "model.patch_size=4"],
+    ),
+}
+
+
+def test_every_rule_has_a_case() -> None:
+    assert {rule.__name__ for rule in RULES} == {*CASES, "check_batch_splits"}
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_a_refused_combination_is_found_when_the_config_is_loaded(rule: str) -> None:
+    refused, named, fixed = CASES[rule]
+    with pytest.raises(ConfigError) as err:
+        load_config(QUICKSTART, refused)
+    message = str(err.value)
+    assert "\n" not in message and "internal" not in message
+    assert all(words in message for words in named), message
+    load_config(QUICKSTART, fixed)  # the value the message suggests works
+
+
+def test_the_batch_must_split_over_the_processes_the_launcher_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(
+        ConfigError, match=r"global_batch_size=256 does not split over 3 process.*accumulate"
+    ):
+        load_config(QUICKSTART, ["data.global_batch_size=256"])
+    assert load_config(QUICKSTART, ["data.global_batch_size=255"]).data.global_batch_size == 255
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    load_config(QUICKSTART, ["data.global_batch_size=256"])
+
+
+def test_a_method_s_rule_on_the_world_size_is_checked_with_the_launcher_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    swav = ["method.name=swav", "method.swav.queue_length=64", "eval.features=backbone"]
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="method.swav.queue_length > 0 .*set method.swav.queue_length=0"):
+        load_config(QUICKSTART, swav)
+    load_config(QUICKSTART, [*swav[:1], "method.swav.queue_length=0"])
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    load_config(QUICKSTART, swav)
+
+
+def test_a_vit_given_an_image_of_another_size_is_the_user_s_error_not_an_internal_one() -> None:
+    """What the validation cannot see (e.g. another data set's images at evaluation) is still a UserError."""
+    vit, _ = build_backbone(ModelConfig(arch="vit_tiny", in_channels=1, img_size=32, patch_size=16))
+    with pytest.raises(UserError, match=r"28x28 is not a multiple of model.patch_size=16.*data.global_crop_size"):
+        vit(torch.zeros(1, 1, 28, 28))
