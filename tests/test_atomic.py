@@ -105,7 +105,7 @@ RENAMERS = {
     "hypersolid_scale/tracking/spool.py": "the outbox moves its own open file (and its watermark, rewritten after "
     "every send and fsync'ed only when durable) to the run's name",
     "hypersolid_scale/tracking/runs.py": "calls the spool's rename above",
-    "hypersolid_scale/checkpoint/run_state.py": "checkpoint.resume=never moves a whole finished folder aside",
+    "hypersolid_scale/checkpoint/resume.py": "checkpoint.resume=never moves a whole finished folder aside",
 }
 # A plain write of a whole file is one of the helper's, apart from these (none is a result of the package).
 PLAIN_WRITERS = {

@@ -17,7 +17,7 @@ is applied in order, so an entry for a whole section (``loss``) takes what the e
 
 What is not here, because it is not a rename: the sections of methods or formats not installed here, left out
 of a stored config (``methods/config.drop_missing_sections``, ``data/config.drop_missing_format_sections``),
-and a checkpoint's own layout (``checkpoint/run_state.migrate_layout``: where its tensors are, not its config).
+and a checkpoint's own layout (``checkpoint/layout.migrate_layout``: where its tensors are, not its config).
 """
 
 from __future__ import annotations
