@@ -9,8 +9,6 @@ back with the weights loaded strict. docs/export.md has the details.
 """
 
 from hypersolid_scale.export.layouts import (
-    LAYOUTS,
-    Layout,
     build_library_module,
     describe,
     load_strict,
@@ -21,8 +19,6 @@ from hypersolid_scale.export.writer import EXPORT_JSON, export_checkpoint
 
 __all__ = [
     "EXPORT_JSON",
-    "LAYOUTS",
-    "Layout",
     "build_library_module",
     "describe",
     "export_checkpoint",

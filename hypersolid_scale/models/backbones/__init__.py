@@ -4,7 +4,8 @@ Every module of this package defines one family of backbones and registers each 
 `register_backbone`; `get_backbone`, `backbone_names` and `build_backbone` import them all on first use
 (``python -m hypersolid_scale.models.backbones`` lists them). A new
 backbone is one new module here (plus its tests): its builder, and what is specific to it — whether
-``model.small_stem`` applies, extra validation of the config — in its registration. `ModelConfig.validate`
+``model.small_stem`` applies, extra validation of the config, its export layout (`ExportLayout`: the library
+model it is, for ``hypersolid_scale.export``) — in its registration. `ModelConfig.validate`
 asks this registry, so it names no architecture itself. Modules here stay cheap to import: torchvision and
 timm are imported inside the builders, so validating a config does not load them.
 
@@ -23,9 +24,9 @@ A backbone registered at run time (a script, a test) is built like the ones here
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.config.registry import DEFAULT_ORDER, Registry
 
@@ -36,6 +37,28 @@ if TYPE_CHECKING:
 
 # build(cfg) -> (backbone, feature_dim): the module maps (N, cfg.in_channels, H, W) to (N, feature_dim).
 Builder = Callable[["ModelConfig"], "tuple[nn.Module, int]"]
+
+
+@dataclass(frozen=True)
+class ExportLayout:
+    """A backbone as the library model it is (``hypersolid_scale.export``, docs/export.md).
+
+    Attributes:
+        library: ``torchvision``, ``timm``, or None (this package's own module, exported as it is).
+        name: the library's model name (its constructor), or the package's arch for ``library=None``.
+        describe: ``describe(model) -> fields``: from a config's ``model`` section, what ``export.json`` records
+            to rebuild the module beyond the common fields (arch, library, channels): its constructor call, its
+            stem or sizes, a note.
+        build: ``build(meta) -> (module, feature_dim)``: the library's module as ``export.json``'s fields
+            describe it, without a classifier (called on the meta device: no weights are initialised).
+        inner: the prefix of the library module inside the package's backbone (``vit.`` for the ViT).
+    """
+
+    library: str | None
+    name: str
+    describe: Callable[[Mapping[str, Any]], dict[str, Any]]
+    build: Callable[[Mapping[str, Any]], tuple[nn.Module, int]]
+    inner: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +76,7 @@ class Backbone:
             ``n`` (the ViT's patch size, the config key ``key``): every view size is checked against it when the
             config is validated (``config/combinations.py``). None: any size.
         order: its place in `backbone_names()` (then by name); the default, ``small_cnn``, comes first.
+        export: how ``hypersolid_scale.export`` writes it in its library's layout; None: it cannot be exported.
     """
 
     name: str
@@ -61,6 +85,7 @@ class Backbone:
     check: Callable[[ModelConfig], None] | None = None
     order: int = DEFAULT_ORDER
     input_multiple: Callable[[ModelConfig], tuple[int, str]] | None = None
+    export: ExportLayout | None = None
 
 
 BACKBONES: Registry[Backbone] = Registry(
@@ -75,12 +100,13 @@ def register_backbone(
     check: Callable[[ModelConfig], None] | None = None,
     order: int = DEFAULT_ORDER,
     input_multiple: Callable[[ModelConfig], tuple[int, str]] | None = None,
+    export: ExportLayout | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator registering ``build(cfg) -> (module, feature_dim)`` as the backbone ``name`` (see `Backbone`
     for the options). Returns the builder unchanged, so one builder may be registered under several names."""
 
     def decorator(build: Builder) -> Builder:
-        BACKBONES.register(name, Backbone(name, build, small_stem, check, order, input_multiple))
+        BACKBONES.register(name, Backbone(name, build, small_stem, check, order, input_multiple, export))
         return build
 
     return decorator

@@ -2,18 +2,53 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from hypersolid_scale.models.backbones import register_backbone
+from hypersolid_scale.models.backbones import ExportLayout, register_backbone
 
 if TYPE_CHECKING:
     from hypersolid_scale.models.config import ModelConfig
 
 
-@register_backbone("resnet50", small_stem=True)
-@register_backbone("resnet18", small_stem=True)
+def describe_resnet(model: Mapping[str, Any]) -> dict[str, Any]:
+    """export.json's fields of a ResNet: its stem and the torchvision constructor that rebuilds it."""
+    arch, channels = str(model["arch"]), int(model["in_channels"])
+    stem = "small" if model.get("small_stem") else "standard"
+    replaced = (
+        f"; conv1 = nn.Conv2d({channels}, 64, 3, 1, 1, bias=False); maxpool = nn.Identity()"
+        if stem == "small"
+        else (f"; conv1 = nn.Conv2d({channels}, 64, 7, 2, 3, bias=False)" if channels != 3 else "")
+    )
+    return {"stem": stem, "constructor": f"torchvision.models.{arch}(weights=None); fc = nn.Identity(){replaced}"}
+
+
+def build_torchvision_resnet(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
+    """torchvision's ResNet as export.json describes it (stem, channels), without ``fc``."""
+    import torchvision
+
+    ctor = {"resnet18": torchvision.models.resnet18, "resnet50": torchvision.models.resnet50}[meta["arch"]]
+    net = ctor(weights=None)
+    channels = int(meta["in_channels"])
+    if meta.get("stem") == "small":
+        net.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
+    elif channels != 3:
+        net.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    dim = int(net.fc.in_features)
+    net.fc = nn.Identity()
+    return net, dim
+
+
+def _export(arch: str) -> ExportLayout:
+    # torchvision's state dict keys, without fc
+    return ExportLayout("torchvision", arch, describe_resnet, build_torchvision_resnet)
+
+
+@register_backbone("resnet50", small_stem=True, export=_export("resnet50"))
+@register_backbone("resnet18", small_stem=True, export=_export("resnet18"))
 def build_resnet(cfg: ModelConfig) -> tuple[nn.Module, int]:
     """torchvision's ``cfg.arch`` without its classifier; ``cfg.small_stem`` and ``cfg.in_channels`` set the
     stem."""

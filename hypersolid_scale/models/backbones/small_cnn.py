@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from hypersolid_scale.models.backbones import register_backbone
+from hypersolid_scale.models.backbones import ExportLayout, register_backbone
 
 if TYPE_CHECKING:
     from hypersolid_scale.models.config import ModelConfig
@@ -46,7 +47,27 @@ class SmallCNN(nn.Module):
         return self.pool(self.features(x)).flatten(1)
 
 
-@register_backbone("small_cnn", order=0)  # the default, listed first; keeps resolution already: no small_stem
+def describe_small_cnn(model: Mapping[str, Any]) -> dict[str, Any]:
+    """export.json's fields of the SmallCNN: no library has it; its width and this package's constructor."""
+    channels, width = int(model["in_channels"]), int(model["small_cnn_width"])
+    return {
+        "small_cnn_width": width,
+        "constructor": f"hypersolid_scale.models.SmallCNN(in_channels={channels}, width={width})",
+        "library_note": (
+            "small_cnn is this package's own CNN with no torchvision or timm counterpart: its state dict is "
+            "exported as it is, and load_backbone rebuilds it as hypersolid_scale.models.SmallCNN"
+        ),
+    }
+
+
+def build_exported_small_cnn(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
+    net = SmallCNN(int(meta["in_channels"]), int(meta["small_cnn_width"]))
+    return net, net.feature_dim
+
+
+@register_backbone(  # the default, listed first; keeps resolution already: no small_stem
+    "small_cnn", order=0, export=ExportLayout(None, "small_cnn", describe_small_cnn, build_exported_small_cnn)
+)
 def build_small_cnn(cfg: ModelConfig) -> tuple[nn.Module, int]:
     """SmallCNN of ``cfg.in_channels`` and ``cfg.small_cnn_width``."""
     net = SmallCNN(cfg.in_channels, cfg.small_cnn_width)

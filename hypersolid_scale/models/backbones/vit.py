@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
-from hypersolid_scale.models.backbones import register_backbone
+from hypersolid_scale.models.backbones import ExportLayout, register_backbone
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class ViTBackbone(nn.Module):
 
         self.patch_size = cfg.patch_size
         self.vit = timm.create_model(
-            "vit_tiny_patch16_224",
+            TIMM_NAME,
             pretrained=False,
             num_classes=0,  # drop the classifier head; forward returns pooled features
             in_chans=cfg.in_channels,
@@ -60,8 +61,43 @@ def check_vit(cfg: ModelConfig) -> None:
         )
 
 
+TIMM_NAME = "vit_tiny_patch16_224"
+
+
+def describe_vit(model: Mapping[str, Any]) -> dict[str, Any]:
+    """export.json's fields of the ViT: its sizes and the timm constructor that rebuilds it."""
+    img, patch, channels = int(model["img_size"]), int(model["patch_size"]), int(model["in_channels"])
+    return {
+        "img_size": img,
+        "patch_size": patch,
+        "constructor": (
+            f"timm.create_model({TIMM_NAME!r}, pretrained=False, num_classes=0, in_chans={channels}, "
+            f"img_size={img}, patch_size={patch}, dynamic_img_size=True)"
+        ),
+    }
+
+
+def build_timm_vit(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
+    """timm's ViT as export.json describes it, without a classifier."""
+    import timm
+
+    net = timm.create_model(
+        str(meta["library_model"]),
+        pretrained=False,
+        num_classes=0,
+        in_chans=int(meta["in_channels"]),
+        img_size=int(meta["img_size"]),
+        patch_size=int(meta["patch_size"]),
+        dynamic_img_size=True,
+    )
+    return net, int(cast(int, net.num_features))
+
+
 @register_backbone(
-    "vit_tiny", check=check_vit, input_multiple=lambda cfg: (cfg.patch_size, "model.patch_size")
+    "vit_tiny",
+    check=check_vit,
+    input_multiple=lambda cfg: (cfg.patch_size, "model.patch_size"),
+    export=ExportLayout("timm", TIMM_NAME, describe_vit, build_timm_vit, inner="vit."),  # kept under vit.
 )  # patches, no stem: no small_stem
 def build_vit_tiny(cfg: ModelConfig) -> tuple[nn.Module, int]:
     """ViTBackbone of ``cfg.in_channels``, ``cfg.img_size`` and ``cfg.patch_size``."""
