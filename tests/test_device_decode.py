@@ -229,7 +229,7 @@ def test_a_jpeg_that_fails_on_the_device_is_replaced_and_counted() -> None:
 
 
 def test_decode_device_is_refused_where_it_does_not_apply() -> None:
-    with pytest.raises(ConfigError, match="data.views_on=device is for the file formats"):
+    with pytest.raises(ConfigError, match="data.views_on=device is for the formats"):
         DataConfig(views_on="device").validate()
     with pytest.raises(ConfigError, match="data.views_on='gpu' is not one of"):
         DataConfig(format="imagefolder", path="x", views_on="gpu").validate()

@@ -26,7 +26,6 @@ from hypersolid_scale.safety.errors import ConfigError
 AUGMENT_MODES = ("auto", "pil", "tensor")
 VIEWS_ON = ("workers", "device")  # the values of data.views_on: where the multi-crop views are made
 JPEG_DECODERS = ("device", "workers")
-DEVICE_DECODE_FORMATS = ("webdataset", "imagefolder")
 EVAL_SPLITS = ("test", "holdout")
 DEFAULT_BATCH_SIZE_PER_GPU = 256  # when a config states neither batch key
 DEFAULT_FORMAT = "builtin"
@@ -138,8 +137,8 @@ class DataConfigBase:
         if self.format == "builtin" and self.builtin_name() not in BUILTIN_DATASETS:
             raise ConfigError(
                 f"data.dataset={self.dataset!r} is not a builtin dataset {BUILTIN_DATASETS}; for other data "
-                "convert it (python -m hypersolid_scale.data.convert --help) and set data.format=webdataset, "
-                "ffcv or imagefolder and data.path"
+                "convert it (python -m hypersolid_scale.data.convert --help) and set data.format to one of "
+                f"{' | '.join(formats.file_formats())} and data.path"
             )
         checks = (
             (self.augment in AUGMENT_MODES, f"data.augment={self.augment!r} is not one of {AUGMENT_MODES}"),
@@ -149,9 +148,9 @@ class DataConfigBase:
                 f"data.jpeg_decoder={self.jpeg_decoder!r} is not one of {JPEG_DECODERS}",
             ),
             (
-                self.views_on == "workers" or self.format in DEVICE_DECODE_FORMATS,
+                self.views_on == "workers" or self.format in formats.device_view_formats(),
                 (
-                    f"data.views_on=device is for the file formats {DEVICE_DECODE_FORMATS}, not data.format="
+                    f"data.views_on=device is for the formats {tuple(formats.device_view_formats())}, not data.format="
                     f"{self.format} (builtin augments batched in memory; ffcv decodes in its own pipeline): "
                     "drop data.views_on"
                 ),

@@ -41,6 +41,10 @@ class Format:
     order: int = DEFAULT_ORDER  # place in names() (then by name): the default, builtin, comes first
     # The dataclass of this format's own keys, the config section data.<name>.* (None: it has none).
     Options: type | None = None
+    # Its images can be decoded and cropped into views on the training device (data.views_on=device: the
+    # loader hands over encoded images, data/device_views.py); a format that decodes in a pipeline of its own
+    # (FFCV) or holds decoded tensors in memory (builtin) does not.
+    device_views: bool = False
 
     def options(self, cfg: DataConfig) -> Any:
         """This format's section of `cfg` (``data.<name>``, an ``Options``)."""
@@ -172,3 +176,13 @@ def get(name: str) -> Format:
 def with_options() -> dict[str, type]:
     """{name: Options} of the registered formats that declare their own keys, in ``names()`` order."""
     return {n: opts for n in names() if (opts := get(n).Options) is not None}
+
+
+def device_view_formats() -> list[str]:
+    """The registered formats whose images the device stage can decode into views (``Format.device_views``)."""
+    return [n for n in names() if get(n).device_views]
+
+
+def file_formats() -> list[str]:
+    """The registered formats read from files under data.path (``Format.needs_path``)."""
+    return [n for n in names() if get(n).needs_path]

@@ -33,6 +33,7 @@ def image_folder(root: str, mode: str | None, transform: Callable | None) -> Dat
 
 class ImageFolderFormat(FileFormat):
     name = "imagefolder"
+    device_views = True
     layouts = ("imagefolder/{split}", "folder/{split}", "{split}")  # folder/: outputs of earlier converters
 
     def train_loader(

@@ -33,6 +33,7 @@ class WebDatasetOptions:
 
 class WebDatasetFormat(FileFormat):
     name = "webdataset"
+    device_views = True
     layouts = ("{split}",)
     Options = WebDatasetOptions
 
