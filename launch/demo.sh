@@ -36,7 +36,7 @@ TRAIN_ARGS=()
 if [[ -n $STEPS ]]; then TRAIN_ARGS+=("max_steps=$STEPS"); fi
 if [[ -n $EVAL_SAMPLES ]]; then
     EVAL_ARGS+=("eval.max_train_samples=$EVAL_SAMPLES" "eval.max_test_samples=$EVAL_SAMPLES")
-    TRAIN_ARGS+=("eval.monitor_max_train=$EVAL_SAMPLES")
+    TRAIN_ARGS+=("eval.monitor_max_samples=$EVAL_SAMPLES")
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # one core per process: two processes share two cores
 
