@@ -29,6 +29,14 @@ def crop_resize_one(img: torch.Tensor, row: list[float], size: int) -> torch.Ten
     return out.flip(-1) if row[vp.FLIP] else out
 
 
+def kornia_blur(x: torch.Tensor, sigma: torch.Tensor, sigma_max: float) -> torch.Tensor:
+    """What `data/blur.py` replaced: kornia's per-sample Gaussian blur (a grouped convolution, reflect padding),
+    the kernel 3 sigma each side of the preset's largest sigma and smaller than the image."""
+    _, _, h, w = x.shape
+    k = min(2 * math.ceil(3 * sigma_max) + 1, (min(h, w) - 1) | 1)
+    return kornia.filters.gaussian_blur2d(x, (k, k), sigma.to(x.device)[:, None].repeat(1, 2))
+
+
 def masked_photometric(aug: BatchPhotometric, x: torch.Tensor, d: Decisions) -> torch.Tensor:
     """`BatchPhotometric.apply` the plain way: each step on the boolean-mask subset it applies to."""
     x = x.float().clone()
@@ -38,7 +46,7 @@ def masked_photometric(aug: BatchPhotometric, x: torch.Tensor, d: Decisions) -> 
     if d.gray.any():
         x[d.gray] = _gray(x[d.gray]).expand(-1, x.shape[1], -1, -1)
     if d.blur.any():
-        x[d.blur] = aug._blur(x[d.blur], d.sigma[d.blur])
+        x[d.blur] = kornia_blur(x[d.blur], d.sigma[d.blur], aug.preset.blur_sigmas[1])
     if d.solarize.any():
         xs = x[d.solarize]
         x[d.solarize] = torch.where(xs >= 128 / 255, 1.0 - xs, xs)

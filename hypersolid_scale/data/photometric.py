@@ -12,13 +12,12 @@ Pass ``record={}`` to get the per-sample decisions back (used by the parity test
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
-import kornia
 import torch
 
+from hypersolid_scale.data.blur import gaussian_blur, kernel_size
 from hypersolid_scale.data.color import gray, hue_shift
 from hypersolid_scale.data.keyed_draws import (
     COL_BLUR,
@@ -145,12 +144,9 @@ class BatchPhotometric:
         return x
 
     def _blur(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Per-sample Gaussian blur as two batched matrix products (`blur.py`: kornia's values, no grouped conv)."""
         _, _, h, w = x.shape
-        hi = self.preset.blur_sigmas[1]
-        # PIL's GaussianBlur(radius=sigma) has std sigma; 3 sigma each side covers it. Reflect padding
-        # needs the kernel to stay smaller than the image.
-        k = min(2 * math.ceil(3 * hi) + 1, (min(h, w) - 1) | 1)
-        return kornia.filters.gaussian_blur2d(x, (k, k), sigma[:, None].repeat(1, 2))
+        return gaussian_blur(x, sigma.to(x.device, non_blocking=True), kernel_size(h, w, self.preset.blur_sigmas[1]))
 
     def view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: dict | None = None) -> torch.Tensor:
         """Augment and normalise view number `index` ((B, C, H, W) float in [0, 1] or uint8).
