@@ -187,27 +187,26 @@ def _chain_args(n: int) -> list[torch.Tensor]:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_the_device_stage_never_synchronises_with_the_host() -> None:
-    """torch's sync debug mode raises on any host synchronisation inside the views of a decoded batch (the
-    compiled chain, CUDA's default, and the eager one). A whole training step: tests/test_hot_path.py."""
+    """torch's sync debug mode raises on any host synchronisation in the stage, turned on BEFORE its first
+    decode: the batched nvJPEG decode, the packing, the crops and the compiled chain (compiled first by
+    `prepare`, as the trainer does before training), then the eager chain (the `where` chain uncompiled, as a
+    compiler failure leaves it). A whole training step: tests/test_hot_path.py."""
     preset = PRESETS["default"]
     stage = DeviceStage(preset, "cuda")
-    images, params = stage.decode(host_batch(preset, photos(16, seed=14)))
-    padded = pad_images(images)
-    stage.views_of(padded, params)  # warm-up: the chain's compilation, library handles, allocator pools
+    batch = host_batch(preset, photos(16, seed=14))
+    assert stage.prepare(16) == "compiled"
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
+        images, params = stage.decode(batch)  # the stage's first decode
+        padded = pad_images(images)
         views = stage.views_of(padded, params)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert [v.shape[-1] for v in views] == preset.view_sizes()
-    assert stage.photometric._compiled is not None  # the compiled chain ran, no fall-back
-    stage.photometric._compiled = None  # the eager chain: row subsets by host indices
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+        stage.photometric._compiled = None
         eager = stage.views_of(padded, params)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert [v.shape[-1] for v in views] == preset.view_sizes()
+    assert stage.photometric.chain == "compiled"  # the compiled chain ran, no fall-back
     for a, b in zip(views, eager):
         assert float((a - b).abs().max()) <= 1e-4
 
@@ -219,7 +218,7 @@ def test_the_eager_chain_makes_no_tensor_from_host_data_after_its_first_batch(mo
 
     preset = PRESETS["default"]
     stage = DeviceStage(preset, "cpu")
-    assert stage.photometric._compiled is None  # the eager chain, as the CUDA fall-back runs it
+    assert stage.photometric._compiled is None  # the eager chain (the CPU's: row subsets by host indices)
     images, params = stage.decode(host_batch(preset, photos(8, seed=16)))
     padded = pad_images(images)
     stage.views_of(padded, params)

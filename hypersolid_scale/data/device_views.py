@@ -211,24 +211,37 @@ class DeviceStage:
         images, params = self.decode(batch)
         return self.views_of(pad_images(images), params)
 
+    def prepare(self, batch_size: int) -> str:
+        """Before training, on the main thread: compile the photometric chain for this loader's views (the
+        stage's thread then compiles nothing). Returns which chain runs (`BatchPhotometric.chain`)."""
+        return self.photometric.prepare(batch_size, self.preset.view_sizes())
+
+    def send_draws(self, params: torch.Tensor) -> torch.Tensor:
+        """The batch's draws (B, V, NUM_PARAMS) as float32 on the device: every view's boxes, flips and
+        photometric decisions in ONE host->device copy, from pinned memory on CUDA (asynchronous)."""
+        host = params.to(torch.float32)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        return host.to(self.device, non_blocking=True)
+
     def views_of(self, padded: torch.Tensor, params: torch.Tensor) -> list[torch.Tensor]:
         """The views of a decoded batch (`pad_images`) and its draws (B, V, NUM_PARAMS) on the CPU: per view, a
         fixed number of calls for the whole batch, and nothing read back from the device."""
         host = params.numpy()  # the windows' sizes come from the host's copy of the draws
-        draws = params.to(torch.float32).to(self.device, non_blocking=True)  # one copy for all views
+        draws = self.send_draws(params)  # decided on the host, one copy for all views
         out = []
         for v, size in enumerate(self.preset.view_sizes()):
             p = draws[:, v]
             window = (int(host[:, v, vp.HEIGHT].max()), int(host[:, v, vp.WIDTH].max()))
             boxes = p[:, vp.TOP : vp.WIDTH + 1]  # top, left, height, width
             x = crop_resize(padded, boxes, p[:, vp.FLIP] > 0, size, window).div_(255.0)
-            x = self.photometric.apply(x, _decisions(params[:, v].float()))  # decided on the host
+            x = self.photometric.apply(x, _decisions(p))
             out.append(x.contiguous(memory_format=self.memory_format))
         return out
 
 
 def _decisions(p: torch.Tensor) -> Decisions:
-    """The photometric decisions of one view's (B, NUM_PARAMS) rows (on the CPU: they travel with the views)."""
+    """The photometric decisions of one view's (B, NUM_PARAMS) rows, on the rows' device."""
     on = lambda col: p[:, col] > 0  # noqa: E731
     return Decisions(
         jitter=on(vp.JITTER),

@@ -254,7 +254,7 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
         if info.rank == 0:
             save_config(cfg, cfg.run_dir)
         if ckpt is None:
-            tracker.log_params(flatten(to_dict(cfg)))
+            tracker.log_params({**flatten(to_dict(cfg)), **_stage_params(run)})
         tracker.log_artifact(Path(cfg.run_dir) / "config.yaml")
     except BaseException:
         tracker.close(status="FAILED")
@@ -267,9 +267,17 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
             f"{run.total_steps} steps total; {where}",
             flush=True,
         )
+        for name, value in _stage_params(run).items():
+            print(f"[hypersolid] {name}: {value}", flush=True)
         for line in batch_lines(run):
             print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
     return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
+
+
+def _stage_params(run: Run) -> dict[str, str]:
+    """What the run records of its device stage (data.views_on=device): which photometric chain runs, and why."""
+    stage = getattr(run.loader, "device_stage", None)
+    return {} if stage is None else {"data.photometric_chain": stage.photometric.chain}
 
 
 def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bool) -> int:
