@@ -200,3 +200,24 @@ def test_one_large_photo_costs_its_own_crops_not_the_batchs() -> None:
     extra_gib = (got["large"][1] - got["small"][1]) / 2**30
     assert extra_gib < 1.0, got
     assert got["large"][0] < 2.5 * got["small"][0], got
+
+
+def test_a_bf16_step_gets_bf16_channels_last_views_from_one_cast() -> None:
+    """`prepare(bf16=True)`: the views in bfloat16, channels-last, exactly the float32 views rounded once (what
+    the step's autocast would have made of them), cast in the copy that makes them channels-last: no copy
+    more than the float32 views take."""
+    preset = PRESETS["default"]
+    stage = DeviceStage(preset, "cpu")
+    images, params = stage.decode(host_batch(preset, photos(6, seed=24)))
+    copies = {}
+    for bf16 in (False, True):
+        stage.prepare(6, bf16=bf16)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            views = stage.views_of(images, params)
+        copies[bf16] = sum(e.name == "aten::_to_copy" for e in prof.events())
+        if not bf16:
+            full = views
+    for a, b in zip(views, full):
+        assert a.dtype == torch.bfloat16 and a.is_contiguous(memory_format=torch.channels_last)
+        assert b.dtype == torch.float32 and torch.equal(a, b.to(torch.bfloat16))
+    assert copies[True] == copies[False] >= len(preset.view_sizes()), copies

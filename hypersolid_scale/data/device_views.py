@@ -100,8 +100,9 @@ def collate_host(items: list[tuple[Any, ...]]) -> tuple[Any, ...]:
 
 
 class DeviceStage:
-    """`HostBatch` -> the views [global_0, global_1, local_0, ...], normalised, float32, on `device`
-    (channels-last unless `channels_last=False`; the trainer gives the step the model's format either way).
+    """`HostBatch` -> the views [global_0, global_1, local_0, ...], normalised, float32 (bfloat16 for a bf16
+    step: `prepare`), on `device` (channels-last unless `channels_last=False`; the trainer gives the step the
+    model's format either way).
 
     `cpu_seconds` adds up the CPU time spent here by the calling thread (decode calls, kernel launches; on
     the CPU device, the whole of the device's work), `corrupt` the images replaced after a failed decode.
@@ -118,6 +119,7 @@ class DeviceStage:
         self.photometric = BatchPhotometric(preset, self.device)
         self.read_mode = ImageReadMode.GRAY if preset.channels == 1 else ImageReadMode.RGB
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.dtype = torch.float32  # the views' (`prepare`)
         self.cpu_seconds = 0.0
         self.corrupt = 0
         # nvJPEG's hardware decoder writes its outputs without waiting for the caller's stream, and torchvision
@@ -211,9 +213,12 @@ class DeviceStage:
     def _views(self, batch: HostBatch) -> list[torch.Tensor]:
         return self.views_of(*self.decode(batch))
 
-    def prepare(self, batch_size: int) -> str:
+    def prepare(self, batch_size: int, *, bf16: bool = False) -> str:
         """Before training, on the main thread: compile the photometric chain for this loader's views (the
-        stage's thread then compiles nothing). Returns which chain runs (`BatchPhotometric.chain`)."""
+        stage's thread then compiles nothing); with `bf16` (the step runs in bf16), the views come in
+        bfloat16, cast once at the end (the step's autocast would cast them to it anyway). Returns which
+        chain runs (`BatchPhotometric.chain`)."""
+        self.dtype = torch.bfloat16 if bf16 else torch.float32
         return self.photometric.prepare(batch_size, self.preset.view_sizes())
 
     def send_draws(self, params: torch.Tensor, order: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,7 +266,7 @@ class DeviceStage:
                 grouped = torch.cat(parts)
                 x = torch.empty_like(grouped).index_copy_(0, order[v], grouped)  # back in the batch's order
             x = self.photometric.apply(x.div_(255.0), _decisions(p))
-            out.append(x.contiguous(memory_format=self.memory_format))
+            out.append(x.to(self.dtype, memory_format=self.memory_format))  # one copy, or none
         return out
 
 

@@ -308,7 +308,9 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
             preempted, t_last = False, time.perf_counter()
             for views, _labels in run.loader:
                 t_data = time.perf_counter() - t_last
-                views = [v.to(device, run.dtype, non_blocking=True, memory_format=run.memory_format) for v in views]
+                # bf16 views (the device stage's, for a bf16 step) stay bf16: autocast would cast them to it.
+                dtype = torch.bfloat16 if run.bf16 and views[0].dtype == torch.bfloat16 else run.dtype
+                views = [v.to(device, dtype, non_blocking=True, memory_format=run.memory_format) for v in views]
                 stats = train_step(run, views, step)
                 step += 1
                 meter.add(stats, t_data)
