@@ -122,7 +122,7 @@ def jpeg(height: int, width: int, seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     small = rng.integers(0, 256, (height // 16 + 1, width // 16 + 1, 3), dtype=np.uint8)
     buf = io.BytesIO()
-    Image.fromarray(small).resize((width, height), Image.BILINEAR).save(buf, "JPEG", quality=90)
+    Image.fromarray(small).resize((width, height), Image.Resampling.BILINEAR).save(buf, "JPEG", quality=90)
     return buf.getvalue()
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import io
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -232,13 +232,17 @@ class DeviceStage:
         sent = host.to(self.device, non_blocking=True)
         return sent[: b * v * n].view(b, v, n), sent[b * v * n :].view(v, b).long()
 
-    def views_of(self, images: list[torch.Tensor], params: torch.Tensor) -> list[torch.Tensor]:
+    def views_of(
+        self, images: list[torch.Tensor], params: torch.Tensor, mark: Callable[[str], None] | None = None
+    ) -> list[torch.Tensor]:
         """The views of a batch's decoded images (C, H_i, W_i) on the device and its draws (B, V, NUM_PARAMS)
         on the CPU: per view, at most a fixed number of calls whatever the batch, nothing read back.
 
         The crops of a view are grouped by box size (`window_buckets`, from the host's draws), each group read
         over its own window of the packed images (`crop_resize_packed`): an image costs its own pixels and
-        crops, whatever the other images' sizes."""
+        crops, whatever the other images' sizes. `mark(phase)`, if given, is called as each phase ends
+        (benchmarks/stage_alone.py times them)."""
+        mark = mark or (lambda phase: None)
         host = params.numpy()
         sizes = self.preset.view_sizes()
         groups = [window_buckets(host[:, v, vp.HEIGHT], host[:, v, vp.WIDTH], size) for v, size in enumerate(sizes)]
@@ -247,6 +251,7 @@ class DeviceStage:
         image_sizes = draws[:, 0, vp.IMAGE_HEIGHT : vp.IMAGE_WIDTH + 1].long()  # (B, 2)
         areas = image_sizes[:, 0] * image_sizes[:, 1]
         starts = torch.cumsum(areas, 0) - areas  # where each row's image starts in `packed`
+        mark("draws and packing")
         out = []
         for v, size in enumerate(sizes):
             p = draws[:, v]
@@ -265,8 +270,11 @@ class DeviceStage:
                     )
                 grouped = torch.cat(parts)
                 x = torch.empty_like(grouped).index_copy_(0, order[v], grouped)  # back in the batch's order
+            mark("crops")
             x = self.photometric.apply(x.div_(255.0), _decisions(p))
+            mark("photometric")
             out.append(x.to(self.dtype, memory_format=self.memory_format))  # one copy, or none
+            mark("cast")
         return out
 
 
