@@ -221,3 +221,20 @@ def test_a_bf16_step_gets_bf16_channels_last_views_from_one_cast() -> None:
         assert a.dtype == torch.bfloat16 and a.is_contiguous(memory_format=torch.channels_last)
         assert b.dtype == torch.float32 and torch.equal(a, b.to(torch.bfloat16))
     assert copies[True] == copies[False] >= len(preset.view_sizes()), copies
+
+
+@pytest.mark.slow
+def test_the_stage_alone_benchmark_runs_on_the_cpu(tmp_path: Any) -> None:
+    """benchmarks.stage_alone --quick (the GPU suite's first speed command, on the CPU): every phase timed, blur
+    on and off, card / torch / commit named."""
+    import json
+
+    from benchmarks import stage_alone
+
+    assert stage_alone.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "stage_alone.json").read_text())
+    assert {"card", "torch", "commit"} <= set(res) and res["card"] == "cpu" and res["batch"] == 8
+    for row in res["rows"].values():
+        assert set(row["device_ms_per_phase"]) == {"draws and packing", "crops", "photometric", "cast"}
+        assert row["device_ms_per_batch"] > 0 and row["host_ms_per_batch"] > 0 and row["operator_calls_per_batch"] > 0
+        assert row["photometric_chain"] == "eager (compile off)"
