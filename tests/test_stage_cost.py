@@ -110,6 +110,14 @@ def test_prepare_compiles_the_chain_for_the_loaders_shapes_on_the_calling_thread
     assert counter.frame_count == len(set(preset.view_sizes()))
     stage.views_of(images, params)
     assert counter.frame_count == len(set(preset.view_sizes()))
+    # The stage's own thread (prefetch.staged) runs the compiled graphs as they are: no compile there.
+    import threading
+
+    got: list[list[torch.Tensor]] = []
+    thread = threading.Thread(target=lambda: got.append(stage.views_of(images, params)), name="device-stage")
+    thread.start()
+    thread.join()
+    assert len(got) == 1 and counter.frame_count == len(set(preset.view_sizes()))
 
 
 def jpeg(height: int, width: int, seed: int) -> bytes:
