@@ -188,8 +188,8 @@ def test_one_large_photo_costs_its_own_crops_not_the_batchs() -> None:
     (decode and views, the default preset's 2 x 224 + 6 x 96, on the CPU), then the same with one of them a
     4,000 x 3,000 JPEG. Before, every crop read the batch's largest box of images padded to the largest (the
     issue's training run: 4.2 GiB peak, 8.7 with the large photo); now the large photo adds < 1 GiB of peak
-    memory (measured: +0.3 GiB) and its own crops' time: < 2.5 x the stage's CPU time without it (measured:
-    1.6-2.2 x on a loaded 2-core machine; the stage's thread time, a ratio of one run, not a timing)."""
+    memory (measured: +0.16 GiB) and its own decode and crops' time: < 2 x the stage's CPU time without it
+    (measured: 1.62 x; the stage's thread time, a ratio of one run, not a timing)."""
     import os
     import subprocess
     import sys
@@ -207,7 +207,7 @@ def test_one_large_photo_costs_its_own_crops_not_the_batchs() -> None:
         got[case] = (float(seconds), int(peak))
     extra_gib = (got["large"][1] - got["small"][1]) / 2**30
     assert extra_gib < 1.0, got
-    assert got["large"][0] < 2.5 * got["small"][0], got
+    assert got["large"][0] < 2.0 * got["small"][0], got
 
 
 def test_a_bf16_step_gets_bf16_channels_last_views_from_one_cast() -> None:

@@ -173,9 +173,9 @@ def _horizontal_banded(
     w = dense.gather(3, pos.clamp(max=ww - 1)[:, :, None, :].expand(n, strips, _STRIP, span))
     w = torch.where((pos < ww)[:, :, None, :], w, torch.zeros_like(w))  # (B, strips, _STRIP, span)
     cols = torch.minimum(left[:, None, None] + pos, (width - 1)[:, None, None])  # inside the image
+    if packed.shape[1] < 2**31:  # the index built and read in int32: half its memory traffic
+        base, cols = base.to(torch.int32), cols.to(torch.int32)
     index = (base[:, None, :, None] + cols[:, :, None, :]).flatten()  # (B, strips, wh, span)
-    if packed.shape[1] < 2**31:  # half the index's memory
-        index = index.to(torch.int32)
     # One channel at a time (a fixed 1 or 3 calls): each strip's rows come out contiguous for the products.
     y = torch.stack(
         [torch.matmul(ch.index_select(0, index).view(n, strips, wh, span).float(), w.transpose(2, 3)) for ch in packed]
