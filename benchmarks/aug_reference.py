@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from hypersolid_scale.data import view_params as vp
+from hypersolid_scale.data.batched_resize import crop_resize, pad_images
 from hypersolid_scale.data.color import gray as _gray
+from hypersolid_scale.data.device_views import DeviceStage, _decisions
 from hypersolid_scale.data.photometric import BatchPhotometric, Decisions
 
 
@@ -29,6 +31,27 @@ def crop_resize_one(img: torch.Tensor, row: list[float], size: int) -> torch.Ten
     return out.flip(-1) if row[vp.FLIP] else out
 
 
+def kornia_blur(x: torch.Tensor, sigma: torch.Tensor, sigma_max: float) -> torch.Tensor:
+    """What `data/blur.py` replaced: kornia's per-sample Gaussian blur (a grouped convolution, reflect padding),
+    the kernel 3 sigma each side of the preset's largest sigma and smaller than the image."""
+    _, _, h, w = x.shape
+    k = min(2 * math.ceil(3 * sigma_max) + 1, (min(h, w) - 1) | 1)
+    return kornia.filters.gaussian_blur2d(x, (k, k), sigma.to(x.device)[:, None].repeat(1, 2))
+
+
+def padded_views(stage: DeviceStage, images: list[torch.Tensor], params: torch.Tensor) -> list[torch.Tensor]:
+    """`DeviceStage.views_of` as it was before its window groups: the images zero-padded to the batch's
+    largest (`pad_images`), every crop of a view read over the view's largest box (`crop_resize`)."""
+    padded, host = pad_images(images), params.numpy()
+    out = []
+    for v, size in enumerate(stage.preset.view_sizes()):
+        p = params[:, v].float()
+        window = (int(host[:, v, vp.HEIGHT].max()), int(host[:, v, vp.WIDTH].max()))
+        x = crop_resize(padded, p[:, : vp.WIDTH + 1], p[:, vp.FLIP] > 0, size, window).div_(255.0)
+        out.append(stage.photometric.apply(x, _decisions(p)).contiguous(memory_format=stage.memory_format))
+    return out
+
+
 def masked_photometric(aug: BatchPhotometric, x: torch.Tensor, d: Decisions) -> torch.Tensor:
     """`BatchPhotometric.apply` the plain way: each step on the boolean-mask subset it applies to."""
     x = x.float().clone()
@@ -38,7 +61,7 @@ def masked_photometric(aug: BatchPhotometric, x: torch.Tensor, d: Decisions) -> 
     if d.gray.any():
         x[d.gray] = _gray(x[d.gray]).expand(-1, x.shape[1], -1, -1)
     if d.blur.any():
-        x[d.blur] = aug._blur(x[d.blur], d.sigma[d.blur])
+        x[d.blur] = kornia_blur(x[d.blur], d.sigma[d.blur], aug.preset.blur_sigmas[1])
     if d.solarize.any():
         xs = x[d.solarize]
         x[d.solarize] = torch.where(xs >= 128 / 255, 1.0 - xs, xs)

@@ -156,7 +156,7 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
         stage_s = run.loader.device_stage_cpu_s - stage_cpu0
         extra = {
             "device_stage_cpu_ms_per_image": 1000 * stage_s / (batch * steps),
-            "photometric_chain": "compiled" if stage.photometric.compiled else "eager",
+            "photometric_chain": stage.photometric.chain,  # compiled, or eager and why
         }
     return {
         **t.rates(batch),

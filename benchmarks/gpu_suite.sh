@@ -69,6 +69,7 @@ if [ "$QUICK" = 1 ]; then
   PH_LD_ARGS="--images 64 --batch 16 --workers 2 --set-images 256"
   PH_TR_ARGS="--quick --workers 2 --budget-s 20 --set-images 256"
   SP_ARGS="--quick --workers 2 --budget-s 20"
+  ST_ARGS="--quick"
   LIMITS=(240 150 200 120 240 600)
 else
   # Dense up to where it fits (24 B/pair: 32k on 80 GB); neighbors (top-k search on the GPU) up to 128k.
@@ -82,7 +83,9 @@ else
   # photo: on the H200 its loaders took 160 s (set build included) and its trainer 115 s, so 200 s cut the trainer.
   # speed: 11 rows of 20 s after their warm-up (the compiled row compiles for about a minute), the 2,048-image
   # photo set built first; one device call of 8 minutes with the wheels' install: --parts speed alone.
-  SP_ARGS="--workers 12 --budget-s 220 --set-images 2048"
+  # The stage alone (benchmarks.stage_alone: its chain's compile, then 2 x 8 batches of 128) first, in 90 s at most.
+  SP_ARGS="--workers 12 --budget-s 170 --set-images 2048"
+  ST_ARGS="--batch 128 --batches 8"
   LIMITS=(150 120 150 50 300 420)
 fi
 [ "$DEVICE" = cpu ] && [ "$QUICK" = 0 ] && echo "note: --device cpu without --quick takes long"
@@ -115,11 +118,15 @@ part photo "${LIMITS[4]}" bash -c 'rc=0
     --out "$OUT" $PH_TR_ARGS || rc=$?
   exit $rc'
 
-# 6. The trainer against the model's own step, one row per way of feeding it (benchmarks.gpu_speed).
-export SP_ARGS
-# shellcheck disable=SC2016,SC2086  # expanded by the inner shell; the argument list splits on purpose
-part speed "${LIMITS[5]}" bash -c '"$PY" -m benchmarks.gpu_speed --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" \
-  --cache "$PHOTO_CACHE" --out "$OUT" $SP_ARGS'
+# 6. The device stage alone on cached decoded batches (device ms per phase, host ms, blur on / off), then the
+#    trainer against the model's own step, one row per way of feeding it (benchmarks.gpu_speed).
+export SP_ARGS ST_ARGS
+# shellcheck disable=SC2016,SC2086  # expanded by the inner shell; the argument lists split on purpose
+part speed "${LIMITS[5]}" bash -c 'rc=0
+  timeout 90 "$PY" -m benchmarks.stage_alone --device "$DEVICE" --out "$OUT" $ST_ARGS || rc=$?
+  "$PY" -m benchmarks.gpu_speed --device "$DEVICE" --sources-npz "$PHOTO_SOURCES" \
+    --cache "$PHOTO_CACHE" --out "$OUT" $SP_ARGS || rc=$?
+  exit $rc'
 
 "$PY" -m benchmarks.gpu_summary --out "$OUT" --device "$DEVICE" --quick "$QUICK" --command "$COMMAND" \
   --started "$SUITE_START"

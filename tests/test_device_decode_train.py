@@ -46,6 +46,7 @@ def test_webdataset_over_http_trains_on_the_device_path(photo_folder: Path, http
     base = http_server(photo_folder)
     out = _train(tmp_path / "http", ["data.format=webdataset", f"data.path={base}/shard-000000.tar"])
     assert "global batch 8" in out
+    assert "[hypersolid] data.photometric_chain: eager (compile off)" in out  # the CPU's default
     model = _model(tmp_path / "http")
     assert all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point())
 

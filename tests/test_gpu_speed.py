@@ -32,7 +32,7 @@ def test_quick_rows_write_their_numbers_and_the_profile(tmp_path: Path) -> None:
     assert res["rows"]["step_cl_b128"]["ratio_to_model_step"] == 1
     jpeg = res["rows"]["jpeg_device_cl_b128"]  # the stage thread's host time, within the process's
     assert 0 < jpeg["device_stage_cpu_ms_per_image"] <= jpeg["host_cpu_ms_per_image"]
-    assert jpeg["photometric_chain"] == "eager"  # the CPU default (compiled on CUDA)
+    assert jpeg["photometric_chain"] == "eager (compile off)"  # the CPU default (compiled on CUDA)
     profile = (tmp_path / "out" / "gpu_speed_profile.txt").read_text()
     assert profile.startswith("two steps of jpeg_device_cl_b128") and "aten::" in profile
     assert (tmp_path / "out" / "gpu_speed.png").stat().st_size > 0

@@ -86,3 +86,27 @@ def check_outputs(out: Path) -> None:
     loaders = json.loads((out / "loaders.json").read_text())
     assert {r["loader"] for r in loaders["results"]} == {"webdataset+PIL", "ffcv", "tensor"}
     assert all(has_numbers_or_reason(r, ("images_per_s",)) for r in loaders["results"])
+
+
+# The device stage's test files (docs/design.md §3e): each of their tests that needs CUDA runs in the GPU command.
+STAGE_TEST_FILES = ("test_device_stage.py", "test_device_decode.py", "test_stage_cost.py", "test_hot_path.py")
+
+
+def test_every_cuda_test_of_the_device_stage_runs_in_the_gpu_command():
+    """The suite's cuda_tests part runs `pytest -m cuda tests/`: every test of the stage's files that skips
+    without CUDA carries the cuda mark (else the GPU command would never run it)."""
+    import ast
+
+    suite = (ROOT / "benchmarks" / "gpu_suite.sh").read_text()
+    assert "part cuda_tests" in suite and "-m pytest -m cuda" in suite and "tests/" in suite
+    found = []
+    for name in STAGE_TEST_FILES:
+        tree = ast.parse((ROOT / "tests" / name).read_text())
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            marks = [ast.unparse(d) for d in node.decorator_list]
+            if any("cuda.is_available" in m or m == "cuda" for m in marks):
+                found.append(node.name)
+                assert "pytest.mark.cuda" in marks, f"{name}::{node.name} needs CUDA but has no pytest.mark.cuda"
+    assert len(found) >= 4, found  # the sync-debug, decoder-overwrite, nvJPEG and hot-path tests at least

@@ -9,9 +9,10 @@ Two stages (docs/design.md §3e):
   in the worker with PIL, as the PIL path decodes it. A file whose header does not parse, or a JPEG without
   its end marker (truncated), is decoded in the worker too, so the PIL decoder's error skips and counts it.
 - `DeviceStage` runs in the main process, per batch: `torchvision.io.decode_jpeg(list, device=...)` decodes
-  the batch's JPEGs (nvJPEG on CUDA) and one copy per image packs them into one zero-padded batch; then, per
-  view and for the whole batch at once, `batched_resize.crop_resize` cuts and resizes every crop box with
-  PIL's antialiased bicubic filter (8-bit levels, mirrored where drawn) and `BatchPhotometric.apply` runs the
+  the batch's JPEGs (nvJPEG on CUDA) and one copy packs them end to end (no padding); then, per view and for
+  the whole batch at once: `batched_resize.crop_resize_packed` cuts and resizes every crop box with PIL's
+  antialiased bicubic filter (8-bit levels, mirrored where drawn; one call per group of similar box sizes,
+  each over its own window) and `BatchPhotometric.apply` runs the
   photometric chain with the PIL path's decisions, as per-sample tensors. A fixed number of calls per view
   whatever the batch size, and no read of a device value on the host. The loaders run the stage ahead of
   the step, in a thread on a side CUDA stream (`prefetch.staged`; one batch ahead on CUDA, inline on the CPU).
@@ -26,7 +27,7 @@ from __future__ import annotations
 import io
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,7 +37,7 @@ from torch.utils.data import default_collate
 from torchvision.io import ImageReadMode, decode_jpeg
 
 from hypersolid_scale.data import view_params as vp
-from hypersolid_scale.data.batched_resize import crop_resize, pad_images
+from hypersolid_scale.data.batched_resize import crop_resize_packed, pack_images, window_buckets
 from hypersolid_scale.data.config import JPEG_DECODERS
 from hypersolid_scale.data.photometric import BatchPhotometric, Decisions
 from hypersolid_scale.data.prefetch import staged
@@ -99,8 +100,9 @@ def collate_host(items: list[tuple[Any, ...]]) -> tuple[Any, ...]:
 
 
 class DeviceStage:
-    """`HostBatch` -> the views [global_0, global_1, local_0, ...], normalised, float32, on `device`
-    (channels-last unless `channels_last=False`; the trainer gives the step the model's format either way).
+    """`HostBatch` -> the views [global_0, global_1, local_0, ...], normalised, float32 (bfloat16 for a bf16
+    step: `prepare`), on `device` (channels-last unless `channels_last=False`; the trainer gives the step the
+    model's format either way).
 
     `cpu_seconds` adds up the CPU time spent here by the calling thread (decode calls, kernel launches; on
     the CPU device, the whole of the device's work), `corrupt` the images replaced after a failed decode.
@@ -117,6 +119,7 @@ class DeviceStage:
         self.photometric = BatchPhotometric(preset, self.device)
         self.read_mode = ImageReadMode.GRAY if preset.channels == 1 else ImageReadMode.RGB
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.dtype = torch.float32  # the views' (`prepare`)
         self.cpu_seconds = 0.0
         self.corrupt = 0
         # nvJPEG's hardware decoder writes its outputs without waiting for the caller's stream, and torchvision
@@ -208,27 +211,75 @@ class DeviceStage:
         return int(params[0, vp.IMAGE_HEIGHT]), int(params[0, vp.IMAGE_WIDTH])
 
     def _views(self, batch: HostBatch) -> list[torch.Tensor]:
-        images, params = self.decode(batch)
-        return self.views_of(pad_images(images), params)
+        return self.views_of(*self.decode(batch))
 
-    def views_of(self, padded: torch.Tensor, params: torch.Tensor) -> list[torch.Tensor]:
-        """The views of a decoded batch (`pad_images`) and its draws (B, V, NUM_PARAMS) on the CPU: per view, a
-        fixed number of calls for the whole batch, and nothing read back from the device."""
-        host = params.numpy()  # the windows' sizes come from the host's copy of the draws
-        draws = params.to(torch.float32).to(self.device, non_blocking=True)  # one copy for all views
+    def prepare(self, batch_size: int, *, bf16: bool = False) -> str:
+        """Before training, on the main thread: compile the photometric chain for this loader's views (the
+        stage's thread then compiles nothing); with `bf16` (the step runs in bf16), the views come in
+        bfloat16, cast once at the end (the step's autocast would cast them to it anyway). Returns which
+        chain runs (`BatchPhotometric.chain`)."""
+        self.dtype = torch.bfloat16 if bf16 else torch.float32
+        return self.photometric.prepare(batch_size, self.preset.view_sizes())
+
+    def send_draws(self, params: torch.Tensor, order: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's draws (B, V, NUM_PARAMS) and each view's rows in window-group order (V, B) on the
+        device: every view's boxes, flips, photometric decisions and groups in ONE host->device copy, from
+        pinned memory on CUDA (asynchronous). Float32 holds the draws' values and the row numbers exactly."""
+        b, v, n = params.shape
+        host = torch.cat([params.to(torch.float32).flatten(), torch.from_numpy(order).to(torch.float32).flatten()])
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        sent = host.to(self.device, non_blocking=True)
+        return sent[: b * v * n].view(b, v, n), sent[b * v * n :].view(v, b).long()
+
+    def views_of(
+        self, images: list[torch.Tensor], params: torch.Tensor, mark: Callable[[str], None] | None = None
+    ) -> list[torch.Tensor]:
+        """The views of a batch's decoded images (C, H_i, W_i) on the device and its draws (B, V, NUM_PARAMS)
+        on the CPU: per view, at most a fixed number of calls whatever the batch, nothing read back.
+
+        The crops of a view are grouped by box size (`window_buckets`, from the host's draws), each group read
+        over its own window of the packed images (`crop_resize_packed`): an image costs its own pixels and
+        crops, whatever the other images' sizes. `mark(phase)`, if given, is called as each phase ends
+        (benchmarks/stage_alone.py times them)."""
+        mark = mark or (lambda phase: None)
+        host = params.numpy()
+        sizes = self.preset.view_sizes()
+        groups = [window_buckets(host[:, v, vp.HEIGHT], host[:, v, vp.WIDTH], size) for v, size in enumerate(sizes)]
+        draws, order = self.send_draws(params, np.stack([np.concatenate([g[0] for g in gs]) for gs in groups]))
+        packed = pack_images(images)
+        image_sizes = draws[:, 0, vp.IMAGE_HEIGHT : vp.IMAGE_WIDTH + 1].long()  # (B, 2)
+        areas = image_sizes[:, 0] * image_sizes[:, 1]
+        starts = torch.cumsum(areas, 0) - areas  # where each row's image starts in `packed`
+        mark("draws and packing")
         out = []
-        for v, size in enumerate(self.preset.view_sizes()):
+        for v, size in enumerate(sizes):
             p = draws[:, v]
-            window = (int(host[:, v, vp.HEIGHT].max()), int(host[:, v, vp.WIDTH].max()))
-            boxes = p[:, vp.TOP : vp.WIDTH + 1]  # top, left, height, width
-            x = crop_resize(padded, boxes, p[:, vp.FLIP] > 0, size, window).div_(255.0)
-            x = self.photometric.apply(x, _decisions(params[:, v].float()))  # decided on the host
-            out.append(x.contiguous(memory_format=self.memory_format))
+            boxes, flips = p[:, vp.TOP : vp.WIDTH + 1], p[:, vp.FLIP] > 0  # top, left, height, width
+            if len(groups[v]) == 1:  # one window for the whole view: the rows as they are
+                x = crop_resize_packed(packed, starts, image_sizes, boxes, flips, size, groups[v][0][1:])
+            else:
+                parts, first = [], 0
+                for rows, wh, ww in groups[v]:
+                    idx = order[v, first : first + len(rows)]  # this group's rows, on the device
+                    first += len(rows)
+                    parts.append(
+                        crop_resize_packed(
+                            packed, starts[idx], image_sizes[idx], boxes[idx], flips[idx], size, (wh, ww)
+                        )
+                    )
+                grouped = torch.cat(parts)
+                x = torch.empty_like(grouped).index_copy_(0, order[v], grouped)  # back in the batch's order
+            mark("crops")
+            x = self.photometric.apply(x.div_(255.0), _decisions(p))
+            mark("photometric")
+            out.append(x.to(self.dtype, memory_format=self.memory_format))  # one copy, or none
+            mark("cast")
         return out
 
 
 def _decisions(p: torch.Tensor) -> Decisions:
-    """The photometric decisions of one view's (B, NUM_PARAMS) rows (on the CPU: they travel with the views)."""
+    """The photometric decisions of one view's (B, NUM_PARAMS) rows, on the rows' device."""
     on = lambda col: p[:, col] > 0  # noqa: E731
     return Decisions(
         jitter=on(vp.JITTER),

@@ -5,20 +5,21 @@ normalize).
 
 Used by the FFCV loader (after FFCV decoded, cropped and flipped each view), the in-memory multi-crop
 (`tensor_aug.TensorMultiCrop`) and the device stage of data.views_on=device (`device_views.py`, with the PIL
-path's own draws). Decisions are made on the CPU and travel with the views; the chain reads nothing back
-from the device, and its number of calls does not depend on the batch (docs/design.md §3e).
+path's own draws). Decisions are made on the CPU and travel with the views (the device stage sends a whole
+batch's in one copy); the chain reads nothing back from the device, and its number of calls does not depend on
+the batch (docs/design.md §3e).
 Pass ``record={}`` to get the per-sample decisions back (used by the parity tests).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import warnings
 from dataclasses import dataclass
 
-import kornia
 import torch
 
+from hypersolid_scale.data.blur import gaussian_blur, kernel_size
 from hypersolid_scale.data.color import gray, hue_shift
 from hypersolid_scale.data.keyed_draws import (
     COL_BLUR,
@@ -74,14 +75,18 @@ class BatchPhotometric:
     Draws come from `keyed_uniforms(seed, epoch, indices, view)`, so they follow the samples (`view`); or
     they are given (`apply`: the device path passes the PIL path's own draws). The decisions are made on the
     CPU and sent to the device with the views.
+
+    Which chain runs is `chain`: ``compiled``, or ``eager`` and why (asked for, or the compiler failed here).
+    On the CPU device the eager chain runs each step on its rows (indices from the host decisions); on any
+    other device it is the `where` chain uncompiled (row indices would be one host->device copy each).
     """
 
     def __init__(
         self, preset: MultiCropPreset, device: torch.device | str, seed: int = 0, compile: bool | None = None
     ) -> None:
         """compile: run the chain through ``torch.compile`` (default: on CUDA), which fuses its elementwise
-        calls into a few kernels per view; a compiler that fails falls back to the eager chain with a warning.
-        Eager, each step runs on the rows it applies to (indices made on the host)."""
+        calls into a few kernels per view; a compiler that fails (`compile_failure`) falls back to the eager
+        chain with a warning and says so in `chain`; any other error, a CUDA one included, is raised."""
         self.preset = preset
         self.device = torch.device(device)
         self.seed = int(seed)
@@ -89,15 +94,36 @@ class BatchPhotometric:
         self.std = torch.tensor(preset.std, device=self.device).view(1, -1, 1, 1)
         if compile is None:
             compile = self.device.type == "cuda"
-        # The device stage calls it from its prefetch thread (data/prefetch.py). torch.compile is not thread-safe,
-        # but it compiles on the first batch, while the trainer waits for that batch and compiles nothing; later
-        # batches of the same shapes only check the compiled graph's guards.
+        # The device stage calls it from its prefetch thread (data/prefetch.py). torch.compile is not thread-safe:
+        # `prepare` compiles it on the main thread before training starts (the model's compile, if any, comes
+        # later on that same thread); the thread's batches of the same shapes only check the graph's guards.
         self._compiled = torch.compile(self._chain, fullgraph=True, dynamic=False) if compile else None
+        self.chain = "compiled" if compile else "eager (compile off)"
 
     @property
     def compiled(self) -> bool:
         """Whether the chain runs compiled (False: asked for eager, or the compiler failed and it fell back)."""
         return self._compiled is not None
+
+    def prepare(self, batch_size: int, sizes: list[int]) -> str:
+        """Compile the chain for views of `batch_size` x `sizes` (what the loader gives) now, on the calling
+        thread, so that no batch compiles it later (and no thread runs Dynamo beside the main one). Returns
+        `chain`. Nothing to do eager."""
+        if self._compiled is None:
+            return self.chain
+        c = self.preset.channels
+        d = Decisions(
+            jitter=torch.ones(batch_size, dtype=torch.bool),
+            factors=torch.ones(batch_size, 4),
+            order=torch.arange(4).repeat(batch_size, 1),
+            gray=torch.zeros(batch_size, dtype=torch.bool),
+            blur=torch.ones(batch_size, dtype=torch.bool),
+            sigma=torch.ones(batch_size),
+            solarize=torch.zeros(batch_size, dtype=torch.bool),
+        )
+        for size in dict.fromkeys(sizes):
+            self.apply(torch.zeros(batch_size, c, size, size, device=self.device), d)
+        return self.chain
 
     def decisions(self, u: torch.Tensor, index: int) -> Decisions:
         """View `index`'s decisions from its uniforms `u` (B, NUM_COLUMNS) (torchvision's ColorJitter ranges)."""
@@ -145,12 +171,9 @@ class BatchPhotometric:
         return x
 
     def _blur(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        """Per-sample Gaussian blur as two batched matrix products (`blur.py`: kornia's values, no grouped conv)."""
         _, _, h, w = x.shape
-        hi = self.preset.blur_sigmas[1]
-        # PIL's GaussianBlur(radius=sigma) has std sigma; 3 sigma each side covers it. Reflect padding
-        # needs the kernel to stay smaller than the image.
-        k = min(2 * math.ceil(3 * hi) + 1, (min(h, w) - 1) | 1)
-        return kornia.filters.gaussian_blur2d(x, (k, k), sigma[:, None].repeat(1, 2))
+        return gaussian_blur(x, sigma.to(x.device, non_blocking=True), kernel_size(h, w, self.preset.blur_sigmas[1]))
 
     def view(self, x: torch.Tensor, index: int, u: torch.Tensor, record: dict | None = None) -> torch.Tensor:
         """Augment and normalise view number `index` ((B, C, H, W) float in [0, 1] or uint8).
@@ -162,33 +185,44 @@ class BatchPhotometric:
         return self.apply(x, self.decisions(u.cpu(), index), record)
 
     def apply(self, x: torch.Tensor, d: Decisions, record: dict | None = None) -> torch.Tensor:
-        """Augment and normalise a batch of views with the decisions `d` (made on the CPU: they travel with x)."""
-        d = Decisions(*(t.cpu() for t in (d.jitter, d.factors, d.order, d.gray, d.blur, d.sigma, d.solarize)))
+        """Augment and normalise a batch of views with the decisions `d`: made on the CPU, and either still
+        there (each is sent with x) or already on x's device (`DeviceStage` sends a batch's in one copy)."""
         if x.dtype == torch.uint8:
             x = x.to(self.device, non_blocking=True).float().div_(255.0)
         else:  # a copy of our own: the eager chain writes into it
             x = x.to(self.device).float().clone()
-        with torch.autocast(self.device.type, enabled=False):
+        # Neither autocast nor grad mode reaches the chain: the views do not depend on the caller, and the
+        # compiled graph's guards see the same state on every thread.
+        no_autocast = (
+            torch.autocast(self.device.type, enabled=False)
+            if torch.amp.is_autocast_available(self.device.type)
+            else contextlib.nullcontext()  # a device without autocast (meta: the tests count copies there)
+        )
+        with no_autocast, torch.no_grad():
             out = self._run_chain(x, d)
         if record is not None:
             for name in ("jitter", "gray", "blur", "solarize"):
-                record.setdefault(name, []).append(getattr(d, name))
+                record.setdefault(name, []).append(getattr(d, name).cpu())
         return out
 
     def _run_chain(self, x: torch.Tensor, d: Decisions) -> torch.Tensor:
+        if self._compiled is None and self.device.type == "cpu":
+            return self._chain_subsets(x, d)
+        # No copy for a tensor already there; contiguous, as `prepare` compiled the chain for (a slice of the
+        # batch's draws is not).
+        send = lambda t: t.to(self.device, non_blocking=True).contiguous()  # noqa: E731
+        sigma = torch.where(d.blur, d.sigma, 1.0)  # a sample left sharp: any valid sigma (its blur is not taken)
+        args = [send(t) for t in (sigma, d.jitter, d.gray, d.blur, d.solarize, d.factors, d.order)]
         if self._compiled is not None:
-            send = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-            sigma = torch.where(d.blur, d.sigma, 1.0)  # a sample left sharp: any valid sigma (its blur is not taken)
-            args = [send(t) for t in (sigma, d.jitter, d.gray, d.blur, d.solarize, d.factors, d.order)]
             try:
                 return self._compiled(x, *args)
-            except Exception as err:  # noqa: BLE001 - a compiler that cannot run here: the eager chain, once warned
-                warnings.warn(
-                    f"the compiled photometric chain failed ({type(err).__name__}: {err}); running it eagerly",
-                    stacklevel=3,
-                )
+            except Exception as err:
+                if not compile_failure(err):
+                    raise
+                self.chain = f"eager (compile failed: {type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]})"
+                warnings.warn(f"the compiled photometric chain failed; running it eagerly: {self.chain}", stacklevel=3)
                 self._compiled = None
-        return self._chain_subsets(x, d)
+        return self._chain(x, *args)
 
     def _chain_subsets(self, x: torch.Tensor, d: Decisions) -> torch.Tensor:
         """The eager chain: each step on the rows it applies to, picked by indices made on the host from the
@@ -245,3 +279,18 @@ class BatchPhotometric:
         """views[i]: (B, C, H, W) of view i; indices: (B,) the samples' dataset indices (on the CPU)."""
         idx = check_indices(indices, views[0].shape[0]).cpu()
         return [self.view(v, i, keyed_uniforms(self.seed, epoch, idx, i), record) for i, v in enumerate(views)]
+
+
+def compile_failure(err: BaseException) -> bool:
+    """Whether `err` is the compiler failing here (Dynamo or Inductor: no C compiler, an op it cannot trace),
+    which the eager chain may replace; not when a device error (CUDA's, out of memory) is behind it."""
+    from torch._dynamo.exc import TorchDynamoException
+
+    if not isinstance(err, TorchDynamoException):
+        return False
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, (torch.AcceleratorError, torch.OutOfMemoryError)) or "CUDA error" in str(seen):
+            return False
+        seen = seen.__cause__ or seen.__context__
+    return True

@@ -254,6 +254,9 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         batch_size_per_gpu=batch.micro_batch,
         accumulate_steps=batch.accumulate_steps,
     )
+    stage = getattr(loader, "device_stage", None)
+    if stage is not None:  # its photometric chain compiled here, on the main thread, before any step (§3e)
+        stage.prepare(batch.rank_batch, bf16=precision == "bf16")
     total = cfg.epochs * steps_per_epoch
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)

@@ -255,7 +255,8 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
         if info.rank == 0:
             save_config(cfg, cfg.run_dir)
         if ckpt is None:
-            tracker.log_params(flatten(to_dict(cfg, stored=True)))  # the chosen method's and format's only
+            # the chosen method's and format's sections only, and which photometric chain the stage runs
+            tracker.log_params({**flatten(to_dict(cfg, stored=True)), **_stage_params(run)})
         tracker.log_artifact(Path(cfg.run_dir) / "config.yaml")
     except BaseException:
         tracker.close(status="FAILED")
@@ -269,9 +270,17 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
             f"{run.total_steps} steps total; {where}",
             flush=True,
         )
+        for name, value in _stage_params(run).items():
+            print(f"[hypersolid] {name}: {value}", flush=True)
         for line in batch_lines(run):
             print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)
     return train_loop(run, tracker, step, epoch, resumed=ckpt is not None)
+
+
+def _stage_params(run: Run) -> dict[str, str]:
+    """What the run records of its device stage (data.views_on=device): which photometric chain runs, and why."""
+    stage = getattr(run.loader, "device_stage", None)
+    return {} if stage is None else {"data.photometric_chain": stage.photometric.chain}
 
 
 def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bool) -> int:
@@ -302,7 +311,9 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
             preempted, t_last = False, time.perf_counter()
             for views, _labels in run.loader:
                 t_data = time.perf_counter() - t_last
-                views = [v.to(device, run.dtype, non_blocking=True, memory_format=run.memory_format) for v in views]
+                # bf16 views (the device stage's, for a bf16 step) stay bf16: autocast would cast them to it.
+                dtype = torch.bfloat16 if run.bf16 and views[0].dtype == torch.bfloat16 else run.dtype
+                views = [v.to(device, dtype, non_blocking=True, memory_format=run.memory_format) for v in views]
                 stats = train_step(run, views, step)
                 step += 1
                 meter.add(stats, t_data)
