@@ -22,6 +22,7 @@ from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.distributed import WorldInfo
 from hypersolid_scale.losses.backends import backend_names
 from hypersolid_scale.methods import method_names
+from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.compile_scope import compile_scope
 
 TINY = [
@@ -45,7 +46,8 @@ def _cfg(tmp_path: Path, *extra: str):
 
 def test_the_scope_per_method_and_backend(tmp_path: Path) -> None:
     assert compile_scope(_cfg(tmp_path)).scope == "off"  # dist.compile=false: nothing compiled
-    assert compile_scope(_cfg(tmp_path)).params() == {"dist.compile_scope": "off", "dist.compile_reason": "-"}
+    off = {"dist.compile_scope": "off", "dist.compile_reason": "-", "dist.compile_mode_run": "default"}
+    assert compile_scope(_cfg(tmp_path)).params() == off
     for name in method_names():
         scope = compile_scope(_cfg(tmp_path, f"method.name={name}", "dist.compile=true"))
         assert scope.scope == ("step" if name in WHOLE else "backbone"), name
@@ -60,13 +62,14 @@ def test_the_scope_per_method_and_backend(tmp_path: Path) -> None:
             assert scope.params()["dist.compile_reason"] == scope.reason
 
 
-def _steps(tmp_path: Path, extra: list[str], steps: int = 2) -> tuple[list[float], list[list[torch.Tensor]], list]:
+def _steps(tmp_path: Path, extra: list[str], steps: int = 2, device: str = "cpu") -> tuple:
     """Losses, the gradients the optimizer saw (per step, every parameter), and the final parameters."""
     cfg = _cfg(tmp_path, *extra)
     torch.manual_seed(0)
-    run = train_mod.build(cfg, WorldInfo(0, 1, 0, "single"), torch.device("cpu"))
+    run = train_mod.build(cfg, WorldInfo(0, 1, 0, "single"), torch.device(device))
     run.loader.set_epoch(0)
     batches = [views for views, _ in run.loader][:steps]
+    assert len(batches) == steps
     seen: list[list[torch.Tensor]] = []
     params = [p for p in run.engine.model.parameters() if p.requires_grad]
     run.engine.optimizer.register_step_pre_hook(
@@ -74,9 +77,9 @@ def _steps(tmp_path: Path, extra: list[str], steps: int = 2) -> tuple[list[float
     )
     losses = []
     for i, views in enumerate(batches):
-        views = [v.to(run.dtype, memory_format=run.memory_format) for v in views]
+        views = [v.to(device, run.dtype, memory_format=run.memory_format) for v in views]
         losses.append(float(train_mod.train_step(run, views, i)["loss"]))
-    return losses, seen, [p.detach().clone() for p in params], run
+    return losses, [[g.cpu() for g in step] for step in seen], [p.detach().cpu() for p in params], run
 
 
 def _assert_same(eager: tuple, compiled: tuple) -> None:
@@ -92,6 +95,32 @@ def _assert_same(eager: tuple, compiled: tuple) -> None:
             torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-11 * scale)
     for a, b in zip(p0, p1):
         torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12)
+
+
+def test_the_cuda_graph_mode_runs_where_it_is_checked(tmp_path: Path) -> None:
+    graphs = ["dist.compile=true", "dist.compile_mode=reduce-overhead"]
+    scope = compile_scope(_cfg(tmp_path, *graphs))
+    assert (scope.scope, scope.mode, scope.torch_mode, scope.reason) == (
+        "step",
+        "reduce-overhead",
+        "reduce-overhead",
+        "",
+    )
+    assert compile_scope(_cfg(tmp_path, "dist.compile=true")).torch_mode is None  # torch.compile's own default
+    for scope, where in (
+        (compile_scope(_cfg(tmp_path, *graphs), world_size=2), "2 processes"),
+        (
+            compile_scope(_cfg(tmp_path, *graphs, "dist.engine=deepspeed", "dist.precision=fp32")),
+            "dist.engine=deepspeed",
+        ),
+    ):
+        assert (scope.scope, scope.mode) == ("step", "default")
+        assert scope.reason.startswith(f"dist.compile_mode=reduce-overhead runs as default with {where}: ")
+        assert scope.params()["dist.compile_mode_run"] == "default" and where in (scope.line() or "")
+    dino = compile_scope(_cfg(tmp_path, *graphs, "method.name=dino"), world_size=2)
+    assert dino.scope == "backbone" and dino.reason.startswith("method.name=dino: ") and "2 processes" in dino.reason
+    with pytest.raises(ConfigError, match=r"dist.compile_mode.*needs dist.compile=true"):
+        compile_scope(_cfg(tmp_path, "dist.compile_mode=reduce-overhead"))
 
 
 @pytest.mark.slow
@@ -137,4 +166,18 @@ def test_each_scope_captures_eager_loss_and_gradients(tmp_path: Path, monkeypatc
         assert run.trained.backbone._compiled_call_impl is not None
         assert type(run.engine.wrapped).__name__ != "OptimizedModule"
         assert set(run.trained.state_dict()) == set(eager[3].trained.state_dict())
+    _assert_same(eager, compiled)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_cuda_the_compiled_step_and_its_cuda_graphs_give_eager_loss_and_gradients(tmp_path: Path, mode: str) -> None:
+    """On the GPU (Triton kernels, and with reduce-overhead the forward and backward replayed as CUDA graphs from
+    static input buffers), three steps in float64: eager's losses, gradients and weights."""
+    torch._dynamo.reset()
+    cuda = ["dist.device=cuda", "method.hypersolid.backend=tiled"]
+    eager = _steps(tmp_path / "eager", cuda, steps=3, device="cuda")
+    compiled = _steps(tmp_path / "graphs", [*cuda, "dist.compile=true", f"dist.compile_mode={mode}"], 3, "cuda")
+    assert compiled[3].compile_scope.mode == mode
     _assert_same(eager, compiled)

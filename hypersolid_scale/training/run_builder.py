@@ -255,9 +255,9 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
             "fused AdamW and SGD under the ddp engine; DeepSpeed wraps the optimizer in its own, which is not checked "
             "with it; set dist.engine=ddp or optim.lr_tensor=false"
         )
-    scope = compile_scope(cfg)
+    scope = compile_scope(cfg, info.world_size)
     if scope.scope == "backbone":  # in place: the state dict's keys and the parameter objects stay as they are
-        model.backbone.compile()
+        model.backbone.compile(mode=scope.torch_mode)
     engine = build_engine(
         model,
         _trainable_only(optimizer_factory(o, model=model)),
@@ -267,6 +267,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         grad_clip=o.grad_clip,
         sync_bn=cfg.dist.sync_bn,
         compile=scope.scope == "step",
+        compile_mode=scope.torch_mode,
         zero_stage=cfg.dist.zero_stage,
         batch_size_per_gpu=batch.micro_batch,
         accumulate_steps=batch.accumulate_steps,
