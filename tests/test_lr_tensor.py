@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from test_hot_path import TINY as HOT_PATH_TINY
+from test_hot_path import host_reads
 from torch import nn
 
 import hypersolid_scale.training.trainer as train_mod
@@ -115,6 +116,20 @@ def test_the_trainer_with_a_tensor_lr_trains_as_with_a_float_lr(tmp_path: Path) 
     lrs1, p1 = _trainer_steps(tmp_path / "tensor", ["optim.lr_tensor=true"])
     assert len(lrs0) == 4 and len(set(lrs0)) == 4 and lrs1 == lrs0
     assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+
+
+def test_the_tensor_lr_step_reads_nothing_on_the_host(tmp_path: Path) -> None:
+    """What would make a CUDA step wait, counted on the CPU (tests/test_hot_path.py): no tensor read in the step,
+    the learning rate included (copied on the device from the schedule on the device)."""
+    cfg = load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "optim.lr_tensor=true"])
+    run = train_mod.build(cfg, WorldInfo(0, 1, 0, "single"), torch.device("cpu"))
+    run.loader.set_epoch(0)
+    reads: list = []
+    with host_reads(reads):
+        for i, (views, _) in enumerate(run.loader):
+            train_mod.train_step(run, views, i)
+    assert reads == []
+    assert all(group["lr"] is run.lr_setter.tensor for group in run.engine.param_groups)
 
 
 def test_a_tensor_lr_under_deepspeed_is_refused(tmp_path: Path) -> None:
