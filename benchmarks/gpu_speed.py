@@ -6,8 +6,10 @@
 Rows (configs/imagenet1k.yaml, the trainer's own ``build`` and ``train_step``, bf16 autocast on CUDA):
 
 * ``step_*``: the model step alone: fixed random views already on the device, no augmentation (the ceiling);
-  channels-last on and off, batch 128 and 256, AdamW fused (optim.fused=auto on CUDA) and multi-tensor,
-  ``dist.compile=true``;
+  eager and compiled first (``dist.compile=true``: the whole step's module, backbone, heads and loss, for
+  Hypersolid's dense backend; the row records ``dist.compile_scope``), and compiled with its forward and backward
+  replayed as CUDA graphs (``dist.compile_mode=reduce-overhead``), then channels-last on and off, batch 128 and
+  256, AdamW fused (optim.fused=auto on CUDA) and multi-tensor;
 * ``synthetic_*``: views augmented on the device from uint8 images in device memory (TensorMultiCrop);
 * ``jpeg_device_*``: the trainer's loader over the photo set's WebDataset shards, data.views_on=device (JPEGs
   decoded on the device, every view cut there, prepared a batch ahead on a side stream);
@@ -15,8 +17,8 @@ Rows (configs/imagenet1k.yaml, the trainer's own ``build`` and ``train_step``, b
 
 Per row: images/s, step ms, the share of the wall time spent waiting for the next batch (``data_wait_share``),
 and host CPU ms per image (this process and its workers, psutil). ``ratio``: images/s over the model step's
-at the same batch and format. Not measured: CUDA graphs (``torch.compile(mode="reduce-overhead")``): the
-step reads the learning rate from the host and the neighbour backends have data-dependent shapes.
+at the same batch and format. Not measured: the whole training step as one CUDA graph, optimizer included (the
+JSON's ``not_measured`` says why; docs/benchmarks.md, "CUDA graphs").
 Then one profiled step of ``jpeg_device_cl_b128``: the top kernels by device time and the host's gaps (device
 idle between kernels), as text. Writes gpu_speed.json, gpu_speed.png and gpu_speed_profile.txt into --out.
 Each row gets an equal share of --budget-s (after its warm-up); the JSON is rewritten after every row.
@@ -48,6 +50,10 @@ CL, NCHW = "model.channels_last=true", "model.channels_last=false"
 # name: (source, batch, overrides)
 ROWS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "step_cl_b128": ("step", 128, (CL,)),
+    # The model step eager vs compiled comes first (issue 41, item 5a); compiling takes about a minute of its warm-up.
+    "step_cl_b128_compile": ("step", 128, (CL, "dist.compile=true")),
+    # The compiled forward and backward replayed as CUDA graphs (torch's cudagraph trees, static input buffers).
+    "step_cl_b128_cudagraphs": ("step", 128, (CL, "dist.compile=true", "dist.compile_mode=reduce-overhead")),
     "step_nchw_b128": ("step", 128, (NCHW,)),
     "step_cl_b128_foreach": ("step", 128, (CL, "optim.fused=false")),
     "step_cl_b256": ("step", 256, (CL,)),
@@ -57,11 +63,20 @@ ROWS: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "jpeg_device_nchw_b128": ("jpeg_device", 128, (NCHW,)),
     "jpeg_device_cl_b256": ("jpeg_device", 256, (CL,)),
     "jpeg_pil_cl_b128": ("jpeg_pil", 128, (CL,)),
-    "step_cl_b128_compile": ("step", 128, (CL, "dist.compile=true")),
     # The compiled step issues far fewer launches: does that free the host for the device stage's thread?
     "jpeg_device_cl_b128_compile": ("jpeg_device", 128, (CL, "dist.compile=true")),
 }
 PROFILED = "jpeg_device_cl_b128"
+# Why no row replays the whole training step as one CUDA graph (docs/benchmarks.md, "CUDA graphs").
+CUDA_GRAPHS_NOT_USED = (
+    "the compiled forward and backward are replayed as CUDA graphs in step_cl_b128_cudagraphs; the whole step as "
+    "one graph (optimizer step included) is not implemented: the learning rate can be a device tensor "
+    "(optim.lr_tensor, taken by the fused AdamW), but a graph of the whole train_step would replay stale Python "
+    "numbers the step passes to kernels every step (the non-finite guard's step number, the EMA teachers' "
+    "momentum), the trainer hands new view tensors each step (no static input buffers of its own), DDP's "
+    "bucketed all-reduce would be captured too (unchecked), and the neighbors and auto backends have "
+    "data-dependent shapes; the fused optimizer step left outside the graphs is a few kernel launches"
+)
 
 
 def host_cpu_s() -> float:
@@ -165,6 +180,7 @@ def time_row(run: Any, next_views: Any, batch: int, args: argparse.Namespace, sh
         "last_loss": float(loss),
         "memory_format": "channels_last" if run.memory_format == torch.channels_last else "nchw",
         "bf16": bool(run.bf16),
+        **run.compile_scope.params(),  # what dist.compile compiled (off | step | backbone) and why not more
         **extra,
     }
 
@@ -248,10 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": common.commit(),
         "arch": "resnet18" if args.quick else "resnet50",
         "views": "2x32+6x16" if args.quick else "2x224+6x96",
-        "not_measured": {
-            "cuda_graphs": "the step reads its learning rate from the host; neighbour backends "
-            "have data-dependent shapes"
-        },
+        "not_measured": {"cuda_graph_of_the_whole_step": CUDA_GRAPHS_NOT_USED},
         "rows": {},
     }
     share = args.budget_s / len(args.rows)

@@ -30,6 +30,8 @@ def test_quick_rows_write_their_numbers_and_the_profile(tmp_path: Path) -> None:
         assert r["ratio_to_model_step"] > 0
     assert res["rows"]["step_cl_b128"]["data_wait_share"] == 0  # views already on the device
     assert res["rows"]["step_cl_b128"]["ratio_to_model_step"] == 1
+    assert res["rows"]["step_cl_b128"]["dist.compile_scope"] == "off"  # what dist.compile compiled, per row
+    assert "cuda_graph_of_the_whole_step" in res["not_measured"]
     jpeg = res["rows"]["jpeg_device_cl_b128"]  # the stage thread's host time, within the process's
     assert 0 < jpeg["device_stage_cpu_ms_per_image"] <= jpeg["host_cpu_ms_per_image"]
     assert jpeg["photometric_chain"] == "eager (compile off)"  # the CPU default (compiled on CUDA)

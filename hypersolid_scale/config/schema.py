@@ -54,7 +54,10 @@ class DistConfig:
     # BatchNorm statistics over the GLOBAL batch (docs/design.md §3b): auto (whenever world size > 1) | true | false.
     # CUDA uses torch's SyncBatchNorm, CPU/gloo hypersolid_scale.distributed.batchnorm.GlobalBatchNorm.
     sync_bn: str = "auto"
-    compile: bool = False  # torch.compile the model
+    compile: bool = False  # torch.compile the step (or the backbone only: training/compile_scope.py says when)
+    # torch.compile's mode with dist.compile=true: default | reduce-overhead (CUDA graphs of the compiled forward and
+    # backward, one process only) | max-autotune
+    compile_mode: str = "default"
     # auto (bf16 autocast on a GPU that has it, else fp32) | bf16 (autocast) | fp32 | fp64 (the model and the views in
     # float64: N processes = 1 checked to ~1e-9 of the update, docs/design.md §3b). Formerly dist.bf16 (auto | true
     # | false), still read: auto -> auto, true -> bf16, false -> fp32 (both in one file or override and not the same:
@@ -108,6 +111,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "dist.precision": PRECISIONS,
     "dist.sync_bn": ("auto", "true", "false"),
     "dist.device": ("auto", "cpu", "cuda"),
+    "dist.compile_mode": ("default", "reduce-overhead", "max-autotune"),
     "checkpoint.resume": ("auto", "never", "force"),
 }
 

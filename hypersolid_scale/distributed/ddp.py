@@ -27,6 +27,7 @@ class DDPEngine(Engine):
         bf16: bool,
         grad_clip: float,
         compile: bool,
+        compile_mode: str | None = None,
     ) -> None:
         self.model = model.to(device)
         self.device, self.bf16, self.grad_clip = device, bf16, grad_clip
@@ -37,7 +38,8 @@ class DDPEngine(Engine):
             wrapped = self.ddp = DistributedDataParallel(
                 self.model, device_ids=[device.index] if device.type == "cuda" else None
             )
-        self.wrapped = cast(nn.Module, torch.compile(wrapped)) if compile else wrapped  # an OptimizedModule
+        # An OptimizedModule; compile_mode: torch.compile's (None: its default; reduce-overhead: CUDA graphs).
+        self.wrapped = cast(nn.Module, torch.compile(wrapped, mode=compile_mode)) if compile else wrapped
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

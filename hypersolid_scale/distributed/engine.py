@@ -102,6 +102,7 @@ def build_engine(
     grad_clip: float,
     sync_bn: str | bool = "auto",
     compile: bool = False,
+    compile_mode: str | None = None,
     zero_stage: int = 0,
     batch_size_per_gpu: int = 1,
     accumulate_steps: int = 1,
@@ -109,7 +110,8 @@ def build_engine(
     """``optimizer_fn(params) -> torch.optim.Optimizer`` is called once the model sits on its device.
 
     ``sync_bn`` (auto | true | false, see :func:`convert_batchnorm`) converts the BatchNorms here, once,
-    before either engine wraps the model or builds its optimizer over the parameters.
+    before either engine wraps the model or builds its optimizer over the parameters. ``compile_mode``:
+    torch.compile's mode under the ddp engine (None: its default; DeepSpeed compiles in its own default).
     """
     if engine not in ENGINES:
         raise ConfigError(f"unknown dist.engine {engine!r}; choose ddp or deepspeed")
@@ -118,7 +120,15 @@ def build_engine(
     if engine == "ddp":
         from hypersolid_scale.distributed.ddp import DDPEngine
 
-        return DDPEngine(model, optimizer_fn, device=device, bf16=bf16, grad_clip=grad_clip, compile=compile)
+        return DDPEngine(
+            model,
+            optimizer_fn,
+            device=device,
+            bf16=bf16,
+            grad_clip=grad_clip,
+            compile=compile,
+            compile_mode=compile_mode,
+        )
     from hypersolid_scale.distributed.deepspeed_engine import DeepSpeedEngine
 
     return DeepSpeedEngine(

@@ -113,6 +113,9 @@ class Method(nn.Module):
             (``--baseline-seeds``).
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
         target_keys: the keys of :meth:`embed`'s outputs computed without gradient (a momentum teacher's).
+        compile_refusal: why ``dist.compile=true`` must not compile this method's forward with the backbone
+            (a host read or Python state that changes the graph between steps); empty: it may
+            (:mod:`hypersolid_scale.training.compile_scope`).
     """
 
     name: ClassVar[str] = ""
@@ -126,6 +129,7 @@ class Method(nn.Module):
     projection_head: ClassVar[str] = ""
     compare_role: ClassVar[str] = "baseline"
     target_keys: ClassVar[tuple[str, ...]] = ()
+    compile_refusal: ClassVar[str] = ""
 
     @classmethod
     def build(
@@ -182,6 +186,12 @@ class Method(nn.Module):
                     "px): every view would count as global; set a smaller data.local_crop_size (e.g. 18 for 32 px "
                     "CIFAR) or data.num_local_views=0"
                 )
+
+    @classmethod
+    def whole_step_compile_refusal(cls, section: Any) -> str:
+        """Why ``dist.compile=true`` compiles only the backbone of a run of this method with ``section``, as one
+        line naming the key; empty: the whole step's module may be compiled. Default: ``compile_refusal``."""
+        return f"method.name={cls.name}: {cls.compile_refusal}" if cls.compile_refusal else ""
 
     @classmethod
     def run_tags(cls, section: Any) -> dict[str, Any]:

@@ -63,6 +63,10 @@ class DINO(EMAMethod):
     uses_local_views = True
     tells_views_by_size = True
     target_keys = ("teacher",)
+    compile_refusal = (
+        "its loss takes the epoch as a Python number (lightly's DINOLoss, the teacher temperature's warm-up): "
+        "a recompilation every epoch, and eager once torch's recompile limit is reached"
+    )
 
     @classmethod
     def build(

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from hypersolid_scale.losses import HypersolidLoss, LossConfig
+from hypersolid_scale.losses.backends import get_backend
 from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
 from hypersolid_scale.models import ModelConfig, Projector
@@ -61,6 +62,11 @@ class Hypersolid(Method):
         model_cfg: ModelConfig | None = None,
     ) -> Hypersolid:
         return cls(feature_dim, model_cfg if model_cfg is not None else ModelConfig(), section, steps_per_epoch)
+
+    @classmethod
+    def whole_step_compile_refusal(cls, section: LossConfig) -> str:
+        refusal = get_backend(section.backend).compile_refusal
+        return f"method.hypersolid.backend={section.backend}: {refusal}" if refusal else ""
 
     @classmethod
     def run_tags(cls, section: LossConfig) -> dict[str, Any]:

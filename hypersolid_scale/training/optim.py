@@ -1,5 +1,6 @@
 """The optimizer and its learning-rate schedule: ``OptimConfig`` (the ``optim`` config section),
-``build_optimizer``, ``optimizer_factory``, ``scaled_lr`` and ``lr_schedule``.
+``build_optimizer``, ``optimizer_factory``, ``scaled_lr``, ``lr_schedule`` and ``LearningRate`` (which hands
+each step's value to the optimizer, as a Python float or as a device tensor).
 
 Large batches: ``optim.lr`` is the learning rate at ``optim.reference_batch_size`` (the global batch it was
 tuned for); ``optim.lr_scaling`` rescales it (and ``min_lr``) to the run's global batch, linearly (Goyal et
@@ -52,6 +53,11 @@ class OptimConfig:
     # every parameter is on CUDA (torch's documentation names fused the fastest there; the GPU speed benchmark,
     # benchmarks/gpu_speed.py, measures both), multi-tensor on the CPU. The same update within float rounding.
     fused: str = "auto"
+    # The learning rate as a 0-dim tensor on the parameters' device, written there from the schedule (itself on the
+    # device) at every step: an optimizer step that reads no Python number, as a CUDA graph replaying the step
+    # needs (issue 41). AdamW and SGD in torch's fused kernels only (optim.fused auto or true; auto then means
+    # fused on the CPU too). The same update as a float learning rate, bit for bit (tests/test_lr_tensor.py).
+    lr_tensor: bool = False
 
 
 def _no_reference(o: OptimConfig) -> ConfigError:
@@ -71,6 +77,17 @@ def check(o: OptimConfig) -> None:
         raise ConfigError(f"config key 'optim.fused' = {o.fused!r} is not one of {FUSED}")
     if o.lr_scaling.lower() != "none" and o.reference_batch_size is None:
         raise _no_reference(o)
+    if o.lr_tensor and o.name.lower() == "lars":
+        raise ConfigError(
+            "config key 'optim.lr_tensor' = true with optim.name=lars: lightly's LARS reads the learning rate as a "
+            "Python number (p.add_(..., alpha=-lr)), a host read per parameter; set optim.lr_tensor=false or "
+            "optim.name=adamw|sgd"
+        )
+    if o.lr_tensor and o.fused == "false":
+        raise ConfigError(
+            "config key 'optim.lr_tensor' = true with optim.fused=false: torch's multi-tensor AdamW refuses a tensor "
+            "learning rate and its SGD reads it on the host; set optim.fused=auto (or true), or optim.lr_tensor=false"
+        )
     if o.name.lower() == "lars" and o.weight_decay == 0:
         raise ConfigError(
             "config key 'optim.weight_decay' = 0 with optim.name=lars: lightly's LARS applies its trust ratio "
@@ -183,7 +200,8 @@ def optimizer_factory(o: OptimConfig, model: nn.Module | None = None) -> Callabl
             params = lars_groups(params, model)
         params = list(params)
         on_cuda = all(p.is_cuda for p in params if isinstance(p, torch.Tensor))
-        fused = o.fused == "true" or (o.fused == "auto" and on_cuda and bool(params))
+        # A tensor learning rate needs the fused kernels wherever the parameters are (check() refused fused=false).
+        fused = o.fused == "true" or (o.fused == "auto" and (on_cuda or o.lr_tensor) and bool(params))
         return build_optimizer(
             o.name,
             params,
@@ -221,3 +239,47 @@ def lr_schedule(
         t = np.arange(rest) / max(rest, 1)
         main = min_lr + 0.5 * (lr - min_lr) * (1.0 + np.cos(math.pi * t))
     return np.concatenate([warm, main])
+
+
+def lr_tensor_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of a tensor learning rate that gives the update of a Python float one, bit for bit: float64 on
+    the CPU, where torch's optimizers multiply by the float in double precision; float32 on CUDA, where the
+    fused kernels compute in float32 and round a float learning rate to it themselves."""
+    return torch.float64 if device.type == "cpu" else torch.float32
+
+
+class LearningRate:
+    """Each step's learning rate, from the schedule (:func:`lr_schedule`), into the optimizer's param groups.
+
+    ``as_tensor=False`` (``optim.lr_tensor=false``, the default): every group's ``lr`` is set to the step's
+    Python float, as torch's optimizers are usually driven. ``as_tensor=True``: the schedule is copied to
+    ``device`` once, and each step copies its value into ONE 0-dim tensor that every group holds as its
+    ``lr`` (a device-to-device copy: nothing is read or sent from the host). Groups whose ``lr`` is not that
+    tensor (a fresh optimizer; a resumed optimizer state, which brings its own value) get it at the next step.
+    """
+
+    def __init__(self, schedule: np.ndarray, device: torch.device, *, as_tensor: bool = False) -> None:
+        self.schedule = schedule
+        self.tensor: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+        if as_tensor:
+            dtype = lr_tensor_dtype(device)
+            self._values = torch.as_tensor(schedule, dtype=dtype).to(device)
+            self.tensor = torch.zeros((), dtype=dtype, device=device)
+
+    def value(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based; the last value past the schedule's end)."""
+        return float(self.schedule[min(step, len(self.schedule) - 1)])  # a host array: no device involved
+
+    def apply(self, groups: list[dict[str, Any]], step: int) -> float:
+        """Set step ``step``'s learning rate in ``groups``; returns it as a float (for the step's statistics)."""
+        lr = self.value(step)
+        if self.tensor is None or self._values is None:
+            for group in groups:
+                group["lr"] = lr
+            return lr
+        self.tensor.copy_(self._values[min(step, len(self.schedule) - 1)])
+        for group in groups:
+            if group["lr"] is not self.tensor:
+                group["lr"] = self.tensor
+        return lr

@@ -36,7 +36,8 @@ from hypersolid_scale.distributed import (
 from hypersolid_scale.methods import Method, build_method, get_method
 from hypersolid_scale.models import Projector, build_backbone
 from hypersolid_scale.safety.errors import ConfigError, DataError, UserError
-from hypersolid_scale.training.optim import lr_schedule, optimizer_factory, scaled_lr
+from hypersolid_scale.training.compile_scope import CompileScope, compile_scope
+from hypersolid_scale.training.optim import LearningRate, lr_schedule, optimizer_factory, scaled_lr
 from hypersolid_scale.training.step_bookkeeping import NonFiniteGuard
 
 T = TypeVar("T")
@@ -146,9 +147,14 @@ class Run:
     guard: NonFiniteGuard = field(init=False)
     # The views' memory format for the step: channels-last where the model is (model.channels_last).
     memory_format: torch.memory_format = field(init=False, default=torch.contiguous_format)
+    # What dist.compile compiled, and why not more (recorded in the run's parameters).
+    compile_scope: CompileScope = field(default_factory=lambda: CompileScope("off"))
+    # Hands lr[step] to the optimizer, as a float or a device tensor (optim.lr_tensor).
+    lr_setter: LearningRate = field(init=False)
 
     def __post_init__(self) -> None:
         self.guard = NonFiniteGuard(self.device, self.cfg.run_dir)
+        self.lr_setter = LearningRate(self.lr, self.device, as_tensor=self.cfg.optim.lr_tensor)
 
     @property
     def bf16(self) -> bool:
@@ -178,6 +184,8 @@ def batch_lines(run: Run) -> list[str]:
     """Rank 0's start-up lines on the batch: how it was split, and the learning rate it implies (a ``warning:``
     line when the global batch is not the one ``optim.lr`` was tuned for and ``optim.lr_scaling`` is none)."""
     lines = [f"[hypersolid] {run.batch.describe()}"]
+    if (compiled := run.compile_scope.line()) is not None:
+        lines.append(compiled)
     said = scaled_lr(run.cfg.optim, run.batch.global_batch)[1]
     if said is not None:
         lines.append(f"warning: {said}" if run.cfg.optim.lr_scaling == "none" else f"[hypersolid] {said}")
@@ -241,6 +249,15 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     if precision == "fp64":  # every parameter and buffer (BatchNorm statistics, queues, centers); the views follow
         model = model.to(torch.float64)
     o = cfg.optim
+    if o.lr_tensor and cfg.dist.engine != "ddp":
+        raise ConfigError(
+            f"optim.lr_tensor=true with dist.engine={cfg.dist.engine}: the tensor learning rate is made for torch's "
+            "fused AdamW and SGD under the ddp engine; DeepSpeed wraps the optimizer in its own, which is not checked "
+            "with it; set dist.engine=ddp or optim.lr_tensor=false"
+        )
+    scope = compile_scope(cfg, info.world_size)
+    if scope.scope == "backbone":  # in place: the state dict's keys and the parameter objects stay as they are
+        model.backbone.compile(mode=scope.torch_mode)
     engine = build_engine(
         model,
         _trainable_only(optimizer_factory(o, model=model)),
@@ -249,7 +266,8 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         bf16=precision == "bf16",
         grad_clip=o.grad_clip,
         sync_bn=cfg.dist.sync_bn,
-        compile=cfg.dist.compile,
+        compile=scope.scope == "step",
+        compile_mode=scope.torch_mode,
         zero_stage=cfg.dist.zero_stage,
         batch_size_per_gpu=batch.micro_batch,
         accumulate_steps=batch.accumulate_steps,
@@ -266,4 +284,5 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     )
     run = Run(cfg, info, device, engine, loader, lrs, steps_per_epoch, total, precision, transport, batch)
     run.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    run.compile_scope = scope
     return run

@@ -109,9 +109,7 @@ def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
     global-batch loss) are averaged over ranks here: one small all-reduce, no host read. ``run.guard``
     records whether the step was finite.
     """
-    lr = float(run.lr[min(step, len(run.lr) - 1)])  # a host array: no device involved
-    for group in run.engine.param_groups:
-        group["lr"] = lr
+    lr = run.lr_setter.apply(run.engine.param_groups, step)  # a float, or a device tensor's copy (optim.lr_tensor)
     check_batch(run, views[0].shape[0], step)
     method = run.method
     if run.batch.accumulate_steps > 1:  # the same step in micro-batches (docs/design.md §3d)
@@ -255,8 +253,10 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
         if info.rank == 0:
             save_config(cfg, cfg.run_dir)
         if ckpt is None:
-            # the chosen method's and format's sections only, and which photometric chain the stage runs
-            tracker.log_params({**flatten(to_dict(cfg, stored=True)), **_stage_params(run)})
+            # the chosen method's and format's sections only; which photometric chain the stage runs and what
+            # dist.compile compiles (and why)
+            params = {**flatten(to_dict(cfg, stored=True)), **_stage_params(run), **run.compile_scope.params()}
+            tracker.log_params(params)
         tracker.log_artifact(Path(cfg.run_dir) / "config.yaml")
     except BaseException:
         tracker.close(status="FAILED")

@@ -39,6 +39,9 @@ class Backend:
     name: str = ""
     order: int = DEFAULT_ORDER  # place in backend_names() (then by name): the built-ins list in their documented order
     stat_names: tuple[str, ...] = ()  # extra statistics, packed after the loss's own, in this order
+    # Why dist.compile=true must not compile the loss with this backend (a host read or a data-dependent shape
+    # that changes the graph between steps; training/compile_scope.py); empty: it may.
+    compile_refusal: str = ""
 
     def __init__(self, cfg: LossConfig) -> None:
         self.cfg = cfg

@@ -33,6 +33,10 @@ class AutoBackend(Backend):
     name = "auto"
     order = 3
     stat_names = SEARCH_STATS + ("backend_neighbors",)
+    compile_refusal = (
+        "it picks tiled or neighbors per step from a value read on the host, and neighbors' pair lists have "
+        "data-dependent sizes: a graph per side, recompiled as the sizes change"
+    )
 
     def __init__(self, cfg: LossConfig) -> None:
         super().__init__(cfg)

@@ -42,6 +42,10 @@ class NeighborsBackend(Backend):
     name = "neighbors"
     order = 2
     stat_names = SEARCH_STATS
+    compile_refusal = (
+        "the candidate search reads which rows saturated on the host and its pair lists have data-dependent "
+        "sizes (a FAISS index searches on the host): graph breaks and recompilations every step"
+    )
 
     def __init__(self, cfg: LossConfig) -> None:
         super().__init__(cfg)
