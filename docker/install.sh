@@ -18,7 +18,7 @@ set -euo pipefail
 variant=${1:?usage: docker/install.sh cpu|gpu [REPO_DIR]}
 repo=${2:-$(cd "$(dirname "$0")/.." && pwd)}
 case $variant in
-    cpu) extras="deepspeed,dev" ;;
+    cpu) extras="train,deepspeed,dev" ;;
     gpu) extras="all" ;;
     *) echo "error: variant must be cpu or gpu, got '$variant'" >&2; exit 2 ;;
 esac
