@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -194,26 +195,37 @@ def test_the_base_install_runs_the_readme_loss_loop_and_names_a_missing_extra(ba
     assert tr.returncode == 2 and tr.stderr.count("\n") == 1 and "[train] extra" in tr.stderr, tr.stderr[-2000:]
 
 
+def _readme_commands(tmp_path: Path) -> dict[str, list[str]]:
+    """The README's install block's torchrun / python -m lines, by module, with runs/ under tmp_path."""
+    out = {}
+    for line in _readme_block("install").splitlines():
+        words = shlex.split(line.split("#")[0].replace("runs/", f"{tmp_path}/runs/"))
+        if words and words[0] in ("torchrun", "python") and "-m" in words:
+            module = words[words.index("-m") + 1]
+            out[module] = (["-m", "torch.distributed.run"] if words[0] == "torchrun" else []) + words[1:]
+    assert set(out) == {"hypersolid_scale.train", "hypersolid_scale.eval", "hypersolid_scale.export"}, out
+    return out
+
+
 @pytest.mark.slow
-def test_the_train_extra_trains_evaluates_and_exports_from_the_wheel_outside_the_checkout(
+def test_the_train_extra_runs_the_readme_commands_from_the_wheel_outside_the_checkout(
     train_python: Path, tmp_path: Path
 ) -> None:
-    """`torchrun -m hypersolid_scale.train --config quickstart` (a packaged setup, by name), then
-    `python -m hypersolid_scale.eval` and `.export` on its checkpoint, in an empty working directory."""
-    run = tmp_path / "run"
-    train = _run(train_python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
-                 "-m", "hypersolid_scale.train", "--config", "quickstart", f"run_dir={run}", "max_steps=2",
+    """The README's `torchrun -m hypersolid_scale.train --config quickstart` (a packaged setup, by name; a
+    2-step run), then its `python -m hypersolid_scale.eval` and `.export` lines on that checkpoint (step 2, not
+    600; the kNN suite on a few hundred images), in an empty working directory."""
+    cmds = {m: [a.replace("step_00000600", "step_00000002") for a in c] for m, c in _readme_commands(tmp_path).items()}
+    run = tmp_path / "runs" / "quickstart"
+    train = _run(train_python, *cmds["hypersolid_scale.train"], f"run_dir={run}", "max_steps=2",
                  "data.global_batch_size=16", "checkpoint.every_n_steps=2", "eval.every_n_epochs=0", cwd=tmp_path)
     assert train.returncode == 0, train.stderr[-3000:]
     ckpt = run / "checkpoints" / "step_00000002.pt"
     assert ckpt.is_file(), sorted(p.name for p in run.rglob("*"))
-    ev = _run(train_python, "-m", "hypersolid_scale.eval", "--checkpoint", str(ckpt), "--suite", "knn",
-              "--output-dir", str(tmp_path / "eval"), "eval.max_train_samples=500", "eval.max_test_samples=200",
-              cwd=tmp_path)
+    ev = _run(train_python, *cmds["hypersolid_scale.eval"], "--suite", "knn", "--output-dir", str(tmp_path / "eval"),
+              "eval.max_train_samples=500", "eval.max_test_samples=200", cwd=tmp_path)
     assert ev.returncode == 0, ev.stderr[-3000:]
     assert list((tmp_path / "eval").glob("*.json")), sorted(p.name for p in (tmp_path / "eval").rglob("*"))
-    ex = _run(train_python, "-m", "hypersolid_scale.export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "x"),
-              cwd=tmp_path)
-    assert ex.returncode == 0 and (tmp_path / "x" / "backbone.safetensors").is_file(), ex.stderr[-3000:]
+    ex = _run(train_python, *cmds["hypersolid_scale.export"], cwd=tmp_path)
+    assert ex.returncode == 0 and (run / "export" / "backbone.safetensors").is_file(), ex.stderr[-3000:]
     # The run used the installed package, not this checkout.
     assert not [p for p in tmp_path.iterdir() if p.name in ("configs", "hypersolid_scale")]
