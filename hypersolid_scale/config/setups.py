@@ -42,4 +42,7 @@ def resolve_config(config: str) -> str:
         return str(path)
     names = setup_names()
     shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
-    raise ConfigError(f"--config {config}: no such file, and not a packaged setup (one of: {shown})")
+    raise ConfigError(
+        f"config file {config!r} does not exist and is not a packaged setup; pass an existing YAML file or "
+        f"a setup's name: {shown}"
+    )
