@@ -10,7 +10,8 @@
 #      registries this machine reaches), the wheel folder and the CA bundle mounted into the build
 #   5. run: a 20-step quickstart training with torchrun (2 processes), then launch/eval.py on its checkpoint,
 #      as the image's non-root user, runs/ mounted from this machine and Fashion-MNIST read-only
-#   6. check, from this machine: the checkpoint loads, the MLflow store has the run with its metrics
+#   6. check, from this machine: the checkpoint loads, the MLflow store has the run with its metrics; and
+#      the image runs as a non-root user with no compiler left in it
 #
 # Prints each stage's wall time and the image size. Environment: HS_IMAGE_WORK (default /var/tmp/hs-image:
 # the base's root file system, the wheels, the runs; kept between runs, so a second build reuses them),
@@ -91,7 +92,9 @@ run_in_image() {
     took[eval]=$((SECONDS - start_eval))
 }
 
-check() {  # from this machine: the files the container wrote
+check() {  # from this machine: the files the container wrote; and the image's hygiene
+    podman run --rm "$tag" sh -c 'test "$(id -u)" != 0 || { echo "error: the image runs as root" >&2; exit 1; }
+        for c in gcc cc make; do ! command -v "$c" >/dev/null || { echo "error: $c in the final image" >&2; exit 1; }; done'
     "$python" - "$runs/quickstart" "$steps" <<'PY'
 import sys
 from pathlib import Path
