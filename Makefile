@@ -1,6 +1,7 @@
 # hypersolid_scale — the two commands of the README:
 #   make demo   set up everything, prepare Fashion-MNIST, train 2 processes on the CPU, evaluate
 #   make test   set up everything, lint (ruff check and format, mypy), run the whole test suite (slow end-to-end tests included)
+#   make image  build the CPU container image here (podman, a debootstrapped base) and train and evaluate in it
 # Both work on a fresh Debian machine as root: they install the apt packages, create .venv and install
 # the package with all extras. Setup is skipped when already done (stamp files in .venv/).
 
@@ -20,7 +21,7 @@ TEST_THREADS = $(shell n=$$(( $$(nproc) / $(PYTEST_WORKERS) )); [ $$n -gt 0 ] &&
 # What ruff and mypy check (mypy reads the same list from pyproject.toml's [tool.mypy] files).
 LINT_PATHS := hypersolid_scale launch benchmarks
 
-.PHONY: setup apt venv lint test test-fast demo bench clean
+.PHONY: setup apt venv lint test test-fast demo bench image clean
 
 setup: apt venv
 
@@ -69,6 +70,11 @@ bench: BENCH_OUT ?= runs/bench/repulsion
 bench: setup
 	$(PY) -m benchmarks.repulsion --out $(BENCH_OUT) $(BENCH_ARGS)
 	$(PY) -m benchmarks.repulsion_compare $(BENCH_OUT).json $(if $(BENCH_STRICT),--strict)
+
+# The CPU image, built and run with no image registry (docker/build_cpu_image.sh: stages, wall times, image size).
+# Not part of `make test`; .ci/run runs it after the tests.
+image: setup
+	PYTHON=$(abspath $(PY)) bash docker/build_cpu_image.sh
 
 clean:
 	rm -rf $(VENV) runs outputs .pytest_cache .mypy_cache .ruff_cache

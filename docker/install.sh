@@ -11,6 +11,9 @@
 #
 # Environment: TORCH_INDEX_URL  extra pip index for torch/torchvision (its +cpu/+cuXXX builds outrank the
 #                               default index's for the same version); empty: the default index only
+#              TORCH_WHEELS     a folder of wheels holding torch/torchvision and their requirements: they are
+#                               installed from it alone (--no-index; docker/build_cpu_image.sh mounts one)
+#              PIP_CERT         the CA bundle pip trusts; empty: pip's own
 #              HS_EDITABLE=1    editable install of the package (for development images and checks)
 #              HS_PIP_COMPILE=0 skip compiling .pyc files (quick checks; images keep them for fast start-up)
 set -euo pipefail
@@ -18,7 +21,7 @@ set -euo pipefail
 variant=${1:?usage: docker/install.sh cpu|gpu [REPO_DIR]}
 repo=${2:-$(cd "$(dirname "$0")/.." && pwd)}
 case $variant in
-    cpu) extras="deepspeed,dev" ;;
+    cpu) extras="train,deepspeed,dev" ;;
     gpu) extras="all" ;;
     *) echo "error: variant must be cpu or gpu, got '$variant'" >&2; exit 2 ;;
 esac
@@ -32,8 +35,10 @@ FAISS_GPU_VERSION=1.15.1
 pip_opts=(--no-input --progress-bar off)
 [[ ${HS_PIP_COMPILE:-1} != 0 ]] || pip_opts+=(--no-compile)
 pip_install() { python -m pip install "${pip_opts[@]}" "$@"; }
+[[ -n ${PIP_CERT:-} ]] || unset PIP_CERT
 torch_index=()
 [[ -z ${TORCH_INDEX_URL:-} ]] || torch_index=(--extra-index-url "$TORCH_INDEX_URL")
+[[ -z ${TORCH_WHEELS:-} ]] || torch_index=(--no-index --find-links "$TORCH_WHEELS")
 
 echo ">> pip, wheel, setuptools"
 pip_install --upgrade pip wheel setuptools

@@ -29,7 +29,7 @@ def restore_http_env():
 SLOWEST_FILES = (
     "test_compare.py", "test_baselines_deepspeed.py", "test_slurm.py", "test_train.py", "test_replication_runs.py",
     "test_gpu_suite.py", "test_world_invariance.py", "test_torchrun_restart.py", "test_resume_world_size.py",
-    "test_demo.py", "test_accumulation_dist.py", "test_baselines_train.py", "test_data_ffcv.py", "test_docker.py",
+    "test_demo.py", "test_packaging.py", "test_accumulation_dist.py", "test_baselines_train.py", "test_data_ffcv.py", "test_docker.py",
     "test_engines.py", "test_run_lock.py", "test_eval_cli.py", "test_fp64_invariance.py", "test_errors_train.py",
     "test_lifeline.py",
 )

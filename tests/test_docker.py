@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _venv import seed_pinned_torch
 from packaging.requirements import Requirement
 
 try:
@@ -70,7 +71,7 @@ def test_dockerfile_structure(path: Path) -> None:
     ignored = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
                if ln.strip() and not ln.startswith("#")]
     for w, a in ins:
-        if w == "COPY":
+        if w == "COPY" and not a.startswith("--from="):  # --from: a path in an earlier stage
             for src in a.split()[:-1]:
                 assert (REPO / src).exists(), f"COPY {src}: not in the repository"
                 assert src.split("/")[0] not in ignored, f"COPY {src}: excluded by .dockerignore"
@@ -98,49 +99,6 @@ def test_install_script_rejects_unknown_variant() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ install
-def _requirement_closure(names: list[str]) -> list[md.Distribution]:
-    """Installed distributions of `names` and everything they require (on this platform), extras included:
-    torch asks for `cuda-toolkit[cublas,cudart,...]`, whose CUDA libraries are requirements only under those
-    extras; missing them would leave pip gigabytes of wheels to unpack into the new environment."""
-    seen: dict[str, md.Distribution] = {}
-    done: set[tuple[str, str]] = set()
-    todo: list[tuple[str, str]] = [(name, "") for name in names]
-    while todo:
-        name, extra = todo.pop()
-        key = re.sub(r"[-_.]+", "-", name).lower()
-        if (key, extra) in done:
-            continue
-        done.add((key, extra))
-        try:
-            dist = seen.get(key) or md.distribution(name)
-        except md.PackageNotFoundError:
-            continue  # an optional or other-platform requirement
-        seen[key] = dist
-        for req in dist.requires or []:
-            r = Requirement(req)
-            if r.marker is None or r.marker.evaluate({"extra": extra}):
-                todo += [(r.name, e) for e in ("", *sorted(r.extras))]
-    return list(seen.values())
-
-
-def _seed_pinned_torch(site_packages: Path) -> None:
-    """Hard-link this environment's torch/torchvision (the pinned versions) and their requirements into a new
-    environment: the several-GB CUDA wheels then need no download or unpacking, and pip sees them as
-    already installed there. Everything else the script installs comes from the package index."""
-    for dist in _requirement_closure(["torch", "torchvision"]):
-        root = Path(dist.locate_file(""))
-        for f in dist.files or []:
-            src = root / f
-            dst = (site_packages / f).resolve()
-            if not src.is_file() or site_packages.resolve() not in dst.parents:
-                continue  # console scripts outside site-packages are not needed
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
-
-
 @pytest.mark.slow
 def test_cpu_image_install_steps_succeed_in_a_fresh_venv(tmp_path: Path) -> None:
     pins = install_pins()
@@ -151,7 +109,7 @@ def test_cpu_image_install_steps_succeed_in_a_fresh_venv(tmp_path: Path) -> None
     subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
     try:
         site = next(venv.glob("lib/python*/site-packages"))
-        _seed_pinned_torch(site)
+        seed_pinned_torch(site)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{env['PATH']}", TORCH_INDEX_URL="", HS_PIP_COMPILE="0")
         out = subprocess.run(["bash", str(DOCKER / "install.sh"), "cpu", str(REPO)], env=env, capture_output=True,

@@ -6,3 +6,7 @@ table and two figures (``launch/compare.py``, ``hypersolid_scale.compare.app``).
 - ``table``: mean ± std over seeds of the evaluation's metrics, as JSON and Markdown.
 - ``figures``: DBSCAN NMI against eps per method; a bar chart of the main metrics.
 """
+
+from hypersolid_scale.extras import require
+
+require("train", "hypersolid_scale.compare")  # a missing extra: one line naming it

@@ -8,14 +8,18 @@ as skipped).
 The trainer's online monitor uses ``extract_embeddings`` and ``knn_accuracy``.
 """
 
-from hypersolid_scale.eval.clustering import dbscan_sweep, hdbscan_cluster, kmeans
-from hypersolid_scale.eval.config import EvalConfig
-from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
-from hypersolid_scale.eval.geometry import geometry_metrics
-from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
-from hypersolid_scale.eval.linear import linear_probe
-from hypersolid_scale.eval.neighborhood import interpolation_profile
-from hypersolid_scale.eval.skips import NotApplicable
+from hypersolid_scale.extras import require
+
+require("eval", "hypersolid_scale.eval")  # a missing extra: one line naming it
+
+from hypersolid_scale.eval.clustering import dbscan_sweep, hdbscan_cluster, kmeans  # noqa: E402
+from hypersolid_scale.eval.config import EvalConfig  # noqa: E402
+from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings  # noqa: E402
+from hypersolid_scale.eval.geometry import geometry_metrics  # noqa: E402
+from hypersolid_scale.eval.knn import knn_accuracy, knn_predict  # noqa: E402
+from hypersolid_scale.eval.linear import linear_probe  # noqa: E402
+from hypersolid_scale.eval.neighborhood import interpolation_profile  # noqa: E402
+from hypersolid_scale.eval.skips import NotApplicable  # noqa: E402
 
 __all__ = [
     "EvalConfig",

@@ -8,14 +8,18 @@ method, step, config fingerprint, commit); ``load_backbone(directory)`` gives th
 back with the weights loaded strict. docs/export.md has the details.
 """
 
-from hypersolid_scale.export.layouts import (
+from hypersolid_scale.extras import require
+
+require("eval", "hypersolid_scale.export")  # a missing extra: one line naming it
+
+from hypersolid_scale.export.layouts import (  # noqa: E402
     build_library_module,
     describe,
     load_strict,
     to_library_state,
 )
-from hypersolid_scale.export.reader import load_backbone, load_projector_state, read_export
-from hypersolid_scale.export.writer import EXPORT_JSON, export_checkpoint
+from hypersolid_scale.export.reader import load_backbone, load_projector_state, read_export  # noqa: E402
+from hypersolid_scale.export.writer import EXPORT_JSON, export_checkpoint  # noqa: E402
 
 __all__ = [
     "EXPORT_JSON",
