@@ -18,7 +18,6 @@ operator calls per batch (torch.profiler: what the Python code asks of torch). W
 from __future__ import annotations
 
 import io
-import json
 import time
 from collections import defaultdict
 from dataclasses import replace
@@ -33,6 +32,7 @@ from benchmarks import common
 from benchmarks.device_stage import draws, operator_calls
 from hypersolid_scale.data import PRESETS
 from hypersolid_scale.data.device_views import DeviceStage
+from hypersolid_scale.safety import atomic
 
 
 def photo_jpegs(n: int, seed: int) -> list[bytes]:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         args.batch, args.batches = 8, 1
     res = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "stage_alone.json").write_text(json.dumps(res, indent=2) + "\n")
+    atomic.write_json(Path(args.out) / "stage_alone.json", res, indent=2)
     for name, row in res["rows"].items():
         phases = ", ".join(f"{k} {v:.1f}" for k, v in row["device_ms_per_phase"].items())
         print(

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir: list[Path] = []  # known once the config is valid
 
     def _main(args: Sequence[str]) -> int:
-        from hypersolid_scale.extras import require
+        from hypersolid_scale.safety.extras import require
 
         require("train", "training (hypersolid_scale.train)")
         from hypersolid_scale.training import trainer

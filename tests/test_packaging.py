@@ -25,7 +25,7 @@ from _venv import seed_pinned_torch
 from packaging.requirements import Requirement
 
 from hypersolid_scale.config.setups import resolve_config, setup_names
-from hypersolid_scale.extras import EXTRA_MODULES
+from hypersolid_scale.safety.extras import EXTRA_MODULES
 from hypersolid_scale.safety.errors import ConfigError
 
 try:
@@ -35,7 +35,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-# The base install's imports (module: distribution), and the extras hypersolid_scale/extras.py does not list.
+# The base install's imports (module: distribution), and the extras hypersolid_scale/safety/extras.py does not list.
 BASE_MODULES = {"torch": "torch", "torchvision": "torchvision", "numpy": "numpy", "PIL": "pillow", "lightly": "lightly"}
 OTHER_EXTRAS = {"ffcv": "ffcv", "numba": "ffcv", "deepspeed": "deepspeed", "fsspec": "remote"}
 # Modules of the extras that the base install must not bring (lightly brings omegaconf, yaml and tqdm).
@@ -73,7 +73,7 @@ def test_every_import_of_the_package_is_declared_in_the_base_or_an_extra() -> No
             for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"hypersolid_scale"}:
                 if top not in known:
                     undeclared[top] = str(path.relative_to(REPO))
-    assert not undeclared, f"imports in no dependency list (pyproject.toml, hypersolid_scale/extras.py): {undeclared}"
+    assert not undeclared, f"imports in no dependency list (pyproject.toml, hypersolid_scale/safety/extras.py): {undeclared}"
 
 
 def test_base_dependencies_and_extras_match_what_the_parts_import() -> None:
@@ -188,7 +188,7 @@ def test_the_base_install_runs_the_readme_loss_loop_and_names_a_missing_extra(ba
     # Importing a part whose extra is missing: the last line names the extra.
     ev = _run(base_python, "-c", "import hypersolid_scale.eval", cwd=tmp_path)
     last = ev.stderr.strip().splitlines()[-1]
-    assert ev.returncode == 1 and last.startswith("hypersolid_scale.extras.MissingExtra: "), ev.stderr[-2000:]
+    assert ev.returncode == 1 and last.startswith("hypersolid_scale.safety.extras.MissingExtra: "), ev.stderr[-2000:]
     assert "[eval] extra" in last and "pip install 'hypersolid-scale[eval]'" in last, last
     # The training entry: exactly one error line, exit 2.
     tr = _run(base_python, "-m", "hypersolid_scale.train", "--config", "quickstart", cwd=tmp_path)

@@ -7,6 +7,6 @@ table and two figures (``launch/compare.py``, ``hypersolid_scale.compare.app``).
 - ``figures``: DBSCAN NMI against eps per method; a bar chart of the main metrics.
 """
 
-from hypersolid_scale.extras import require
+from hypersolid_scale.safety.extras import require
 
 require("train", "hypersolid_scale.compare")  # a missing extra: one line naming it

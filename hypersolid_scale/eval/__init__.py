@@ -8,7 +8,7 @@ as skipped).
 The trainer's online monitor uses ``extract_embeddings`` and ``knn_accuracy``.
 """
 
-from hypersolid_scale.extras import require
+from hypersolid_scale.safety.extras import require
 
 require("eval", "hypersolid_scale.eval")  # a missing extra: one line naming it
 

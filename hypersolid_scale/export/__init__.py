@@ -8,7 +8,7 @@ method, step, config fingerprint, commit); ``load_backbone(directory)`` gives th
 back with the weights loaded strict. docs/export.md has the details.
 """
 
-from hypersolid_scale.extras import require
+from hypersolid_scale.safety.extras import require
 
 require("eval", "hypersolid_scale.export")  # a missing extra: one line naming it
 
