@@ -30,7 +30,11 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
   (seed, epoch) identically on every rank; stream s = rank * W + worker takes shards[s::S] (or, with
   fewer than S shards, samples i with i % S == s of every shard) and shuffles them with the library's
   buffer shuffle seeded by (seed, epoch, rank, worker), flushed at the end of each pass over its shards.
-  Batch t of a rank is produced whole by worker t % W.
+  Batch t of a rank is produced whole by stream t % W of that epoch. One DataLoader (one pool of W worker
+  processes) serves the whole run (data/run_stream.py): the workers run the streams of epoch e + 1 while
+  the main process still takes epoch e's batches, each worker playing whichever stream the DataLoader's
+  round robin gives its batches in that epoch, so no worker idles at an epoch boundary even when an epoch
+  has fewer batches than workers.
 - Coverage: streams read disjoint data. A stream whose shards hold fewer samples than its quota starts
   over (repeats samples); one with more leaves the rest unread; so with uneven shards an epoch is not
   exactly one pass over the data.
@@ -66,6 +70,7 @@ from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix
 from hypersolid_scale.data.device_views import DeviceStage, collate_host
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.run_stream import RunStream
 from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode, seeded_global_rngs
 from hypersolid_scale.data.view_params import sample_id
 from hypersolid_scale.data.webdataset.index import ShardIndexDataset
@@ -118,7 +123,8 @@ class _Corrupt(Exception):
 
 
 class _ShardStream(IterableDataset):
-    """One epoch of samples for one rank; each DataLoader worker produces its own whole batches.
+    """This rank's samples from epoch `epoch`, batch `skip_batches`, on, epoch after epoch without end; each
+    DataLoader worker produces its own whole batches (one DataLoader iterator serves the run: run_stream.py).
 
     Items are (views, label, events): events is a JSON list of what the shard reader and the decoder
     found since the previous item ("" when nothing), for the main process to count and warn about.
@@ -149,15 +155,21 @@ class _ShardStream(IterableDataset):
         self.manifest, self.verify, self.verified = manifest, verify, verified
 
     def _cycles(
-        self, stream: int, streams: int, rng: random.Random, reader: ShardReader, decoded: dict[str, int]
+        self,
+        shards: list[str],
+        stream: int,
+        streams: int,
+        rng: random.Random,
+        reader: ShardReader,
+        decoded: dict[str, int],
     ) -> Iterator[Sample]:
         """Undecoded samples of this stream, cycling through its shards (reshuffled every cycle).
 
         The shuffle buffer is flushed at the end of every cycle, so a cycle yields each of its samples
         exactly once.
         """
-        by_shard = len(self.shards) >= streams
-        mine = self.shards[stream::streams] if by_shard else list(self.shards)
+        by_shard = len(shards) >= streams
+        mine = shards[stream::streams] if by_shard else list(shards)
         share = None if by_shard else (stream, streams)
         while True:
             order = list(mine)
@@ -182,24 +194,36 @@ class _ShardStream(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], int, str]]:
         info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        # Batch b of this rank comes from worker b % nw (the DataLoader's round robin). A restored
-        # DataLoader starts its round robin at worker 0, so worker ids are rotated by the skipped batches
-        # to keep batch b with the stream that produced it in the uninterrupted run.
-        wid = (wid + self.skip_batches) % nw
+        worker, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        verified = set(self.verified)  # what this worker has verified carries over to its next epochs
+        # The DataLoader hands this iterator's batches out round robin: the run's k-th batch (counted from
+        # the start position) comes from worker k % nw. `first` is that count at the epoch's batch 0.
+        epoch, skip, first = self.epoch, self.skip_batches, -self.skip_batches
+        while True:
+            # Batch b of an epoch comes from stream b % nw of that epoch (whichever worker process runs it),
+            # so a batch holds the same samples whether the epoch started the stream, followed another epoch
+            # in it, or was restored mid-way.
+            yield from self._epoch(epoch, (worker - first) % nw, nw, skip, verified)
+            epoch, skip, first = epoch + 1, 0, first + self.num_batches
+
+    def _epoch(
+        self, epoch: int, wid: int, nw: int, skip_batches: int, verified: set[str]
+    ) -> Iterator[tuple[Any, int, str]]:
+        """Stream `wid`'s batches of `epoch` (batches b with b % nw == wid), from batch `skip_batches` on."""
         quota = len(range(wid, self.num_batches, nw)) * self.batch_size
-        skip = len(range(wid, self.skip_batches, nw)) * self.batch_size
+        skip = len(range(wid, skip_batches, nw)) * self.batch_size
+        if quota == skip:
+            return  # this epoch has no batch for this stream (after the restored position)
         # Shards are dealt to streams in a per-epoch order that every rank agrees on.
         shards = list(self.shards)
-        random.Random(mix_seed(self.seed, self.epoch)).shuffle(shards)
-        self.shards = shards
-        rng = random.Random(mix_seed(self.seed, self.epoch, self.rank, wid))
-        reader = ShardReader(self.manifest, self.verify, self.verified)
+        random.Random(mix_seed(self.seed, epoch)).shuffle(shards)
+        rng = random.Random(mix_seed(self.seed, epoch, self.rank, wid))
+        reader = ShardReader(self.manifest, self.verify, frozenset(verified))
         decoded = {"tried": 0, "good": 0}
 
         def decode(sample: Sample) -> tuple[Any, int]:
             decoded["tried"] += 1
-            with seeded_global_rngs(self.seed, self.epoch, sample_id(str(sample["__key__"]))):
+            with seeded_global_rngs(self.seed, epoch, sample_id(str(sample["__key__"]))):
                 try:
                     label = decode_label(sample)
                     if self.mode is None:  # data.views_on=device: the bytes go to the host stage (it reads headers)
@@ -235,13 +259,14 @@ class _ShardStream(IterableDataset):
 
         stream = self.rank * nw + wid
         pipeline = wds.DataPipeline(
-            lambda: self._cycles(stream, self.world_size * nw, rng, reader, decoded),
+            lambda: self._cycles(shards, stream, self.world_size * nw, rng, reader, decoded),
             drop_restored,
             wds.map(decode, handler=skip_corrupt),
             wds.slice(quota - skip),
             with_events,
         )
-        return iter(pipeline)
+        yield from pipeline
+        verified |= reader.verified
 
 
 class WebDatasetLoader(ResumableEpochs):
@@ -298,6 +323,7 @@ class WebDatasetLoader(ResumableEpochs):
         self._len = batches_per_epoch(total, world_size, batch_size)
         self.stats = dict.fromkeys(COUNTERS, 0.0)
         self._verified: set[str] = set()  # shards whose sha256 matched the manifest: not hashed again
+        self._stream = RunStream(self._open)  # one worker pool and stage thread for the run
 
     def __len__(self) -> int:
         return self._len
@@ -309,12 +335,32 @@ class WebDatasetLoader(ResumableEpochs):
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
         start = self._begin()
+        per_epoch = self._len * self.batch_size
+        lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
+        for views, labels, events, replaced in self._stream.epoch(self.epoch, start, self._len):
+            for text in events:
+                if text:
+                    self._record(json.loads(text), lost)
+            if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
+                self._stream.close()
+                raise DataError(self._loss_message(lost, per_epoch))
+            self.stats["corrupt_skipped"] += replaced
+            self._count()
+            yield views, labels
+        self._skip = 0
+
+    def close(self) -> None:
+        """Stop the run's DataLoader workers and stage thread (the next iteration starts new ones)."""
+        self._stream.close()
+
+    def _open(self, epoch: int, start: int) -> Iterator[tuple[Any, Any, Any, int]]:
+        """Every batch from (epoch, start) on, through one DataLoader and one stage thread (run_stream.py)."""
         ds = _ShardStream(
             self.shards,
             rank=self.rank,
             world_size=self.world_size,
             seed=self.seed,
-            epoch=self.epoch,
+            epoch=epoch,
             num_batches=self._len,
             batch_size=self.batch_size,
             skip_batches=start,
@@ -325,7 +371,7 @@ class WebDatasetLoader(ResumableEpochs):
             verify=self.verify_shards,
             verified=frozenset(self._verified),
         )
-        gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, epoch, self.rank, start))
         loader = DataLoader(
             ds,
             batch_size=self.batch_size,
@@ -335,24 +381,20 @@ class WebDatasetLoader(ResumableEpochs):
             collate_fn=collate_host if self.device_stage else None,
             pin_memory=bool(self.device_stage and self.device_stage.device.type == "cuda"),
         )
-        per_epoch = self._len * self.batch_size
-        lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
         items = _unwrapped(loader)
-        if self.device_stage is None:
-            batches: Iterator[Any] = ((views, labels, events, 0) for views, labels, events in items)
-        else:  # the views prepared ahead of the step (data/prefetch.py)
-            ahead = self.device_stage.ahead(items)
-            batches = ((views, labels, events, replaced) for views, replaced, (_, labels, events) in ahead)
-        for views, labels, events, replaced in batches:
-            for text in events:
-                if text:
-                    self._record(json.loads(text), lost)
-            if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
-                raise DataError(self._loss_message(lost, per_epoch))
-            self.stats["corrupt_skipped"] += replaced
-            self._count()
-            yield views, labels
-        self._skip = 0
+        ahead = None if self.device_stage is None else self.device_stage.ahead(items)
+        try:
+            if ahead is None:
+                for views, labels, events in items:
+                    yield views, labels, events, 0
+            else:  # the views prepared ahead of the step (data/prefetch.py), across epoch boundaries too
+                for views, replaced, (_, labels, events) in ahead:
+                    yield views, labels, events, replaced
+        finally:  # the stage thread stops first (it closes `items` itself), then the workers
+            for part in (ahead, items):
+                close = getattr(part, "close", None)  # generators; typed as plain iterators
+                if close is not None:
+                    close()
 
     def _record(self, events: list[Event], lost: dict[str, list[Any]]) -> None:
         for ev in events:
