@@ -10,6 +10,7 @@ import time
 import psutil
 import pytest
 import torch
+from test_data_invariance import _map_style
 from test_data_webdataset import loader, make_shards
 
 
@@ -92,3 +93,28 @@ def test_the_wait_at_an_epoch_boundary_is_like_a_mid_epoch_wait(tmp_path) -> Non
     # ~8 steps here (a loaded 2-core machine); one pool for the run 0.1-0.2.
     ratio = statistics.median(boundary) / (step_s + statistics.median(mid))
     assert ratio < 1, f"an epoch's first batch waited {ratio:.1f} steps: {boundary}, mid-epoch {mid}"
+
+
+def test_map_style_loader_keeps_its_workers_and_its_batches(tmp_path) -> None:
+    """The image-folder / PIL loader: the same worker pool in every epoch, the same views as a fresh or resumed one."""
+    run = _map_style(rank=0, world=1, workers=2)  # 5 batches an epoch over 2 workers
+    epochs, pids = [], []
+    for epoch in range(3):
+        run.set_epoch(epoch)
+        batches = iter(run)
+        epochs.append([next(batches)])
+        pids.append(worker_pids())
+        epochs[-1] += list(batches)
+    assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2] and run._stream.opened == 1
+    run.close()
+    assert not psutil.wait_procs([psutil.Process(p) for p in pids[0] if psutil.pid_exists(p)], timeout=10)[1]
+    resumed = _map_style(rank=0, world=1, workers=2)
+    resumed.load_state_dict({"epoch": 1, "batches_done": 2})
+    rest = list(resumed)
+    resumed.set_epoch(2)
+    rest += list(resumed)
+    resumed.close()
+    expected = epochs[1][2:] + epochs[2]
+    assert len(rest) == len(expected) == 8
+    for (va, la), (vb, lb) in zip(rest, expected):
+        assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(va, vb))
