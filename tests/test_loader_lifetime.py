@@ -5,13 +5,16 @@ mid-way through it."""
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 
 import psutil
 import pytest
 import torch
 from test_data_invariance import _map_style
-from test_data_webdataset import loader, make_shards
+from test_data_webdataset import PRESET, loader, make_shards
+
+from hypersolid_scale.data.device_views import DeviceStage, HostStage
 
 
 def worker_pids() -> set[int]:
@@ -38,9 +41,9 @@ def test_worker_processes_are_the_same_in_every_epoch(tmp_path) -> None:
 
 @pytest.mark.parametrize("workers", [0, 3])
 def test_resume_mid_epoch_sees_exactly_the_images_of_the_uninterrupted_run(tmp_path, workers: int) -> None:
-    make_shards(tmp_path, [55, 55, 55, 55])  # 13 batches of 16: epochs do not split evenly over 3 workers
+    make_shards(tmp_path, [28, 28, 28, 28])  # 7 batches of 16: epochs do not split evenly over 3 workers
     run = loader(str(tmp_path), num_workers=workers)
-    assert len(run) == 13
+    assert len(run) == 7
     uninterrupted = []
     for epoch in range(3):
         run.set_epoch(epoch)
@@ -52,13 +55,13 @@ def test_resume_mid_epoch_sees_exactly_the_images_of_the_uninterrupted_run(tmp_p
     alone.set_epoch(2)
     assert [lab.tolist() for _, lab in alone] == [lab.tolist() for _, lab in uninterrupted[2]]
     alone.close()
-    # A run restored at (epoch 1, 5 batches done) continues with the very same samples and views.
+    # A run restored at (epoch 1, 4 batches done) continues with the very same samples and views.
     resumed = loader(str(tmp_path), num_workers=workers)
-    resumed.load_state_dict({"epoch": 1, "batches_done": 5})
+    resumed.load_state_dict({"epoch": 1, "batches_done": 4})
     rest = list(resumed)
     resumed.set_epoch(2)
     rest += list(resumed)
-    expected = uninterrupted[1][5:] + uninterrupted[2]
+    expected = uninterrupted[1][4:] + uninterrupted[2]
     assert [lab.tolist() for _, lab in rest] == [lab.tolist() for _, lab in expected]
     assert all(torch.equal(a, b) for (va, _), (vb, _) in zip(rest, expected) for a, b in zip(va, vb))
     assert resumed._stream.opened == 1  # the restored epoch flowed into the next one
@@ -118,3 +121,23 @@ def test_map_style_loader_keeps_its_workers_and_its_batches(tmp_path) -> None:
     assert len(rest) == len(expected) == 8
     for (va, la), (vb, lb) in zip(rest, expected):
         assert torch.equal(la, lb) and all(torch.equal(a, b) for a, b in zip(va, vb))
+
+
+def stage_threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.name == "device-stage" and t.ident is not None}
+
+
+def test_one_stage_thread_serves_every_epoch(tmp_path) -> None:
+    """data.views_on=device, the stage run ahead in a thread (as on CUDA): one thread for the run, stopped by close."""
+    make_shards(tmp_path, [24, 24])
+    stage = DeviceStage(PRESET, "cpu", prefetch=1)
+    ld = loader(str(tmp_path), num_workers=0, batch_size=8, transform=HostStage(PRESET), device_stage=stage)
+    threads = []
+    for epoch in range(3):
+        ld.set_epoch(epoch)
+        batches = list(ld)
+        assert len(batches) == len(ld) == 6 and batches[0][0][0].shape[0] == 8
+        threads.append(stage_threads())
+    assert len(threads[0]) == 1 and threads[0] == threads[1] == threads[2] and ld._stream.opened == 1
+    ld.close()
+    assert not stage_threads()
