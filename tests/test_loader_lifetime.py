@@ -21,22 +21,33 @@ def worker_pids() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
+def exited(pids: set[int]) -> bool:
+    alive = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
+    return not psutil.wait_procs(alive, timeout=10)[1]
+
+
 def test_worker_processes_are_the_same_in_every_epoch(tmp_path) -> None:
     make_shards(tmp_path, [40, 40, 40])
+    before = worker_pids()  # other loaders' workers, if any are still shutting down
     ld = loader(str(tmp_path), num_workers=2)
-    assert worker_pids() == set()
     pids = []
     for epoch in range(3):
         ld.set_epoch(epoch)
         batches = iter(ld)
         next(batches)
-        pids.append(worker_pids())
+        pids.append(worker_pids() - before)
         assert len(list(batches)) == len(ld) - 1
     assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2]  # epoch 1 and epoch 3: the same two workers
     assert ld._stream.opened == 1
     ld.close()
-    gone = psutil.wait_procs([psutil.Process(p) for p in pids[0] if psutil.pid_exists(p)], timeout=10)[1]
-    assert not gone, "the workers outlived close()"
+    assert exited(pids[0]), "the workers outlived close()"
+    # A loader dropped without close() takes its workers with it (nothing refers back to it).
+    dropped = loader(str(tmp_path), num_workers=2)
+    list(dropped)
+    mine = worker_pids() - before
+    assert len(mine) == 2
+    del dropped
+    assert exited(mine), "the workers outlived their loader"
 
 
 @pytest.mark.parametrize("workers", [0, 3])
@@ -100,17 +111,18 @@ def test_the_wait_at_an_epoch_boundary_is_like_a_mid_epoch_wait(tmp_path) -> Non
 
 def test_map_style_loader_keeps_its_workers_and_its_batches(tmp_path) -> None:
     """The image-folder / PIL loader: the same worker pool in every epoch, the same views as a fresh or resumed one."""
+    before = worker_pids()
     run = _map_style(rank=0, world=1, workers=2)  # 5 batches an epoch over 2 workers
     epochs, pids = [], []
     for epoch in range(3):
         run.set_epoch(epoch)
         batches = iter(run)
         epochs.append([next(batches)])
-        pids.append(worker_pids())
+        pids.append(worker_pids() - before)
         epochs[-1] += list(batches)
     assert len(pids[0]) == 2 and pids[0] == pids[1] == pids[2] and run._stream.opened == 1
     run.close()
-    assert not psutil.wait_procs([psutil.Process(p) for p in pids[0] if psutil.pid_exists(p)], timeout=10)[1]
+    assert exited(pids[0])
     resumed = _map_style(rank=0, world=1, workers=2)
     resumed.load_state_dict({"epoch": 1, "batches_done": 2})
     rest = list(resumed)

@@ -132,21 +132,28 @@ class _RankOrder(Sampler[tuple[int, int]]):
     """``(epoch, index)`` of this rank's samples, batch after batch, from (epoch, batch `start`) on, epoch after
     epoch without end: each epoch's order is `rank_indices` of (seed, epoch), whatever epoch the stream began in."""
 
-    def __init__(self, loader: MapStyleMultiCropLoader, epoch: int, start: int) -> None:
-        self.loader, self.epoch, self.start = loader, epoch, start
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        seed: int,
+        batches: int,
+        epoch: int,
+        start: int,
+    ) -> None:
+        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+        self.batch_size, self.seed, self.batches, self.epoch, self.start = batch_size, seed, batches, epoch, start
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        ld, epoch, start = self.loader, self.epoch, self.start
+        epoch, start, b = self.epoch, self.start, self.batch_size
         while True:
             idx = rank_indices(
-                ld.num_samples,
-                rank=ld.rank,
-                world_size=ld.world_size,
-                batch_size=ld.batch_size,
-                seed=ld.seed,
-                epoch=epoch,
+                self.num_samples, rank=self.rank, world_size=self.world_size, batch_size=b, seed=self.seed, epoch=epoch
             )
-            for i in idx[start * ld.batch_size : ld._len * ld.batch_size].tolist():
+            for i in idx[start * b : self.batches * b].tolist():
                 yield epoch, i
             epoch, start = epoch + 1, 0
 
@@ -215,7 +222,16 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         loader = DataLoader(
             KeyedSamples(self.dataset, seed=self.seed),
             batch_size=self.batch_size,
-            sampler=_RankOrder(self, epoch, start),
+            sampler=_RankOrder(
+                self.num_samples,
+                rank=self.rank,
+                world_size=self.world_size,
+                batch_size=self.batch_size,
+                seed=self.seed,
+                batches=self._len,
+                epoch=epoch,
+                start=start,
+            ),
             num_workers=self.num_workers,
             generator=gen,
             drop_last=True,
@@ -223,15 +239,18 @@ class MapStyleMultiCropLoader(ResumableEpochs):
             pin_memory=self.pin_memory,
         )
         batches: Iterator[Any] = iter(loader)
-        ahead = None if self.device_stage is None else self.device_stage.ahead(batches)
-        try:
-            if ahead is None:
-                yield from batches
-            else:  # the views prepared ahead of the step (data/prefetch.py), across epoch boundaries too
-                for views, _, (_, labels) in ahead:
-                    yield views, labels
-        finally:  # the stage thread stops first, then the workers
-            close = getattr(ahead, "close", None)
-            if close is not None:
-                close()
-            del batches, ahead
+        return _handed_over(batches, None if self.device_stage is None else self.device_stage.ahead(batches))
+
+
+def _handed_over(batches: Iterator[Any], ahead: Iterator[Any] | None) -> Iterator[Batch]:
+    """The workers' `batches`, or the views the device stage made of them `ahead` (data/prefetch.py)."""
+    try:
+        if ahead is None:
+            yield from batches
+        else:  # the views prepared ahead of the step, across epoch boundaries too
+            for views, _, (_, labels) in ahead:
+                yield views, labels
+    finally:  # the stage thread stops first, then the workers (their iterator is freed with this frame)
+        close = getattr(ahead, "close", None)
+        if close is not None:
+            close()

@@ -18,6 +18,7 @@ first batch of each epoch; torchdata's nodes know neither resumable positions no
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,11 +29,16 @@ class RunStream:
     """Hands out epoch after epoch of one long-lived iterator, opened by ``open(epoch, start)``.
 
     ``open`` returns an iterator over the batches of epoch `epoch` from batch `start` on, then of every later
-    epoch from batch 0, without end. ``epoch(e, start, count)`` yields batches start..count-1 of epoch e.
+    epoch from batch 0, without end; it must not refer back to the loader (see __init__).
+    ``epoch(e, start, count)`` yields batches start..count-1 of epoch e.
     """
 
     def __init__(self, open_: Callable[[int, int], Iterator[Any]]) -> None:
-        self._open = open_
+        # A loader's own method is held weakly, and the opened iterator holds no reference to the loader: a
+        # loader that is dropped without close() is freed at once, and with it the workers and the thread.
+        self._open: Callable[[], Callable[[int, int], Iterator[Any]] | None] = (
+            weakref.WeakMethod(open_) if hasattr(open_, "__self__") else lambda: open_
+        )
         self._it: Iterator[Any] | None = None
         self._next: Position | None = None  # where the open iterator is
         self.opened = 0  # how many iterators (worker pools, stage threads) this run opened
@@ -40,7 +46,9 @@ class RunStream:
     def epoch(self, epoch: int, start: int, count: int) -> Iterator[Any]:
         if self._it is None or self._next != (epoch, start, count):
             self.close()
-            self._it = self._open(epoch, start)
+            open_ = self._open()
+            assert open_ is not None  # its loader is alive: it called this
+            self._it = open_(epoch, start)
             self.opened += 1
         it = self._it
         for b in range(start, count):
