@@ -1,5 +1,6 @@
 """The share of the wall time a run spends waiting for its data (train/data_wait_share per logging window,
-loader/data_wait_share per epoch, and the epoch line): a starved GPU shows as a high share."""
+loader/data_wait_share per epoch, and the epoch line): a starved GPU shows as a high share. Per epoch, the wait for
+its first batch (loader/boundary_stall_s) and the share after it (loader/steady_wait_share) are also apart."""
 
 from __future__ import annotations
 
@@ -35,3 +36,6 @@ def test_the_meter_reports_the_share_of_time_spent_waiting(monkeypatch: pytest.M
     assert meter.window(16)["data_wait_share"] == pytest.approx(0.9)  # the next window only
     mean, _ = meter.summary(16)
     assert mean["data_wait_share"] == pytest.approx(1.5 / 5.0)  # the whole epoch
+    # Apart: the wait for the epoch's first batch, and the share of the time after it spent waiting.
+    assert mean["boundary_stall_s"] == pytest.approx(0.3)
+    assert mean["steady_wait_share"] == pytest.approx((1.5 - 0.3) / (5.0 - 0.3))

@@ -146,6 +146,8 @@ def test_epoch_line_metrics_and_history() -> None:
     values, step = rec.metrics[0]
     assert step == STEPS_PER_EPOCH and values["loader/corrupt_skipped"] == 2.0
     assert 0 <= values["loader/data_wait_share"] <= 1
+    assert 0 <= values["loader/steady_wait_share"] <= 1 and values["loader/boundary_stall_s"] >= 0
+    assert "(first batch " in line and " s, then " in line
     # Rank 1 summarises too (its guard must agree) but neither prints nor logs.
     other = Recorder()
     end = make(other, rank=1)

@@ -53,7 +53,8 @@ def test_smoke_main_trains_logs_and_resumes_the_same_mlflow_run(tmp_path: Path) 
     assert {"world_size", "engine", "transport"} <= set(data.tags) and data.tags["engine"] == "ddp"
     for key in ("train/loss", "train/alignment", "train/repulsion", "train/active_pairs", "train/lr",
                 "train/images_per_s", "train/step_time_s", "train/data_time_s", "train/data_wait_share",
-                "loader/data_wait_share", "train/mem_gb", "monitor/knn_k5_weighted"):
+                "loader/data_wait_share", "loader/boundary_stall_s", "loader/steady_wait_share", "train/mem_gb",
+                "monitor/knn_k5_weighted"):
         assert key in data.metrics, key
     losses = [m.value for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
     assert len(losses) == 8 and losses[-1] < losses[0]  # it learns: near-collapsed start, repulsion pushes apart

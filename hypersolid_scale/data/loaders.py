@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from hypersolid_scale.data.builtin_sets import ArraySplit
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed, rank_indices
 from hypersolid_scale.data.device_views import DeviceStage
 from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.run_stream import RunStream
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop
 from hypersolid_scale.data.transforms import seeded_global_rngs
 
@@ -107,23 +108,54 @@ def _seed_worker(worker_id: int) -> None:
 
 
 class KeyedSamples(Dataset):
-    """Items `indices[k]` of `dataset`, each fetched with the global RNGs seeded by (seed, epoch, index).
+    """Item ``(epoch, i)``: item `i` of `dataset`, fetched with the global RNGs seeded by (seed, epoch, i).
 
     lightly's and torchvision's transforms draw from Python's `random`, numpy's and torch's global
     generators; seeding all three per sample (and restoring them afterwards) makes a sample's views a
-    function of (seed, epoch, index) only, whichever process or DataLoader worker computes it.
+    function of (seed, epoch, index) only, whichever process or DataLoader worker computes it, and whichever
+    epoch the worker's previous item belonged to (one worker pool serves the run: run_stream.py).
     """
 
-    def __init__(self, dataset: Dataset, indices: np.ndarray, *, seed: int, epoch: int) -> None:
-        self.dataset, self.indices, self.seed, self.epoch = dataset, indices, int(seed), int(epoch)
+    def __init__(self, dataset: Dataset, *, seed: int) -> None:
+        self.dataset, self.seed = dataset, int(seed)
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, k: int) -> Any:
-        i = int(self.indices[k])
-        with seeded_global_rngs(self.seed, self.epoch, i):
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, i = key
+        with seeded_global_rngs(self.seed, epoch, i):
             return self.dataset[i]
+
+
+class _RankOrder(Sampler[tuple[int, int]]):
+    """``(epoch, index)`` of this rank's samples, batch after batch, from (epoch, batch `start`) on, epoch after
+    epoch without end: each epoch's order is `rank_indices` of (seed, epoch), whatever epoch the stream began in."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        seed: int,
+        batches: int,
+        epoch: int,
+        start: int,
+    ) -> None:
+        self.num_samples, self.rank, self.world_size = num_samples, rank, world_size
+        self.batch_size, self.seed, self.batches, self.epoch, self.start = batch_size, seed, batches, epoch, start
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch, start, b = self.epoch, self.start, self.batch_size
+        while True:
+            idx = rank_indices(
+                self.num_samples, rank=self.rank, world_size=self.world_size, batch_size=b, seed=self.seed, epoch=epoch
+            )
+            for i in idx[start * b : self.batches * b].tolist():
+                yield epoch, i
+            epoch, start = epoch + 1, 0
 
 
 class MapStyleMultiCropLoader(ResumableEpochs):
@@ -131,7 +163,9 @@ class MapStyleMultiCropLoader(ResumableEpochs):
 
     World-size and worker-count invariant (docs/design.md §3b): the sample set and order of a batch follow
     `rank_indices`, and each sample's transform runs with the RNGs seeded by (seed, epoch, index)
-    (`KeyedSamples`), so neither the rank, the world size nor the number of workers changes a view.
+    (`KeyedSamples`), so neither the rank, the world size nor the number of workers changes a view. One
+    DataLoader (one worker pool, one stage thread) serves the run (run_stream.py): its sampler runs on into the
+    next epoch, so the workers prepare that epoch's first batches while the current one ends.
     """
 
     def __init__(
@@ -159,6 +193,7 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.batch_size, self.num_workers = batch_size, num_workers
         self._len = batches_per_epoch(self.num_samples, world_size, batch_size)
+        self._stream = RunStream(self._open)
 
     def __len__(self) -> int:
         return self._len
@@ -170,34 +205,52 @@ class MapStyleMultiCropLoader(ResumableEpochs):
 
     def __iter__(self) -> Iterator[Batch]:
         start = self._begin()
-        idx = rank_indices(
-            self.num_samples,
-            rank=self.rank,
-            world_size=self.world_size,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            epoch=self.epoch,
-        )
-        mine = idx[start * self.batch_size : self._len * self.batch_size]
-        samples = KeyedSamples(self.dataset, mine, seed=self.seed, epoch=self.epoch)
+        for views, labels in self._stream.epoch(self.epoch, start, self._len):
+            self._count()
+            yield views, labels
+        self._skip = 0
+
+    def close(self) -> None:
+        """Stop the run's DataLoader workers and stage thread (the next iteration starts new ones)."""
+        self._stream.close()
+
+    def _open(self, epoch: int, start: int) -> Iterator[Batch]:
+        """Every batch from (epoch, start) on, through one DataLoader and one stage thread."""
         # The generator only seeds the workers' base seed; passing one keeps the DataLoader from
         # drawing it from the trainer's global torch RNG.
-        gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
         loader = DataLoader(
-            samples,
+            KeyedSamples(self.dataset, seed=self.seed),
             batch_size=self.batch_size,
-            shuffle=False,
+            sampler=_RankOrder(
+                self.num_samples,
+                rank=self.rank,
+                world_size=self.world_size,
+                batch_size=self.batch_size,
+                seed=self.seed,
+                batches=self._len,
+                epoch=epoch,
+                start=start,
+            ),
             num_workers=self.num_workers,
             generator=gen,
             drop_last=True,
-            persistent_workers=False,
             collate_fn=self.collate_fn,
             pin_memory=self.pin_memory,
         )
         batches: Iterator[Any] = iter(loader)
-        if self.device_stage is not None:  # the views prepared ahead of the step (data/prefetch.py)
-            batches = ((views, labels) for views, _, (_, labels) in self.device_stage.ahead(batches))
-        for views, labels in batches:
-            self._count()
-            yield views, labels
-        self._skip = 0
+        return _handed_over(batches, None if self.device_stage is None else self.device_stage.ahead(batches))
+
+
+def _handed_over(batches: Iterator[Any], ahead: Iterator[Any] | None) -> Iterator[Batch]:
+    """The workers' `batches`, or the views the device stage made of them `ahead` (data/prefetch.py)."""
+    try:
+        if ahead is None:
+            yield from batches
+        else:  # the views prepared ahead of the step, across epoch boundaries too
+            for views, _, (_, labels) in ahead:
+                yield views, labels
+    finally:  # the stage thread stops first, then the workers (their iterator is freed with this frame)
+        close = getattr(ahead, "close", None)
+        if close is not None:
+            close()

@@ -139,9 +139,14 @@ class EpochEnd:
         if rank0:
             self.bar.write(
                 f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
-                f"{mean['images_per_s']:.0f} img/s | data wait {mean['data_wait_share']:.0%} | "
+                f"{mean['images_per_s']:.0f} img/s | data wait {mean['data_wait_share']:.0%} "
+                f"(first batch {mean['boundary_stall_s']:.2f} s, then {mean['steady_wait_share']:.0%}) | "
                 f"{time.perf_counter() - meter.t_epoch:.0f} s"
             )
-            waited = {"loader/data_wait_share": mean["data_wait_share"]}  # the epoch's share waiting for data
+            waited = {  # the epoch's share waiting for data; the wait for its first batch; the share after it
+                "loader/data_wait_share": mean["data_wait_share"],
+                "loader/boundary_stall_s": mean["boundary_stall_s"],
+                "loader/steady_wait_share": mean["steady_wait_share"],
+            }
             record_epoch(Path(run.cfg.run_dir) / EPOCHS_FILE, epoch, step, meter.n, mean)
             self.tracker.log_metrics({**{f"loader/{k}": v for k, v in loader_stats.items()}, **waited}, step=step)

@@ -111,6 +111,9 @@ class EpochMeter:
         self.t_epoch = self.t_window = time.perf_counter()
         self.window_steps, self.window_data_s = 0, 0.0
         self.data_s = 0.0  # this epoch's time waiting for the loader
+        # The wait for the epoch's first batch (the boundary stall: starting workers, a restored position's skip),
+        # reported apart from the steady state's wait (docs/training.md, "Waiting for data").
+        self.boundary_s = 0.0
 
     def add(self, stats: PackedStats, data_time_s: float) -> None:
         if self.sum is None or self.names != stats.names:
@@ -121,6 +124,8 @@ class EpochMeter:
         self.summed += 1
         if self.n < self.losses.numel():
             self.losses[self.n] = stats["loss"]  # an indexed device copy, no host read
+        if self.n == 0:
+            self.boundary_s = data_time_s
         self.n += 1
         self.window_steps += 1
         self.window_data_s += data_time_s
@@ -148,7 +153,10 @@ class EpochMeter:
         mean = dict(zip(self.names, values[: len(self.names)]))
         elapsed = max(time.perf_counter() - self.t_epoch, 1e-9)
         mean["images_per_s"] = global_batch * self.n / elapsed
-        mean["data_wait_share"] = self.data_s / elapsed
+        mean["data_wait_share"] = self.data_s / elapsed  # the whole epoch's, boundary stall included
+        mean["boundary_stall_s"] = self.boundary_s
+        # The share after the first batch arrived: what the loader costs once it runs.
+        mean["steady_wait_share"] = (self.data_s - self.boundary_s) / max(elapsed - self.boundary_s, 1e-9)
         return mean, values[len(self.names) :]
 
 

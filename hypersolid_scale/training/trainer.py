@@ -350,6 +350,9 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
         status = "FINISHED"
         return 0
     finally:
+        close_loader = getattr(run.loader, "close", None)  # the run's DataLoader workers and stage thread
+        if close_loader is not None:
+            close_loader()
         bar.close()
         tracker.close(status=status)
 

@@ -1,7 +1,8 @@
 """WebDataset: tar shards of (image, class) samples, read (data.format=webdataset) and written (the converter).
 
 - `stream.py`: the training loader (`WebDatasetLoader`): shards streamed through the webdataset library
-  into multi-crop batches, split by rank and by worker;
+  into multi-crop batches, split by rank and by worker, one DataLoader for the whole run;
+- `rank_streams.py`: what each DataLoader worker reads and decodes, epoch after epoch (`ShardStream`);
 - `index.py`: random access into shards for evaluation (`ShardIndexDataset`);
 - `shards.py`: the conversion manifest, and reading one shard with its integrity checks;
 - `urls.py`: the shard URLs data.path names, and opening one as a byte stream;

@@ -158,6 +158,11 @@ class ShardReader:
         self.events: list[Event] = []
         self._verified = set(verified)  # shards whose sha256 matched: not hashed again
 
+    @property
+    def verified(self) -> frozenset[str]:
+        """The shards whose sha256 matched the manifest so far (given or found by this reader)."""
+        return frozenset(self._verified)
+
     def samples(self, url: str, share: tuple[int, int] | None = None) -> Iterator[Sample]:
         """The shard's samples in file order; with `share=(s, S)` only those at positions i % S == s.
 

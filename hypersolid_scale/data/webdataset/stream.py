@@ -30,7 +30,11 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
   (seed, epoch) identically on every rank; stream s = rank * W + worker takes shards[s::S] (or, with
   fewer than S shards, samples i with i % S == s of every shard) and shuffles them with the library's
   buffer shuffle seeded by (seed, epoch, rank, worker), flushed at the end of each pass over its shards.
-  Batch t of a rank is produced whole by worker t % W.
+  Batch t of a rank is produced whole by stream t % W of that epoch. One DataLoader (one pool of W worker
+  processes) serves the whole run (data/run_stream.py): the workers run the streams of epoch e + 1 while
+  the main process still takes epoch e's batches, each worker playing whichever stream the DataLoader's
+  round robin gives its batches in that epoch, so no worker idles at an epoch boundary even when an epoch
+  has fewer batches than workers.
 - Coverage: streams read disjoint data. A stream whose shards hold fewer samples than its quota starts
   over (repeats samples); one with more leaves the rest unread; so with uneven shards an epoch is not
   exactly one pass over the data.
@@ -50,198 +54,27 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
 
 from __future__ import annotations
 
-import io
 import json
-import random
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import webdataset as wds
-from PIL import Image
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data import DataLoader
 
 from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed
 from hypersolid_scale.data.device_views import DeviceStage, collate_host
 from hypersolid_scale.data.loaders import _seed_worker
 from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode, seeded_global_rngs
-from hypersolid_scale.data.view_params import sample_id
+from hypersolid_scale.data.run_stream import RunStream
+from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
 from hypersolid_scale.data.webdataset.index import ShardIndexDataset
-from hypersolid_scale.data.webdataset.shards import (
-    COUNTERS,
-    IMAGE_EXTS,
-    RECREATE,
-    Event,
-    Manifest,
-    Sample,
-    ShardReader,
-    apply_events,
-    count_samples,
-)
+from hypersolid_scale.data.webdataset.rank_streams import ShardStream, decode_image, decode_label
+from hypersolid_scale.data.webdataset.shards import COUNTERS, Event, Manifest, apply_events, count_samples
 from hypersolid_scale.data.webdataset.urls import expand_shards, is_local
 from hypersolid_scale.safety.errors import DataError
 
 __all__ = ["WebDatasetLoader", "ShardIndexDataset", "decode_image", "decode_label", "expand_shards"]
-
-
-def image_bytes(sample: Sample) -> bytes:
-    """The sample's encoded image."""
-    for ext in IMAGE_EXTS:
-        if ext in sample:
-            return sample[ext]
-    raise KeyError(f"sample {sample['__key__']!r} has no image ({'/'.join(IMAGE_EXTS)})")
-
-
-def decode_image(sample: Sample, mode: str) -> Image.Image:
-    """The sample's image, fully decoded (a truncated/corrupt file raises here, not later)."""
-    img = Image.open(io.BytesIO(image_bytes(sample)))
-    img.load()
-    return img.convert(mode)
-
-
-def decode_label(sample: Sample) -> int:
-    if "cls" not in sample:
-        raise KeyError(f"sample {sample['__key__']!r} has no .cls label")
-    return int(sample["cls"].decode().strip())
-
-
-class _Corrupt(Exception):
-    """A sample that does not decode (the pipeline's handler skips and reports it)."""
-
-    def __init__(self, sample: Sample, cause: Exception) -> None:
-        super().__init__(
-            f"skipping sample {sample.get('__key__')!r} of {sample.get('__url__')!r}: {type(cause).__name__}: {cause}"
-        )
-        self.url = str(sample.get("__url__"))
-
-
-class _ShardStream(IterableDataset):
-    """One epoch of samples for one rank; each DataLoader worker produces its own whole batches.
-
-    Items are (views, label, events): events is a JSON list of what the shard reader and the decoder
-    found since the previous item ("" when nothing), for the main process to count and warn about.
-    """
-
-    def __init__(
-        self,
-        shards: list[str],
-        *,
-        rank: int,
-        world_size: int,
-        seed: int,
-        epoch: int,
-        num_batches: int,
-        batch_size: int,
-        skip_batches: int,
-        shuffle_buffer: int,
-        transform: Callable,
-        mode: str | None,
-        manifest: Manifest | None,
-        verify: bool,
-        verified: frozenset[str],
-    ) -> None:
-        super().__init__()
-        self.shards, self.rank, self.world_size, self.seed, self.epoch = shards, rank, world_size, seed, epoch
-        self.num_batches, self.batch_size, self.skip_batches = num_batches, batch_size, skip_batches
-        self.shuffle_buffer, self.transform, self.mode = shuffle_buffer, transform, mode
-        self.manifest, self.verify, self.verified = manifest, verify, verified
-
-    def _cycles(
-        self, stream: int, streams: int, rng: random.Random, reader: ShardReader, decoded: dict[str, int]
-    ) -> Iterator[Sample]:
-        """Undecoded samples of this stream, cycling through its shards (reshuffled every cycle).
-
-        The shuffle buffer is flushed at the end of every cycle, so a cycle yields each of its samples
-        exactly once.
-        """
-        by_shard = len(self.shards) >= streams
-        mine = self.shards[stream::streams] if by_shard else list(self.shards)
-        share = None if by_shard else (stream, streams)
-        while True:
-            order = list(mine)
-            rng.shuffle(order)
-            cycle: Iterator[Sample] = (sample for url in order for sample in reader.samples(url, share))
-            if self.shuffle_buffer > 1:
-                cycle = wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)(cycle)
-            produced, tried, good = 0, decoded["tried"], decoded["good"]
-            for sample in cycle:
-                produced += 1
-                yield sample
-            if produced == 0:
-                raise DataError(
-                    f"shards {mine} hold no samples (rank {self.rank}, stream {stream}): they are "
-                    f"empty or damaged; {RECREATE}"
-                )
-            if decoded["tried"] > tried and decoded["good"] == good:  # would cycle forever
-                raise DataError(
-                    f"no sample of shards {mine} decodes to an image with a .cls label (rank "
-                    f"{self.rank}, stream {stream}): {RECREATE}"
-                )
-
-    def __iter__(self) -> Iterator[tuple[list[torch.Tensor], int, str]]:
-        info = get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        # Batch b of this rank comes from worker b % nw (the DataLoader's round robin). A restored
-        # DataLoader starts its round robin at worker 0, so worker ids are rotated by the skipped batches
-        # to keep batch b with the stream that produced it in the uninterrupted run.
-        wid = (wid + self.skip_batches) % nw
-        quota = len(range(wid, self.num_batches, nw)) * self.batch_size
-        skip = len(range(wid, self.skip_batches, nw)) * self.batch_size
-        # Shards are dealt to streams in a per-epoch order that every rank agrees on.
-        shards = list(self.shards)
-        random.Random(mix_seed(self.seed, self.epoch)).shuffle(shards)
-        self.shards = shards
-        rng = random.Random(mix_seed(self.seed, self.epoch, self.rank, wid))
-        reader = ShardReader(self.manifest, self.verify, self.verified)
-        decoded = {"tried": 0, "good": 0}
-
-        def decode(sample: Sample) -> tuple[Any, int]:
-            decoded["tried"] += 1
-            with seeded_global_rngs(self.seed, self.epoch, sample_id(str(sample["__key__"]))):
-                try:
-                    label = decode_label(sample)
-                    if self.mode is None:  # data.views_on=device: the bytes go to the host stage (it reads headers)
-                        item = self.transform(image_bytes(sample))
-                    else:
-                        img = decode_image(sample, self.mode)
-                except Exception as e:  # any decoder failure means "skip this sample"
-                    raise _Corrupt(sample, e) from e
-                if self.mode is not None:
-                    item = self.transform(img)
-            decoded["good"] += 1
-            return item, label
-
-        def skip_corrupt(exn: Exception) -> bool:
-            if not isinstance(exn, _Corrupt):
-                raise exn  # a bug in a transform is not a data problem
-            reader.events.append({"kind": "corrupt", "url": exn.url, "lost": 1.0, "message": str(exn)})
-            return True
-
-        def drop_restored(samples: Iterator[Sample]) -> Iterator[Sample]:
-            # The samples of batches done before the restored position: read, not decoded. What the
-            # reader found meanwhile was counted before the checkpoint: flagged, not counted again.
-            for _ in range(skip):
-                next(samples)
-            for ev in reader.events:
-                ev["replayed"] = True
-            yield from samples
-
-        def with_events(items: Iterator[tuple[Any, int]]) -> Iterator[tuple[Any, int, str]]:
-            for views, label in items:
-                events, reader.events[:] = list(reader.events), []
-                yield views, label, json.dumps(events) if events else ""
-
-        stream = self.rank * nw + wid
-        pipeline = wds.DataPipeline(
-            lambda: self._cycles(stream, self.world_size * nw, rng, reader, decoded),
-            drop_restored,
-            wds.map(decode, handler=skip_corrupt),
-            wds.slice(quota - skip),
-            with_events,
-        )
-        return iter(pipeline)
 
 
 class WebDatasetLoader(ResumableEpochs):
@@ -298,6 +131,7 @@ class WebDatasetLoader(ResumableEpochs):
         self._len = batches_per_epoch(total, world_size, batch_size)
         self.stats = dict.fromkeys(COUNTERS, 0.0)
         self._verified: set[str] = set()  # shards whose sha256 matched the manifest: not hashed again
+        self._stream = RunStream(self._open)  # one worker pool and stage thread for the run
 
     def __len__(self) -> int:
         return self._len
@@ -309,12 +143,32 @@ class WebDatasetLoader(ResumableEpochs):
 
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
         start = self._begin()
-        ds = _ShardStream(
+        per_epoch = self._len * self.batch_size
+        lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
+        for views, labels, events, replaced in self._stream.epoch(self.epoch, start, self._len):
+            for text in events:
+                if text:
+                    self._record(json.loads(text), lost)
+            if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
+                self._stream.close()
+                raise DataError(self._loss_message(lost, per_epoch))
+            self.stats["corrupt_skipped"] += replaced
+            self._count()
+            yield views, labels
+        self._skip = 0
+
+    def close(self) -> None:
+        """Stop the run's DataLoader workers and stage thread (the next iteration starts new ones)."""
+        self._stream.close()
+
+    def _open(self, epoch: int, start: int) -> Iterator[tuple[Any, Any, Any, int]]:
+        """Every batch from (epoch, start) on, through one DataLoader and one stage thread (run_stream.py)."""
+        ds = ShardStream(
             self.shards,
             rank=self.rank,
             world_size=self.world_size,
             seed=self.seed,
-            epoch=self.epoch,
+            epoch=epoch,
             num_batches=self._len,
             batch_size=self.batch_size,
             skip_batches=start,
@@ -325,7 +179,7 @@ class WebDatasetLoader(ResumableEpochs):
             verify=self.verify_shards,
             verified=frozenset(self._verified),
         )
-        gen = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch, self.rank, start))
+        gen = torch.Generator().manual_seed(mix_seed(self.seed, epoch, self.rank, start))
         loader = DataLoader(
             ds,
             batch_size=self.batch_size,
@@ -335,24 +189,9 @@ class WebDatasetLoader(ResumableEpochs):
             collate_fn=collate_host if self.device_stage else None,
             pin_memory=bool(self.device_stage and self.device_stage.device.type == "cuda"),
         )
-        per_epoch = self._len * self.batch_size
-        lost: dict[str, list[Any]] = {}  # url -> [samples lost this epoch, kinds]
         items = _unwrapped(loader)
-        if self.device_stage is None:
-            batches: Iterator[Any] = ((views, labels, events, 0) for views, labels, events in items)
-        else:  # the views prepared ahead of the step (data/prefetch.py)
-            ahead = self.device_stage.ahead(items)
-            batches = ((views, labels, events, replaced) for views, replaced, (_, labels, events) in ahead)
-        for views, labels, events, replaced in batches:
-            for text in events:
-                if text:
-                    self._record(json.loads(text), lost)
-            if self.max_lost_fraction < 1.0 and sum(n for n, _ in lost.values()) > self.max_lost_fraction * per_epoch:
-                raise DataError(self._loss_message(lost, per_epoch))
-            self.stats["corrupt_skipped"] += replaced
-            self._count()
-            yield views, labels
-        self._skip = 0
+        # The views prepared ahead of the step (data/prefetch.py), across epoch boundaries too.
+        return _handed_over(items, None if self.device_stage is None else self.device_stage.ahead(items))
 
     def _record(self, events: list[Event], lost: dict[str, list[Any]]) -> None:
         for ev in events:
@@ -377,6 +216,22 @@ class WebDatasetLoader(ResumableEpochs):
             f"Shards: {shards}{more}. Repair or re-convert them (python -m hypersolid_scale.data.convert), "
             f"or raise data.webdataset.max_lost_fraction to train on what is left (1.0 never stops)."
         )
+
+
+def _handed_over(items: Iterator[Any], ahead: Iterator[Any] | None) -> Iterator[tuple[Any, Any, Any, int]]:
+    """(views, labels, events, images replaced) of the workers' `items`, through the device stage's `ahead`."""
+    try:
+        if ahead is None:
+            for views, labels, events in items:
+                yield views, labels, events, 0
+        else:
+            for views, replaced, (_, labels, events) in ahead:
+                yield views, labels, events, replaced
+    finally:  # the stage thread stops first (it closes `items` itself), then the workers
+        for part in (ahead, items):
+            close = getattr(part, "close", None)  # generators; typed as plain iterators
+            if close is not None:
+                close()
 
 
 # How a DataError's type and message end the traceback text that a DataLoader worker sends back.
