@@ -56,7 +56,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup lint
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} $(PY) -m pytest -v -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout=1800 --durations=30 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(TEST_THREADS)} $(PY) -m pytest -v -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --timeout=1800 --durations=15 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)

@@ -214,7 +214,7 @@ def test_an_old_config_file_and_old_overrides_load_as_the_new_ones_with_one_note
     notes = [line for line in capfd.readouterr().err.splitlines() if "'loss' is now 'method'" in line]
     # One line per layer naming where the old layout was found, and each former key said once per process.
     assert len(notes) == 3 and str(old) in notes[0] and "'loss.*'" in notes[0], notes
-    assert "'loss.name'" in notes[1] and "'loss.dino'" in notes[2], notes
+    assert "'loss.name'" in notes[1] and "'loss.dino.*'" in notes[2], notes
     with pytest.raises(ConfigError, match="unknown config key 'method.hypersolid.alphaa'"):
         load_config(None, ["loss.alphaa=0.5"])
 

@@ -171,7 +171,7 @@ class BatchPhotometric:
         return x
 
     def _blur(self, x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-        """Per-sample Gaussian blur as two batched matrix products (`blur.py`: kornia's values, no grouped conv)."""
+        """Per-sample Gaussian blur as a fixed sum over its taps (`blur.py`: kornia's values, no grouped conv)."""
         _, _, h, w = x.shape
         return gaussian_blur(x, sigma.to(x.device, non_blocking=True), kernel_size(h, w, self.preset.blur_sigmas[1]))
 

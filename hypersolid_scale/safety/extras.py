@@ -40,14 +40,21 @@ EXTRA_MODULES: dict[str, dict[str, str]] = {
 }
 
 
+# Declared by an extra but imported only where they are used, each with its own one-line error there: not
+# required for the part to import. (MLflow: tracking.enabled=false trains and evaluates without it, and
+# tracking/ says so when it is missing; tests/test_tracking.py.)
+ON_USE = frozenset({"mlflow"})
+
+
 class MissingExtra(UserError, ModuleNotFoundError):
     """An optional dependency is not installed; the message names the extra that installs it (a UserError: the
     entry points print it as one ``error:`` line and exit 2)."""
 
 
 def missing(extra: str) -> list[str]:
-    """The modules of ``extra`` that cannot be imported here (checked without importing them)."""
-    return [m for m in EXTRA_MODULES[extra] if importlib.util.find_spec(m) is None]
+    """The modules of ``extra`` a part needs to import that cannot be imported here (checked without importing
+    them; ON_USE's modules left out)."""
+    return [m for m in EXTRA_MODULES[extra] if m not in ON_USE and importlib.util.find_spec(m) is None]
 
 
 def require(extra: str, part: str) -> None:
