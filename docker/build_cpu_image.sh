@@ -71,6 +71,16 @@ wheels() {  # this machine's pip, with its own indexes, find-links and CA bundle
 build() {
     local cert=${PIP_CERT:-${REQUESTS_CA_BUNDLE:-}} mounts=(-v "$work/wheels:/wheels:ro")
     [[ -z $cert ]] || mounts+=(-v "$cert:/etc/hs-pip-ca.crt:ro")
+    # An earlier build that failed leaves its stage behind (gigabytes, untagged): gone before this one, and the
+    # build needs about 22 GB free where podman keeps its layers.
+    podman image prune -f >/dev/null
+    local store free_gb
+    store=$(podman info --format '{{.Store.GraphRoot}}')
+    free_gb=$(( $(df -Pk "$store" | awk 'NR == 2 {print $4}') / 1024 / 1024 ))
+    if (( free_gb < 22 )); then
+        echo "error: $free_gb GB free under $store; the image build needs about 22 GB (free some, or move podman's storage)" >&2
+        exit 1
+    fi
     podman build --network=host --runtime runc "${mounts[@]}" -f "$repo/docker/Dockerfile.cpu" -t "$tag" \
         --build-arg "BASE_IMAGE=$base" --build-arg TORCH_WHEELS=/wheels \
         --build-arg "PIP_CERT=${cert:+/etc/hs-pip-ca.crt}" "$repo"
