@@ -19,7 +19,7 @@ from benchmarks.replication.plan import plan
 from benchmarks.replication.run import EVAL_ARGS, eval_command
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.methods.registry import method_names
-from hypersolid_scale.training.epoch_end import read_epochs, record_epoch
+from hypersolid_scale.training.epoch_records import read_epochs, record_epoch
 
 ROOT = Path(__file__).resolve().parents[1]
 

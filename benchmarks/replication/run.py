@@ -40,7 +40,7 @@ from benchmarks.common import ROOT
 from benchmarks.replication.plan import plan, quick_run
 from benchmarks.replication.runfiles import checkpoints, device_facts, read_json, write_json
 from benchmarks.replication.runspec import QUICK_EVAL, Run
-from hypersolid_scale.training.epoch_end import EPOCHS_FILE, read_epochs
+from hypersolid_scale.training.epoch_records import EPOCHS_FILE, read_epochs
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
