@@ -19,6 +19,7 @@ from benchmarks.replication.sections import (
     IMAGES_PER_EPOCH,
     _at_epoch,
     _setting,
+    budget_label,
     epoch_row,
     views_of,
 )
@@ -33,11 +34,6 @@ TRAIN_TERMS = (
 )
 LONG_METRICS = (*CURVE_METRICS, *TRAIN_TERMS)
 LONG_METHODS = ("hypersolid", "simclr")
-
-
-def _label(method: str, value: float) -> str:
-    knob = "α" if method == "hypersolid" else "temperature"
-    return f"{METHOD_NAMES[method]} {knob} {value:g} (tuned)"
 
 
 def _mine(runs: Sequence[dict[str, Any]], method: str, value: float | None) -> list[dict[str, Any]]:
@@ -100,8 +96,8 @@ def long_lines(
             out.append(f"* {METHOD_NAMES[m]} at its tuned {knob}: waits for the widened tuning ({LONG_SEEDS} runs).")
             continue
         rs = _mine(runs, m, v)
-        out.append(f"* {_label(m, v)}: {len(rs)} of {LONG_SEEDS} seeds done.")
-        rows += [epoch_row(_label(m, v), rs, e, LONG_METRICS) for e in LONG_EVAL_EPOCHS]
+        out.append(f"* {budget_label(m, v, v)}: {len(rs)} of {LONG_SEEDS} seeds done.")
+        rows += [epoch_row(budget_label(m, v, v), rs, e, LONG_METRICS) for e in LONG_EVAL_EPOCHS]
     if rows:
         out += ["", "| setting | epoch | " + " | ".join(lb for _, lb in LONG_METRICS) + " |"]
         out += ["|---|---|" + "---|" * len(LONG_METRICS), *rows]
