@@ -27,17 +27,34 @@ VIEWS = ((2, 8), (2, 4))  # (count, size): 2 global 8 px views, 2 local 4 px vie
 
 
 class TinyNet(nn.Module):
-    """views -> (B, V, D), like Hypersolid's ``embed_views``, without BatchNorm."""
+    """What the trainer's module (``MethodModel``) is to the engine, without BatchNorm: ``views -> (loss, stats)``,
+    Hypersolid's loss on (B, V, D) embeddings made as ``embed_views`` makes them."""
 
     def __init__(self, dim: int = 16) -> None:
+        from hypersolid_scale.losses import HypersolidLoss
+
         super().__init__()
         self.conv = nn.Conv2d(1, 4, kernel_size=3, padding=1)
         self.pool = nn.AdaptiveAvgPool2d(2)
         self.head = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, dim))
+        # alpha 0.3: most pairs of a random network lie inside the exclusion zone, so repulsion dominates.
+        self.loss = HypersolidLoss(alpha=0.3, norm_weight=1e-3)
 
-    def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
-        z = [self.head(self.pool(torch.relu(self.conv(v))).flatten(1)) for v in views]
-        return torch.stack(z, dim=1)
+    def forward(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        z = torch.stack([self.head(self.pool(torch.relu(self.conv(v))).flatten(1)) for v in views], dim=1)
+        # The loss decides its thresholds in fp32 or better (docs/design.md §2), whatever the autocast dtype.
+        loss = self.loss(z if z.dtype == torch.float64 else z.float())
+        return loss, {"loss": loss.detach()}
+
+
+def train_step(engine, views: list[torch.Tensor]) -> torch.Tensor:
+    """The trainer's step without accumulation (``training.trainer.train_step``): the engine's wrapped module
+    under the engine's autocast gives the loss, then the engine's backward and optimizer step."""
+    with engine.autocast():
+        loss, _ = engine.wrapped(views)
+    engine.backward(loss)
+    engine.step()
+    return loss
 
 
 def global_batches() -> list[list[torch.Tensor]]:
@@ -52,7 +69,6 @@ def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world:
                  resume_at: int | None = None) -> dict[str, torch.Tensor]:
     """Final parameters after STEPS steps; ``resume_at=k`` rebuilds the engine after k steps from its state."""
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.losses import HypersolidLoss
     from hypersolid_scale.training.optim import build_optimizer
 
     def make(state: dict | None = None):
@@ -74,8 +90,6 @@ def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world:
     from hypersolid_scale.distributed import broadcast_object
 
     engine = make()
-    # alpha 0.3: most pairs of a random network lie inside the exclusion zone, so repulsion dominates.
-    loss_fn = HypersolidLoss(alpha=0.3, norm_weight=1e-3)
     b = GLOBAL_BATCH // world
     for i, views in enumerate(global_batches()):
         if resume_at is not None and i == resume_at:
@@ -88,10 +102,7 @@ def train_params(engine_kind: str, *, zero_stage: int = 0, rank: int = 0, world:
             buf.seek(0)
             state = torch.load(buf, weights_only=True)
             engine = make(state)
-        local = [v[rank * b:(rank + 1) * b] for v in views]
-        loss = loss_fn(engine.forward(local))
-        engine.backward(loss)
-        engine.step()
+        train_step(engine, [v[rank * b:(rank + 1) * b] for v in views])
     return {k: v.detach().float().clone() for k, v in engine.model.state_dict().items()}
 
 
@@ -129,7 +140,6 @@ def deepspeed_load_model_state(out: str, specs: list[str]) -> None:
     Saves ``{spec: {"old", "loaded", "after"}}``; "after" must sit next to "loaded", not to "old".
     """
     from hypersolid_scale.distributed import build_engine
-    from hypersolid_scale.losses import HypersolidLoss
 
     torch.set_num_threads(1)
     results = {}
@@ -141,9 +151,7 @@ def deepspeed_load_model_state(out: str, specs: list[str]) -> None:
         old = {k: v.detach().float().clone() for k, v in engine.model.state_dict().items()}
         loaded = {k: v + 1.0 for k, v in old.items()}  # far from the old weights, as a checkpoint would be
         engine.load_model_state(loaded)
-        views = global_batches()[0]
-        engine.backward(HypersolidLoss(alpha=0.3, norm_weight=1e-3)(engine.forward(views)))
-        engine.step()
+        train_step(engine, global_batches()[0])
         after = {k: v.detach().float().clone() for k, v in engine.model.state_dict().items()}
         results[spec] = {"old": old, "loaded": loaded, "after": after}
     torch.save(results, out)

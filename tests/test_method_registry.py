@@ -40,6 +40,10 @@ def test_every_method_module_registers_one_method_in_order():
         assert cls.name == name and issubclass(cls, Method)
         # one module per method, named after it
         assert cls.__module__ == f"hypersolid_scale.methods.{name}"
+    # each displayed by a name of its own; SwAV's and DINO's state, and a momentum teacher, make them stateful
+    assert len({get_method(n).display_name for n in names}) == len(names)
+    assert get_method("swav").display_name == "SwAV" and get_method("barlowtwins").display_name == "Barlow Twins"
+    assert {n for n in names if get_method(n).stateful} == {"swav", "dino", "byol"}
     modules = {p.stem for p in (REPO / "hypersolid_scale" / "methods").glob("[!_]*.py")}
     assert modules - set(names) == {"base", "config", "params", "registry"}  # the package's helpers
     with pytest.raises(ConfigError, match=r"method.name='moco' is not a known method; choose one of: hypersolid"):
@@ -89,6 +93,7 @@ def throwaway_method():
 
 def test_a_method_registered_at_run_time_builds_validates_and_trains_a_step(throwaway_method):
     assert throwaway_method.name in method_names()
+    assert throwaway_method.display_name == throwaway_method.name  # none declared: its name
     torch.manual_seed(0)
     backbone, feature_dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn_width=4, in_channels=1))
     cfg = SimpleNamespace(name="throwaway_center", throwaway_center=CenterConfig(out_dim=0))

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 from lightly.utils.scheduler import cosine_schedule
 
-from hypersolid_scale.methods import MethodConfig, build_method, count_global_views, method_names
-from hypersolid_scale.methods.barlowtwins import BarlowTwinsConfig
-from hypersolid_scale.methods.byol import BYOLConfig
-from hypersolid_scale.methods.dino import DINOConfig
-from hypersolid_scale.methods.simclr import SimCLRConfig
-from hypersolid_scale.methods.swav import SwaVConfig
-from hypersolid_scale.methods.vicreg import VICRegConfig
+from hypersolid_scale.methods import MethodConfig, build_method, count_global_views, get_method, method_names
 from hypersolid_scale.models import ModelConfig, Projector, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.run_builder import _method_model
@@ -28,22 +23,22 @@ B = 8
 MODEL_CFG = ModelConfig(arch="small_cnn", small_cnn_width=4, proj_hidden_dim=16, proj_dim=8)
 
 
+# Sizes and schedules small and short enough for a test, by field name: every method's section starts from its
+# own defaults, and a new method's fields of these names shrink too.
+SMALL = {"hidden_dim": 16, "out_dim": 8, "bottleneck_dim": 8, "n_prototypes": 10, "queue_length": 16,
+         "momentum_base": 0.9, "warmup_teacher_temp_epochs": 3, "teacher_temp": 0.07, "freeze_prototypes_steps": 2,
+         "queue_start_epoch": 1}
+
+
 def small_cfg(name: str, **over) -> MethodConfig:
-    """Every method with tiny heads; schedules short enough to change inside a test."""
-    cfg = MethodConfig(
-        name=name,
-        simclr=SimCLRConfig(hidden_dim=16, out_dim=8),
-        vicreg=VICRegConfig(hidden_dim=16, out_dim=8),
-        barlowtwins=BarlowTwinsConfig(hidden_dim=16, out_dim=8),
-        byol=BYOLConfig(hidden_dim=16, out_dim=8, momentum_base=0.9),
-        dino=DINOConfig(hidden_dim=16, bottleneck_dim=8, out_dim=32, warmup_teacher_temp_epochs=3,
-                        teacher_temp=0.07, momentum_base=0.9),
-        swav=SwaVConfig(hidden_dim=16, out_dim=8, n_prototypes=10, freeze_prototypes_steps=2, queue_length=16,
-                        queue_start_epoch=1),
-    )
+    """The method's own section with tiny heads and short schedules (``over``: its keys set after)."""
+    section = get_method(name).Config()
+    for f in dataclasses.fields(section):
+        if f.name in SMALL:
+            setattr(section, f.name, SMALL[f.name])
     for key, value in over.items():
-        setattr(getattr(cfg, name), key, value)
-    return cfg
+        setattr(section, key, value)
+    return MethodConfig(name=name, **{name: section})
 
 
 def build(name: str, seed: int = 0, **over):
@@ -189,7 +184,7 @@ def test_swav_freezes_its_prototypes_for_the_first_steps():
 
 def test_dino_teacher_temperature_follows_the_epoch():
     backbone, method = build("dino")
-    teacher_out = [torch.randn(B, 32) for _ in range(2)]
+    teacher_out = [torch.randn(B, SMALL["out_dim"]) for _ in range(2)]
     student_out = [t.clone() for t in teacher_out]
     criterion = method.criterion
     temps = criterion.teacher_temp_schedule

@@ -20,8 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.replication.runspec import CONFIGS
+from hypersolid_scale.methods.registry import get_method
+
 REFERENCE = "hypersolid"
-METHOD_NAMES = {"hypersolid": "Hypersolid", "simclr": "SimCLR", "swav": "SwAV", "barlowtwins": "Barlow Twins"}
+# The study's methods (runspec.CONFIGS, in its tables' order) by their own display names: a method the study
+# adds is named without editing this file.
+METHOD_NAMES = {name: get_method(name).display_name for name in CONFIGS}
 BB = "protocol.backbone.raw."
 HDBSCAN_MCS = (5, 10, 25, 50, 100)
 LEVEL = 0.05

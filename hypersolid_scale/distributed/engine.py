@@ -35,7 +35,8 @@ class Engine(Protocol):
 
     Attributes:
         model: the unwrapped module (its ``state_dict`` is the checkpoint's model state).
-        wrapped: what ``forward`` calls (the DDP wrapper, DeepSpeed's engine, or ``model`` itself).
+        wrapped: what the training step calls under :meth:`autocast` (the DDP wrapper, DeepSpeed's engine, or
+            ``model`` itself).
         optimizer: the torch optimizer the engine was built with; its param_groups drive the schedules.
     """
 
@@ -56,12 +57,6 @@ class Engine(Protocol):
         if not self.bf16:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-
-    def forward(self, views: list[torch.Tensor]) -> torch.Tensor:
-        with self.autocast():
-            feats = self.wrapped(views)
-        # The loss decides its thresholds in fp32 or better (docs/design.md §2), whatever the autocast dtype.
-        return feats if feats.dtype == torch.float64 else feats.float()
 
     def train(self, mode: bool = True) -> None:
         self.wrapped.train(mode)

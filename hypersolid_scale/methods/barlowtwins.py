@@ -45,6 +45,7 @@ class BarlowTwins(Method):
     """
 
     name, Config, order = "barlowtwins", BarlowTwinsConfig, 30
+    display_name = "Barlow Twins"
     projection_head = "head"
 
     separate_views = True

@@ -93,6 +93,7 @@ class Method(nn.Module):
 
     Attributes:
         name: the value of ``method.name`` that selects it.
+        display_name: how reports, figures and the command line name it (its paper's spelling).
         Config: the dataclass of its ``method.<name>.*`` keys (fields may declare kinds in ``KINDS``, checked
             by :func:`~hypersolid_scale.methods.params.check_section`; a ``validate()`` method is called too).
         order: where it is listed among the methods (``method_names``).
@@ -111,6 +112,8 @@ class Method(nn.Module):
         compare_role: what ``launch/compare.py`` makes of it: ``"subject"`` (the method under study: ``--seeds``
             seeds and the thicker line in its figures), ``"reference"`` (``--seeds`` seeds), ``"baseline"``
             (``--baseline-seeds``).
+        stateful: a step changes state beyond what the optimizer updates (a momentum teacher, a queue, a
+            center), so a second step does not start where the first did; tests take two steps of such a method.
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
         target_keys: the keys of :meth:`embed`'s outputs computed without gradient (a momentum teacher's).
         compile_refusal: why ``dist.compile=true`` must not compile this method's forward with the backbone
@@ -119,6 +122,7 @@ class Method(nn.Module):
     """
 
     name: ClassVar[str] = ""
+    display_name: ClassVar[str] = ""
     Config: ClassVar[type]
     order: ClassVar[int] = 100
     uses_local_views: ClassVar[bool] = False
@@ -130,6 +134,7 @@ class Method(nn.Module):
     compare_role: ClassVar[str] = "baseline"
     target_keys: ClassVar[tuple[str, ...]] = ()
     compile_refusal: ClassVar[str] = ""
+    stateful: ClassVar[bool] = False
 
     @classmethod
     def build(
@@ -276,6 +281,8 @@ class EMAMethod(Method):
     every optimizer step (BYOL and DINO papers). The teacher's parameters (``requires_grad=False``: give the
     optimizer only parameters that require grad) are in this module's state dict, so a checkpoint carries them.
     """
+
+    stateful = True
 
     def __init__(self, backbone: nn.Module, momentum_base: float, momentum_end: float, steps_per_epoch: int) -> None:
         super().__init__(steps_per_epoch)

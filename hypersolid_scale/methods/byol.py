@@ -30,6 +30,7 @@ class BYOL(EMAMethod):
     student's (each view alone, as in the official implementation)."""
 
     name, Config, order = "byol", BYOLConfig, 40
+    display_name = "BYOL"
     projection_head = "projector"
 
     separate_views = True

@@ -58,6 +58,7 @@ class DINO(EMAMethod):
     ``step // steps_per_epoch`` with ``step`` the optimizer steps completed (``after_step`` counts them)."""
 
     name, Config, order = "dino", DINOConfig, 50
+    display_name = "DINO"
     projection_head = "head"
 
     uses_local_views = True

@@ -29,6 +29,7 @@ class Hypersolid(Method):
     """
 
     name, Config, order = "hypersolid", LossConfig, 0
+    display_name = "Hypersolid"
     projection_head = "projector"
     uses_local_views = True
     stats_reduced = True

@@ -23,7 +23,10 @@ METHODS: Registry[type[Method]] = Registry(
 
 
 def register(cls: type[Method]) -> type[Method]:
-    """Class decorator: make ``cls`` the method ``cls.name``. A second class under a taken name is an error."""
+    """Class decorator: make ``cls`` the method ``cls.name``. A second class under a taken name is an error; a
+    class without a ``display_name`` is displayed by its ``name``."""
+    if not getattr(cls, "display_name", ""):
+        cls.display_name = getattr(cls, "name", "")
     return METHODS.register(getattr(cls, "name", ""), cls)
 
 

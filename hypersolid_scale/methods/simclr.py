@@ -31,6 +31,7 @@ class SimCLR(Method):
     the global-batch loss."""
 
     name, Config, order = "simclr", SimCLRConfig, 10
+    display_name = "SimCLR"
     projection_head = "head"
     compare_role = "reference"  # the comparison gives it as many seeds as Hypersolid
 

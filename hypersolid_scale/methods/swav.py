@@ -67,6 +67,8 @@ class SwaV(Method):
     """
 
     name, Config, order = "swav", SwaVConfig, 60
+    display_name = "SwAV"
+    stateful = True  # the queue fills, the prototypes thaw
     projection_head = "projector"
 
     uses_local_views = True

@@ -42,6 +42,7 @@ class VICReg(Method):
     rank's share of it."""
 
     name, Config, order = "vicreg", VICRegConfig, 20
+    display_name = "VICReg"
     projection_head = "head"
 
     separate_views = True
