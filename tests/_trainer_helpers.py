@@ -48,7 +48,7 @@ class TinyNet(nn.Module):
 
 
 def train_step(engine, views: list[torch.Tensor]) -> torch.Tensor:
-    """The trainer's step without accumulation (``training.trainer.train_step``): the engine's wrapped module
+    """The trainer's step without accumulation (``training.step.train_step``): the engine's wrapped module
     under the engine's autocast gives the loss, then the engine's backward and optimizer step."""
     with engine.autocast():
         loss, _ = engine.wrapped(views)

@@ -25,22 +25,21 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
 from benchmarks.common import ROOT
 from benchmarks.replication.plan import plan, quick_run
+from benchmarks.replication.result import State, best_knn, run_result
 from benchmarks.replication.runfiles import checkpoints, device_facts, read_json, write_json
 from benchmarks.replication.runspec import QUICK_EVAL, Run
-from hypersolid_scale.training.epoch_records import EPOCHS_FILE, read_epochs
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
@@ -53,7 +52,6 @@ PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0
 OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
 SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
-TRAIN_IDS = ("epoch", "step")  # an epoch record's keys that are not statistics (``steps`` is kept: its weight)
 
 
 def eval_arguments(py: str) -> list[str]:
@@ -79,20 +77,6 @@ class Task:
     epoch: float = 0  # whole for epoch ends, fractional for a step evaluation (Run.eval_every_steps)
     protocol: str = ""
     t0: float = 0.0
-
-
-@dataclass
-class State:
-    """One run's progress in this invocation."""
-
-    run: Run
-    home: Path
-    train_cmd: list[str]
-    train_s: float = 0.0
-    eval_s: float = 0.0
-    pending: int = 0
-    entries: list[dict[str, Any]] = field(default_factory=list)
-    eval_cmd: list[str] = field(default_factory=list)
 
 
 class Driver:
@@ -214,47 +198,11 @@ class Driver:
             self.finish(st)
 
     def finish(self, st: State) -> None:
-        done = read_json(st.home / "train_done.json") or {}
-        # The training's own epoch means (the trainer's epochs.jsonl: loss terms, active pairs), every epoch,
-        # and beside each evaluation of an epoch's end the means of that epoch (``train.<statistic>``).
-        trained = read_epochs(st.home / "run" / EPOCHS_FILE)
-        per_epoch = sorted(
-            (
-                {**e, **{f"train.{k}": v for k, v in trained.get(int(e["epoch"]), {}).items() if k not in TRAIN_IDS}}
-                if float(e["epoch"]).is_integer()
-                else e
-                for e in st.entries
-            ),
-            key=lambda e: e["epoch"],
-        )
-        result = {
-            "run": st.run.name,
-            **{k: getattr(st.run, k) for k in ("method", "seed", "group", "part", "epochs", "config")},
-            "overrides": list(st.run.overrides),
-            "command": shlex.join(st.train_cmd),
-            "eval_command": shlex.join(st.eval_cmd),
-            **dict(zip(("card", "torch", "git_commit"), self.facts)),
-            # This invocation's seconds; train_s_total is the training's last (possibly resumed) attempt.
-            "wall_s": round(st.train_s + st.eval_s, 2),
-            "train_s": round(st.train_s, 2),
-            "eval_s": round(st.eval_s, 2),
-            "train_s_total": done.get("train_s"),
-            **{k: done.get(k) for k in ("final_step", "resumed_from_step")},
-            "per_epoch": per_epoch,
-            "final": per_epoch[-1] if per_epoch else {},
-            "train_per_epoch": list(trained.values()),
-        }
+        result = run_result(st, self.facts)
         write_json(self.out / f"{st.run.name}.json", result)
-        # The suite's keys (knn_k20_weighted) or the protocol's (protocol.backbone.raw.knn_k20_weighted).
-        knn = {
-            k: v
-            for k, v in result["final"].items()
-            if k.removeprefix("protocol.backbone.raw.").startswith("knn") and isinstance(v, float)
-        }
-        best = f"{max(knn, key=lambda k: knn[k])}={max(knn.values()):.4f}" if knn else "no kNN metric"
         self.say(
             f"done {st.run.name}: train {st.train_s:.0f}s, eval {st.eval_s:.0f}s, "
-            f"{len(per_epoch)} evaluation(s), {best}"
+            f"{len(result['per_epoch'])} evaluation(s), {best_knn(result)}"
         )
 
     def reaped(self, proc: subprocess.Popen, task: Task) -> None:

@@ -49,15 +49,12 @@ from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.schema import Config, load_config, save_config, to_dict
 from hypersolid_scale.distributed import (
     WorldInfo,
-    all_reduce_sum,
     barrier,
     broadcast_object,
     cleanup,
     elastic_restart,
     init_distributed,
 )
-from hypersolid_scale.losses import PackedStats
-from hypersolid_scale.losses.stats import pack
 from hypersolid_scale.methods import get_method, method_names
 from hypersolid_scale.methods.config import DEFAULT_METHOD
 from hypersolid_scale.safety.errors import EXIT_BAD_INPUT, UserError, report
@@ -65,11 +62,11 @@ from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
 from hypersolid_scale.safety.run_lock import RunDirLocked, RunLock, acquire_run_lock
 from hypersolid_scale.tracking import Tracker, make_tracker
-from hypersolid_scale.training.accumulation import accumulated_step
 from hypersolid_scale.training.checkpointer import Checkpointer
 from hypersolid_scale.training.epoch_end import Decision, EpochEnd
 from hypersolid_scale.training.epoch_report import memory_gb, plot_loss
 from hypersolid_scale.training.run_builder import Run, batch_lines, build, on_every_rank, seed_everything
+from hypersolid_scale.training.step import train_step
 from hypersolid_scale.training.step_bookkeeping import (
     EpochMeter,
     NonFiniteLossError,
@@ -91,54 +88,6 @@ __all__ = [
 ]
 
 EXIT_RUN_DIR_LOCKED = EXIT_BAD_INPUT  # another live training holds run_dir/.lock; nothing was read or written
-
-
-# ----------------------------------------------------------------------------------------------------------
-# One optimizer step
-# ----------------------------------------------------------------------------------------------------------
-
-
-def train_step(run: Run, views: list[torch.Tensor], step: int) -> PackedStats:
-    """One optimizer step of any method, in the order :mod:`hypersolid_scale.methods` asks for: forward (the
-    engine's wrapped module holds backbone and method, and returns the method's loss over the global batch),
-    backward (both in ``optim.accumulate_steps`` micro-batches when asked: ``accumulated_step``), the method's
-    gradient schedule, (clip,) optimizer step, the method's post-step update (a teacher's EMA). No host sync.
-
-    Returns the step's statistics on the device (the method's, then lr and grad_norm); read them with
-    ``.to_dict()`` only where floats are needed. Per-rank statistics (each rank's loss its share of the
-    global-batch loss) are averaged over ranks here: one small all-reduce, no host read. ``run.guard``
-    records whether the step was finite.
-    """
-    lr = run.lr_setter.apply(run.engine.param_groups, step)  # a float, or a device tensor's copy (optim.lr_tensor)
-    check_batch(run, views[0].shape[0], step)
-    method = run.method
-    if run.batch.accumulate_steps > 1:  # the same step in micro-batches (docs/design.md §3d)
-        _, stats = accumulated_step(run.engine, method, run.trained, views, run.batch.accumulate_steps)
-    else:
-        with run.engine.autocast():
-            loss, stats = run.engine.wrapped(views)
-        run.engine.backward(loss)
-    method.before_optimizer_step()
-    grad_norm = run.engine.step()
-    method.after_step(step, run.total_steps, run.backbone)
-    packed = pack(stats)
-    if run.info.world_size > 1 and not method.stats_reduced:
-        packed = PackedStats(packed.names, all_reduce_sum(packed.values) / run.info.world_size)
-    extra: dict[str, torch.Tensor | float] = {"lr": lr}
-    if grad_norm is not None:
-        extra["grad_norm"] = grad_norm
-    packed = packed.extend(extra)
-    run.guard.record(step, packed)
-    return packed
-
-
-def check_batch(run: Run, rows: int, step: int) -> None:
-    if rows != run.batch.rank_batch:
-        # The losses' all_gathers trust equal per-rank batches (no size exchange): a short batch is a bug.
-        raise RuntimeError(
-            f"rank {run.info.rank} got a batch of {rows} images at step {step}, expected "
-            f"{run.batch.rank_batch} ({run.batch.describe()}); the training loader must yield full batches only"
-        )
 
 
 # ----------------------------------------------------------------------------------------------------------
