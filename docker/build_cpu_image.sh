@@ -26,6 +26,7 @@ steps=${HS_IMAGE_STEPS:-20}
 python=${PYTHON:-$repo/.venv/bin/python}
 fmnist=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 base=localhost/hs-debian:bookworm-minbase
+need_gb=${HS_IMAGE_NEED_GB:-26}
 torch_pins=$(sed -n 's/^TORCH_VERSION=//p; s/^TORCHVISION_VERSION=//p' "$repo/docker/install.sh" | paste -sd' ')
 read -r torch_version torchvision_version <<<"$torch_pins"
 
@@ -68,17 +69,25 @@ wheels() {  # this machine's pip, with its own indexes, find-links and CA bundle
     compgen -G "$work/wheels/torch-$torch_version-*.whl" >/dev/null || { echo "error: no torch $torch_version wheel in $work/wheels" >&2; exit 1; }
 }
 
+free_gb() { echo $(( $(df -Pk "$1" | awk 'NR == 2 {print $4}') / 1024 / 1024 )); }
+
 build() {
     local cert=${PIP_CERT:-${REQUESTS_CA_BUNDLE:-}} mounts=(-v "$work/wheels:/wheels:ro")
     [[ -z $cert ]] || mounts+=(-v "$cert:/etc/hs-pip-ca.crt:ro")
-    # An earlier build that failed leaves its stage behind (gigabytes, untagged): gone before this one, and the
-    # build needs about 22 GB free where podman keeps its layers.
+    # An earlier build that failed leaves its stage behind (gigabytes, untagged): gone before this one. Committing
+    # a layer holds its files about three times over (the container's files, the archive, the layer): 22 GB at
+    # the peak measured from nothing, for the torch layer, so $need_gb GB free where podman keeps its layers.
+    # Short of that, the image this build replaces goes first.
     podman image prune -f >/dev/null
-    local store free_gb
+    local store
     store=$(podman info --format '{{.Store.GraphRoot}}')
-    free_gb=$(( $(df -Pk "$store" | awk 'NR == 2 {print $4}') / 1024 / 1024 ))
-    if (( free_gb < 22 )); then
-        echo "error: $free_gb GB free under $store; the image build needs about 22 GB (free some, or move podman's storage)" >&2
+    if (( $(free_gb "$store") < need_gb )) && podman image exists "$tag"; then
+        echo "only $(free_gb "$store") GB free under $store: removing the earlier $tag first"
+        podman rmi -f "$tag" >/dev/null
+        podman image prune -f >/dev/null
+    fi
+    if (( $(free_gb "$store") < need_gb )); then
+        echo "error: $(free_gb "$store") GB free under $store; the image build needs about $need_gb GB (free some, or move podman's storage)" >&2
         exit 1
     fi
     podman build --network=host --runtime runc "${mounts[@]}" -f "$repo/docker/Dockerfile.cpu" -t "$tag" \

@@ -15,6 +15,11 @@
 #                               installed from it alone (--no-index; docker/build_cpu_image.sh mounts one)
 #              PIP_CERT         the CA bundle pip trusts; empty: pip's own
 #              HS_EDITABLE=1    editable install of the package (for development images and checks)
+#              HS_WHEELHOUSE    a folder: after the install, a wheel of the package and of every requirement pip
+#                               had to build from source is written there (a build stage's output)
+#              HS_TORCH_ONLY=1  stop after torch/torchvision (an image's layer of its own: the largest one)
+#              HS_FIND_LINKS    a folder HS_WHEELHOUSE filled: install from wheels only (no compiler needed),
+#                               the package from its wheel there (an image's final stage; REPO_DIR unused)
 #              HS_PIP_COMPILE=0 skip compiling .pyc files (quick checks; images keep them for fast start-up)
 set -euo pipefail
 
@@ -25,7 +30,12 @@ case $variant in
     gpu) extras="all" ;;
     *) echo "error: variant must be cpu or gpu, got '$variant'" >&2; exit 2 ;;
 esac
-[[ -f $repo/pyproject.toml ]] || { echo "error: no pyproject.toml in $repo (pass the repository as 2nd argument)" >&2; exit 2; }
+[[ -n ${HS_FIND_LINKS:-} || ${HS_TORCH_ONLY:-0} == 1 || -f $repo/pyproject.toml ]] || { echo "error: no pyproject.toml in $repo (pass the repository as 2nd argument)" >&2; exit 2; }
+package=$repo  # what is installed: the checkout, or its wheel from the build stage
+if [[ -n ${HS_FIND_LINKS:-} ]]; then
+    package=$(compgen -G "$HS_FIND_LINKS/hypersolid_scale-*.whl" | head -n 1) \
+        || { echo "error: no hypersolid_scale wheel in HS_FIND_LINKS=$HS_FIND_LINKS (docker/install.sh with HS_WHEELHOUSE makes one)" >&2; exit 2; }
+fi
 
 # Versions this project is tested with; pyproject.toml allows these as its upper bounds.
 TORCH_VERSION=2.14.1
@@ -34,6 +44,7 @@ FAISS_GPU_VERSION=1.15.1
 
 pip_opts=(--no-input --progress-bar off)
 [[ ${HS_PIP_COMPILE:-1} != 0 ]] || pip_opts+=(--no-compile)
+[[ -z ${HS_FIND_LINKS:-} ]] || pip_opts+=(--only-binary=:all: --find-links "$HS_FIND_LINKS")
 pip_install() { python -m pip install "${pip_opts[@]}" "$@"; }
 [[ -n ${PIP_CERT:-} ]] || unset PIP_CERT
 torch_index=()
@@ -45,6 +56,7 @@ pip_install --upgrade pip wheel setuptools
 # torch first and pinned, so that no later dependency resolves to another build.
 echo ">> torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
 pip_install "${torch_index[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+[[ ${HS_TORCH_ONLY:-0} != 1 ]] || exit 0
 # FFCV and DeepSpeed are built without isolation: they need numpy/cython/torch from this environment.
 pip_install numpy cython pkgconfig
 
@@ -53,9 +65,29 @@ editable=()
 [[ ${HS_EDITABLE:-0} != 1 ]] || editable=(-e)
 # The constraint keeps the pinned torch: a dependency asking for torch must not replace it.
 constraints=$(mktemp)
-trap 'rm -f "$constraints"' EXIT
+report=$(mktemp)
+trap 'rm -f "$constraints" "$report"' EXIT
 printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION" > "$constraints"
-DS_BUILD_OPS=0 pip_install --no-build-isolation -c "$constraints" "${editable[@]}" "${repo}[${extras}]"
+DS_BUILD_OPS=0 pip_install --no-build-isolation -c "$constraints" --report "$report" "${editable[@]}" \
+    "${package}[${extras}]"
+
+if [[ -n ${HS_WHEELHOUSE:-} ]]; then
+    # pip's installation report says where each requirement came from: a source archive was built here, and
+    # only those (and the package) need this stage's compilers; every other one stays a plain wheel download.
+    mapfile -t from_source < <(python - "$report" <<'PY'
+import json
+import sys
+
+for item in json.load(open(sys.argv[1]))["install"]:
+    info = item["download_info"]
+    if "archive_info" in info and not info["url"].endswith(".whl"):
+        print(f"{item['metadata']['name']}=={item['metadata']['version']}")
+PY
+)
+    echo ">> wheels into $HS_WHEELHOUSE: hypersolid_scale ${from_source[*]}"
+    DS_BUILD_OPS=0 python -m pip wheel --no-input --progress-bar off --no-deps --no-build-isolation -w "$HS_WHEELHOUSE" \
+        -c "$constraints" "$repo" "${from_source[@]}"
+fi
 
 if [[ $variant == gpu ]]; then
     echo ">> faiss-gpu==$FAISS_GPU_VERSION (replaces faiss-cpu)"

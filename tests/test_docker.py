@@ -98,6 +98,17 @@ def test_install_script_rejects_unknown_variant() -> None:
     assert out.returncode == 2 and "cpu or gpu" in out.stderr, out.stderr
 
 
+def test_the_image_s_final_stage_install_refuses_a_folder_without_the_package_s_wheel(tmp_path: Path) -> None:
+    """The final stage installs the build stage's wheel (HS_FIND_LINKS): without it, one line and nothing
+    installed (the check comes before pip runs)."""
+    env = {**os.environ, "HS_FIND_LINKS": str(tmp_path), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    (tmp_path / "python").write_text("#!/bin/sh\necho pip ran >&2; exit 3\n")
+    (tmp_path / "python").chmod(0o755)
+    out = subprocess.run(["bash", str(DOCKER / "install.sh"), "cpu"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2, out.stderr
+    assert f"no hypersolid_scale wheel in HS_FIND_LINKS={tmp_path}" in out.stderr and "pip ran" not in out.stderr
+
+
 # ------------------------------------------------------------------------------------------------ install
 @pytest.mark.slow
 def test_cpu_image_install_steps_succeed_in_a_fresh_venv(tmp_path: Path) -> None:
