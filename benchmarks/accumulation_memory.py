@@ -179,14 +179,7 @@ def main() -> None:
         r["memory_vs_k1"] = r["saved_for_backward_mb"] / base["saved_for_backward_mb"]
         clock = "step_s" if device.type == "cuda" else "step_cpu_s"
         r["time_vs_k1"] = r[clock] / base[clock]
-    meta = {
-        "device": str(device),
-        "torch": torch.__version__,
-        "commit": common.commit()[:7],
-        "command": common.command(),
-    }
-    if device.type == "cuda":
-        meta["gpu"] = common.card(device)
+    meta = common.metadata(device)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(out, json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")

@@ -99,13 +99,24 @@ def machine() -> str:
 
 
 def card(device: torch.device | str | None = None, cpu: str = "cpu") -> str:
-    """The CUDA card's name when ``device`` is a CUDA device (None: the current one, if any), else ``cpu``."""
+    """The CUDA card's name when ``device`` is a CUDA device (None: the current one, if any), else ``cpu``; torch
+    is imported only to name a card (seconds of start-up for a driver that runs no model itself)."""
+    if device is not None and not str(device).startswith("cuda"):
+        return cpu
     import torch
 
     if device is None:
         return torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
+
+
+def torch_version() -> str:
+    """The installed torch distribution's version (``2.14.1``: without the local ``+cu130`` of
+    ``torch.__version__``), read without importing torch."""
+    import importlib.metadata
+
+    return importlib.metadata.version("torch")
 
 
 def platform_name() -> str:
@@ -120,6 +131,31 @@ def host() -> dict[str, Any]:
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def metadata(device: torch.device | str = "cpu", **extra: Any) -> dict[str, Any]:
+    """The facts every benchmark's JSON records as its ``meta``: what ran (command, commit), when (UTC), where
+    (device, card or CPU, cores, torch's threads, Python, platform, torch) and the load as it started;
+    ``extra``: the benchmark's own settings, after these (a key of both takes the benchmark's value)."""
+    import datetime
+
+    import torch
+
+    device = torch.device(device)
+    return {
+        "command": command(),
+        "git_commit": commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": str(device),
+        "card": card(device),
+        "cpu": machine(),
+        "machine": arch(),
+        "torch": torch.__version__,
+        **host(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": load_average(),
+        **extra,
+    }
 
 
 # ---- timing ----------------------------------------------------------------------------------------------

@@ -145,11 +145,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "views": f"2 x {preset.global_crop_size} + {preset.num_local_views} x {preset.local_crop_size}",
         "images": n,
         "batch": args.batch,
-        "device": str(device),
+        **common.metadata(device),
         "threads": args.threads,
-        "machine": common.machine(),
-        "torch": torch.__version__,
-        "commit": common.commit(),
         "rows": rows,
         "ratios": {
             "host_cpu_ms_per_image": rows["before"]["host_cpu_ms_per_image"] / rows["after"]["host_cpu_ms_per_image"],

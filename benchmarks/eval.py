@@ -223,12 +223,7 @@ def bench_clustering(
     """Exact rows at every (n, d); the dense path and the exact one side by side at the largest dense n."""
     dense_n = int(math.isqrt(int(dense_budget_gib * 2**30 / 8)))  # HDBSCAN's float64 (n, n) matrix fits
     result: dict[str, Any] = {"target": TARGET, "dense_budget_gib": dense_budget_gib, "rows": [], "compare": []}
-    machine = {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": common.platform_name(),
-        "loadavg_start": common.load_average(),
-    }
+    machine = common.metadata("cpu")
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         for n, d in itertools.product(ns, dims):
@@ -315,11 +310,10 @@ def bench_dim(d: int, n_train: int, n_test: int, ev: EvalConfig, out_dir: Path) 
 def bench_parts(dims: list[int], n_train: int, n_test: int, out: Path) -> dict[str, Any]:
     device = common.card(cpu=f"CPU ({torch.get_num_threads()} threads)")
     result: dict[str, Any] = {
+        **common.metadata("cpu"),
         "n_train": n_train,
         "n_test": n_test,
         "device": device,
-        "platform": common.platform_name(),
-        "torch": torch.__version__,
         "parts": [],
         "quality": {},
     }

@@ -232,7 +232,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("images / s")
         ax.tick_params(axis="x", labelrotation=35, labelsize=7)
         ax.set_title(
-            f"{res['card']}, torch {res['torch']}, {res['commit'][:7]}: {res['arch']} {res['views']}", fontsize=9
+            f"{res['card']}, torch {res['torch']}, {res['git_commit'][:7]}: {res['arch']} {res['views']}", fontsize=9
         )
 
 
@@ -258,10 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
     res: dict[str, Any] = {
-        "command": common.command(),
-        "card": common.card(device),
-        "torch": torch.__version__,
-        "commit": common.commit(),
+        **common.metadata(device),
         "arch": "resnet18" if args.quick else "resnet50",
         "views": "2x32+6x16" if args.quick else "2x224+6x96",
         "not_measured": {"cuda_graph_of_the_whole_step": CUDA_GRAPHS_NOT_USED},

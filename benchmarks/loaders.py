@@ -263,18 +263,15 @@ def main(argv: list[str] | None = None) -> None:
             results.append(r)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "device": str(device),
-        "workers": args.workers,
-        "torch_threads": args.threads,
-        "batch": args.batch,
-        "images": args.images,
-        "source": source,
-        "cpu_count": os.cpu_count(),
-        "machine": common.arch(),
-        "torch": torch.__version__,
-        "load_avg_at_end": os.getloadavg(),
-    }
+    meta = common.metadata(
+        device,
+        workers=args.workers,
+        torch_threads=args.threads,
+        batch=args.batch,
+        images=args.images,
+        source=source,
+        load_avg_at_end=os.getloadavg(),
+    )
     atomic.write_text((out / "loaders.json"), json.dumps({"meta": meta, "results": results}, indent=2))
     plot([r for r in results if "images_per_s" in r], out / "loaders.png")
     print(f"wrote {out / 'loaders.json'} and {out / 'loaders.png'}")

@@ -189,22 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     photo_set.pop("qualities", None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "command": common.command(),
-        "device": str(device),
-        "card": common.card(device, cpu=common.machine() or "cpu"),
-        "torch": torch.__version__,
-        "git_commit": common.commit(),
-        "workers": args.workers,
-        "batch": args.batch,
-        "images_timed": args.images,
-        "cpu_count": os.cpu_count(),
-        "set_seconds": time.perf_counter() - t_set,
-        "set_mean_kb": photo_set["mean_kb"],
-        "imagenet_mean_kb": IMAGENET_MEAN_KB,
-        "photo_set": photo_set,
-        "host_cpu": "workers' + this process's CPU s / image, less the device stage's own when --device cpu",
-    }
+    meta = common.metadata(
+        device,
+        workers=args.workers,
+        batch=args.batch,
+        images_timed=args.images,
+        set_seconds=time.perf_counter() - t_set,
+        set_mean_kb=photo_set["mean_kb"],
+        imagenet_mean_kb=IMAGENET_MEAN_KB,
+        photo_set=photo_set,
+        host_cpu="workers' + this process's CPU s / image, less the device stage's own when --device cpu",
+    )
     reasons = {"ffcv": ffcv_missing()}
     for row in ("device", "device_workers_jpeg", "device_imagefolder"):
         reasons[row] = decode_missing()

@@ -132,11 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {
-        "command": common.command(),
-        "device": str(device),
-        "card": common.card(device),
-        "torch": torch.__version__,
-        "git_commit": common.commit(),
+        **common.metadata(device),
         "arch": "resnet18" if args.quick else "resnet50",
         "batch": args.batch,
         "views": "2x32+6x16" if args.quick else "2x224+6x96",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import time
 from pathlib import Path
@@ -211,14 +210,13 @@ BLAS_ENV = (
 
 
 def environment() -> dict:
-    """What besides the code moves these timings: library versions, thread counts, BLAS variables, load."""
+    """What besides the code and the machine (``common.metadata``) moves these timings: library versions, thread
+    counts, BLAS variables, load."""
     import faiss
     import numpy
     import torch
 
     return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
         "numpy": numpy.__version__,
         "faiss": getattr(faiss, "__version__", "?"),
         "threads": torch.get_num_threads(),
@@ -298,20 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "device": args.device,
-        "cpu": common.machine(),
-        "cores": os.cpu_count(),
-        "dim": args.dim,
-        "views": VIEWS,
-        "memory_budget_bytes": budget,
-        "backends": backends,
-        **environment(),
-    }
+    meta = common.metadata(
+        args.device, dim=args.dim, views=VIEWS, memory_budget_bytes=budget, backends=backends, **environment()
+    )
     if args.device == "cuda":
         import torch
 
-        meta.update(gpu=common.card(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+        meta.update(tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
 
     def save(shares: dict | None = None) -> None:
         """Written after every measurement: a run cut short by a time limit keeps what it measured."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from benchmarks import common
 from benchmarks.common import RESULTS
@@ -29,12 +30,21 @@ ENV_KEYS = (
     "python",
     "threads",
     "interop_threads",
-    "cores",
-    "cpu",
+    "cpus",
+    "card",
     "device",
-    "gpu",
     "blas_env",
 )
+# What results written before common.metadata called these keys.
+FORMER_ENV_KEYS = {"cpus": ("cores",), "card": ("gpu", "cpu")}
+
+
+def _env(meta: dict, key: str) -> Any:
+    """``meta``'s value of ``key``, under its former name in an older result."""
+    for k in (key, *FORMER_ENV_KEYS.get(key, ())):
+        if k in meta:
+            return meta[k]
+    return "not recorded"
 
 
 def _key(row: dict) -> tuple:
@@ -87,8 +97,8 @@ def compare(
                 out["heavier"].append({**head, "base": mb, "new": mn, "ratio": mratio})
     mb_, mn_ = base.get("meta", {}), new.get("meta", {})
     for k in ENV_KEYS:
-        if mb_.get(k) != mn_.get(k):
-            out["env"].append((k, mb_.get(k, "not recorded"), mn_.get(k, "not recorded")))
+        if _env(mb_, k) != _env(mn_, k):
+            out["env"].append((k, _env(mb_, k), _env(mn_, k)))
     out["load"] = (mb_.get("load_average_at_start", "not recorded"), mn_.get("load_average_at_start", "not recorded"))
     return out
 

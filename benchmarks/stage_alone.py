@@ -113,14 +113,10 @@ def run(args: Any) -> dict[str, Any]:
         "blur_off": measure(replace(preset, blur_probs=(0.0, 0.0, 0.0)), device, batches, args.batch),
     }
     return {
-        "card": common.card(device),
-        "torch": torch.__version__,
-        "commit": common.commit(),
-        "command": common.command(),
+        **common.metadata(device),
         "batch": args.batch,
         "batches": args.batches,
         "views": preset.view_sizes(),
-        "load_average": common.load_average(),
         "rows": rows,
     }
 

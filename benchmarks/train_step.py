@@ -188,12 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if info.rank == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "torch": torch.__version__,
-            "machine": common.arch(),
-            "cpu_threads": torch.get_num_threads(),
-            "steps": args.steps,
-        }
+        meta = common.metadata("cpu", steps=args.steps)
         atomic.write_text((out / "train_step.json"), json.dumps({"meta": meta, "results": results}, indent=2))
         plot(results, out / "train_step.png")
         print(f"wrote {out / 'train_step.json'} and {out / 'train_step.png'}")

@@ -308,16 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "device": str(device),
-        "torch": torch.__version__,
-        "quick": args.quick,
-        "warmup": args.warmup,
-        "steps": args.steps,
-        "channels_last": not args.no_channels_last,
-    }
-    if device.type == "cuda":
-        meta["gpu"] = common.card()
+    meta = common.metadata(
+        device, quick=args.quick, warmup=args.warmup, steps=args.steps, channels_last=not args.no_channels_last
+    )
     ctxs = [
         prepare_setup(
             setup,

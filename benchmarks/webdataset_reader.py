@@ -260,12 +260,7 @@ def main() -> int:
             "shard_size": 500,
             "repeats": args.repeats,
         },
-        "machine": {
-            **common.host(),
-            "torch": torch.__version__,
-            "webdataset": webdataset.__version__,
-            "load_average_1_5_15": common.load_average(),
-        },
+        "machine": common.metadata("cpu", webdataset=webdataset.__version__),
         "results": results,
     }
     atomic.write_text((out / "webdataset_reader.json"), json.dumps(report, indent=2))

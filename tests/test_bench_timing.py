@@ -3,6 +3,8 @@ which phase, and what it reports."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -35,3 +37,15 @@ def test_a_time_bounded_loop_runs_at_least_one_and_at_most_max_steps(monkeypatch
     t = common.timed_loop(lambda i: i, CPU, warmup=1, seconds=60.0, max_steps=9, sync_every=4)
     assert t.steps == 9 and t.last == 9  # indices go on from the warm-up's
     assert len(syncs) == 2 + 2 + 1  # around the warm-up, every 4 timed steps, at the end
+
+
+def test_every_benchmark_records_the_same_facts_and_its_own_settings_after_them() -> None:
+    from benchmarks import common
+
+    meta = common.metadata("cpu", steps=3, torch_threads=7)
+    assert meta["device"] == "cpu" and meta["card"] == "cpu" and meta["cpu"] == common.machine()
+    assert meta["cpus"] == os.cpu_count()
+    assert meta["git_commit"] == common.commit() and meta["command"].startswith("python")
+    assert meta["torch"] == torch.__version__ and len(meta["load_average"]) == 3
+    assert meta["steps"] == 3 and meta["torch_threads"] == 7  # the benchmark's value wins
+    assert common.card("cpu") == "cpu" and common.card("cpu", cpu="x") == "x"

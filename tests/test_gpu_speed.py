@@ -20,7 +20,7 @@ def test_quick_rows_write_their_numbers_and_the_profile(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     res = json.loads((tmp_path / "out" / "gpu_speed.json").read_text())
-    assert {"card", "torch", "commit", "arch", "views", "rows"} <= set(res) and res["card"] == "cpu"
+    assert {"card", "torch", "git_commit", "arch", "views", "rows"} <= set(res) and res["card"] == "cpu"
     assert list(res["rows"]) == rows
     for name in rows:
         r = res["rows"][name]

@@ -241,7 +241,7 @@ def test_the_stage_alone_benchmark_runs_on_the_cpu(tmp_path: Any) -> None:
 
     assert stage_alone.main(["--device", "cpu", "--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "stage_alone.json").read_text())
-    assert {"card", "torch", "commit"} <= set(res) and res["card"] == "cpu" and res["batch"] == 8
+    assert {"card", "torch", "git_commit"} <= set(res) and res["card"] == "cpu" and res["batch"] == 8
     for row in res["rows"].values():
         assert set(row["device_ms_per_phase"]) == {"draws and packing", "crops", "photometric", "cast"}
         assert row["device_ms_per_batch"] > 0 and row["host_ms_per_batch"] > 0 and row["operator_calls_per_batch"] > 0

@@ -38,7 +38,7 @@ from benchmarks import common
 from benchmarks.common import ROOT
 from benchmarks.replication.plan import plan, quick_run
 from benchmarks.replication.result import State, best_knn, run_result
-from benchmarks.replication.runfiles import checkpoints, device_facts, read_json, write_json
+from benchmarks.replication.runfiles import checkpoints, read_json, write_json
 from benchmarks.replication.runspec import QUICK_EVAL, Run
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
@@ -120,7 +120,7 @@ class Driver:
     def facts(self) -> tuple[str, str, str]:
         if self._facts is None:
             # The GPU machine's copy may have no .git, or a stale one: its caller sets $HYPERSOLID_GIT_COMMIT.
-            self._facts = (*device_facts(self.args.device), common.commit())
+            self._facts = (common.card(self.args.device), common.torch_version(), common.commit())
         return self._facts
 
     # ---- helpers -----------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,3 @@ def read_json(path: Path) -> Any:
 def checkpoints(run_dir: Path) -> dict[int, Path]:
     """{step: file} of the run's saved checkpoints (the trainer names them step_<8 digits>.pt)."""
     return {int(p.stem.split("_")[1]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
-
-
-def device_facts(device: str) -> tuple[str, str]:
-    """(card, torch version); torch itself is imported only to name a CUDA card (seconds of start-up)."""
-    if device != "cuda":
-        return "cpu", importlib.metadata.version("torch")
-    import torch
-
-    from benchmarks import common
-
-    return common.card(), torch.__version__
