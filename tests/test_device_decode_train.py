@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from _warm_python import run_processes
-from test_data_webdataset import http_server  # noqa: F401 - a fixture
+from test_data_webdataset_streams import http_server  # noqa: F401 - a fixture
 from test_device_decode import photo_folder  # noqa: F401 - a fixture
 
 from hypersolid_scale import checkpoint as ck
