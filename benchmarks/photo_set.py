@@ -168,7 +168,12 @@ def _opener(blob: bytes) -> Callable[[], Image.Image]:
 
 
 class _AsIsConverter(Converter):
-    """The project's converter, but the JPEG bytes are stored as they are (no decode + re-encode)."""
+    """The project's converter, but the JPEG bytes are stored as they are (no decode + re-encode), and the .beton
+    is written on all cores and not hashed: FFCV's writer takes 2 processes by default, and the GPU suite
+    rebuilds the set on a 16-core machine within its time limit."""
+
+    beton_workers = os.cpu_count() or 2
+    hash_outputs = False
 
     def __init__(self, out: str, data: dict[str, bytes], **kw: object) -> None:
         super().__init__(out, **kw)  # type: ignore[arg-type]
@@ -177,27 +182,8 @@ class _AsIsConverter(Converter):
     def encode(self, it: Item) -> bytes:
         return self.data[it.name]
 
-    def _rgb(self, it: Item) -> Callable[[], np.ndarray]:
+    def rgb(self, it: Item) -> Callable[[], np.ndarray]:
         return lambda: np.asarray(self.open_checked(it).convert("RGB"))
-
-    def write_beton(self, split: str, items: list[Item]) -> dict:
-        """As the converter's, on all cores: FFCV's writer takes 2 processes by default, and the GPU suite
-        rebuilds the set on a 16-core machine within its time limit."""
-        from hypersolid_scale.data.ffcv.beton_writer import write_beton
-
-        dest = self.out / f"{split}.beton"
-        pixels, side = self._ffcv_bounds[split]
-        write_beton(
-            str(dest),
-            [self._rgb(it) for it in items],
-            [it.label for it in items],
-            write_mode=self.ffcv_mode,
-            jpeg_quality=self.quality,
-            max_pixels=pixels,
-            max_side=side,
-            num_workers=os.cpu_count() or 2,
-        )
-        return {"name": dest.name, "count": len(items), "bytes": dest.stat().st_size}
 
 
 def build(

@@ -147,6 +147,50 @@ def test_a_registered_format_is_used_by_every_entry_point(arrays_format) -> None
     assert in_channels(cfg) == 1
 
 
+class _Listing(formats.ConversionTarget):
+    """A conversion target that lists what it was handed: one text file per split, a key in the manifest."""
+
+    encodes = True
+
+    def begin_split(self, split: str, classes: list, resumed: list) -> None:
+        self.lines = [f"resumed {len(resumed)}"]
+
+    def add(self, split: str, k: int, item: Any, data: Any, pending: list) -> None:
+        self.lines.append(f"{k} {item.label} {len(data)}")
+
+    def end_split(self, split: str, good: list, consumed: int, pending: list) -> dict:
+        (self.conv.out / f"{split}.list").write_text("\n".join(self.lines) + "\n")
+        return {"listing": {"good": len(good), "consumed": consumed}}
+
+
+@pytest.fixture
+def listing_format():
+    fmt = type("_ListingFormat", (_Arrays,), {"name": "test_listing", "target": _Listing})()
+    formats.register(fmt)
+    yield fmt
+    formats.unregister(fmt.name)
+
+
+def test_a_registered_format_s_conversion_target_is_written_by_the_converter(listing_format, tmp_path) -> None:
+    """A format module declares what the converter writes for it (its ConversionTarget); --formats takes it with
+    nothing else edited, next to a built-in target, from one stream of the images."""
+    from hypersolid_scale.data.convert import main as convert
+
+    assert "test_listing" in formats.conversion_formats() and "builtin" not in formats.conversion_formats()
+    out = tmp_path / "out"
+    assert convert(["--builtin", "fashion_mnist", "--out", str(out), "--formats", "test_listing,webdataset",
+                    "--limit", "12", "--shard-size", "5"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    for split in ("train", "test"):
+        entry = manifest["splits"][split]
+        assert entry["listing"] == {"good": 12, "consumed": 12} and len(entry["shards"]) == 3
+        lines = (out / f"{split}.list").read_text().splitlines()
+        assert lines[0] == "resumed 0" and [int(ln.split()[0]) for ln in lines[1:]] == list(range(12))
+        assert all(int(ln.split()[2]) > 0 for ln in lines[1:])  # the encoded PNG's bytes
+    with pytest.raises(SystemExit):  # a format without a target is no conversion output
+        convert(["--builtin", "fashion_mnist", "--out", str(tmp_path / "b"), "--formats", "builtin"])
+
+
 def test_num_classes_from_the_manifest_or_the_class_folders(tmp_path: Path) -> None:
     for c in ("a", "b", "c"):
         (tmp_path / "photos" / c).mkdir(parents=True)

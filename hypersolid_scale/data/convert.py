@@ -27,12 +27,11 @@ from collections.abc import Sequence
 
 from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
 from hypersolid_scale.data.converter import DEFAULT_MAX_SIDE, Converter
+from hypersolid_scale.data.formats import conversion_formats
 from hypersolid_scale.data.sources import Source, builtin_source, folder_source, torchvision_source
 from hypersolid_scale.safety.errors import ConfigError, run_cli
 
 __all__ = ["main"]
-
-FORMATS = ("webdataset", "ffcv", "imagefolder")  # the names data.format reads them by
 
 
 def _source(p: argparse.ArgumentParser, args: argparse.Namespace) -> Source:
@@ -54,6 +53,7 @@ def _source(p: argparse.ArgumentParser, args: argparse.Namespace) -> Source:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    known = tuple(conversion_formats())  # the formats with a converter writer, by the names data.format reads
     p = argparse.ArgumentParser(
         prog="python -m hypersolid_scale.data.convert",
         description=__doc__,
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "STL10 also has 'unlabeled', 100,000 images without labels)",
     )
     p.add_argument("--out", required=True)
-    p.add_argument("--formats", default="webdataset,ffcv", help=f"comma list of {FORMATS}")
+    p.add_argument("--formats", default="webdataset,ffcv", help=f"comma list of {known}")
     p.add_argument("--shard-size", type=int, default=5000, help="samples per tar shard")
     p.add_argument("--image-format", choices=("png", "jpg"), default="png")
     p.add_argument("--quality", type=int, default=90, help="JPEG quality")
@@ -92,9 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="keep the first N images of each split (quick tries)")
     args = p.parse_args(argv)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
-    bad = [f for f in formats if f not in FORMATS]
+    bad = [f for f in formats if f not in known]
     if bad or not formats:
-        p.error(f"--formats: {bad or formats} not in {FORMATS}")
+        p.error(f"--formats: {bad or formats} not in {known}")
     if args.shard_size < 1:
         p.error("--shard-size must be >= 1")
     if args.max_side < 1:

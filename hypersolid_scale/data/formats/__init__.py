@@ -33,6 +33,49 @@ if TYPE_CHECKING:
 SPLITS = ("train", "test")
 
 
+class ConversionTarget:
+    """What the converter writes for one format (``python -m hypersolid_scale.data.convert --formats NAME``),
+    one instance per conversion, made by ``Format.target(converter)``. The converter (data/converter.py, the
+    shared wiring) streams each split's images once, decodes and checks each, encodes each good one once,
+    lists the bad ones, and calls every target in ``--formats`` order:
+
+    ``check(splits, unlabeled)``: refuse, before anything is written, what this format cannot hold;
+    ``prepare(splits)``: read what must be known before writing (FFCV's page size: the largest image);
+    per split: ``resume_records(split)`` (a target that records its finished parts for ``--resume``: those
+    records, each with the source items it ``consumed`` and the ``bad`` files among them; else None),
+    ``begin_split`` (with the good items an earlier run already converted), ``add`` per good item while they
+    stream (``data``: its encoded bytes, when a target ``encodes``; ``pending``: the bad files since the last
+    recorded part), ``end_split`` -> this format's keys of the split's manifest entry; ``abort()`` when the
+    conversion is interrupted.
+    """
+
+    encodes: bool = False  # it needs each good image's encoded bytes while the images stream
+
+    def __init__(self, converter: Any) -> None:
+        self.conv = converter
+
+    def check(self, splits: dict[str, Any], unlabeled: frozenset[str] | set[str]) -> None:
+        """Raise ConfigError for a split this format cannot hold."""
+
+    def prepare(self, splits: dict[str, Any]) -> None:
+        """Before anything is written."""
+
+    def resume_records(self, split: str) -> list[dict] | None:
+        return None
+
+    def begin_split(self, split: str, classes: list[str], resumed: list[Any]) -> None:
+        """``resumed``: the good items of ``split`` that an interrupted run already converted."""
+
+    def add(self, split: str, k: int, item: Any, data: bytes | None, pending: list[dict]) -> None:
+        """Item ``k`` of ``split``, good."""
+
+    def end_split(self, split: str, good: list[Any], consumed: int, pending: list[dict]) -> dict[str, Any]:
+        return {}
+
+    def abort(self) -> None:
+        """The conversion stopped mid-split: leave nothing half-written."""
+
+
 class Format:
     """A storage format: subclasses implement `train_loader`, `eval_dataset` and `num_classes`."""
 
@@ -45,6 +88,9 @@ class Format:
     # loader hands over encoded images, data/device_views.py); a format that decodes in a pipeline of its own
     # (FFCV) or holds decoded tensors in memory (builtin) does not.
     device_views: bool = False
+    # What ``python -m hypersolid_scale.data.convert --formats <name>`` writes for it; None: not a conversion
+    # output (builtin).
+    target: type[ConversionTarget] | None = None
 
     def options(self, cfg: DataConfig) -> Any:
         """This format's section of `cfg` (``data.<name>``, an ``Options``)."""
@@ -181,6 +227,11 @@ def with_options() -> dict[str, type]:
 def device_view_formats() -> list[str]:
     """The registered formats whose images the device stage can decode into views (``Format.device_views``)."""
     return [n for n in names() if get(n).device_views]
+
+
+def conversion_formats() -> list[str]:
+    """The registered formats the converter can write (``Format.target``)."""
+    return [n for n in names() if get(n).target is not None]
 
 
 def file_formats() -> list[str]:

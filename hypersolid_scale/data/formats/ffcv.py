@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hypersolid_scale.data.formats import FileFormat, register
+from hypersolid_scale.data.formats import ConversionTarget, FileFormat, register
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -28,11 +28,56 @@ class FFCVOptions:
     batches_ahead: int = 3
 
 
+class BetonTarget(ConversionTarget):
+    """The converter's ``<out>/<split>.beton``: every good image, decoded again after the stream and stored as
+    ``--ffcv-mode`` says; the page size is fixed by the largest image, read from the headers first."""
+
+    def __init__(self, converter: Any) -> None:
+        super().__init__(converter)
+        self.bounds: dict[str, tuple[int, int]] = {}  # split -> (pixels, side) of its largest image
+
+    def prepare(self, splits: dict[str, Any]) -> None:
+        """The largest image of each split, from the headers, before anything is written: an image no page
+        holds is refused now, not after the other outputs."""
+        from tqdm import tqdm
+
+        from hypersolid_scale.data.ffcv.beton_writer import largest_image, page_size_for
+
+        conv = self.conv
+        for split, items in splits.items():
+            headers = (it.load for it in tqdm(items, desc=f"image sizes {split}", unit="img"))
+            bounds = (conv.resize**2, conv.resize) if conv.resize else largest_image(headers, conv.max_side)
+            page_size_for(*bounds)
+            self.bounds[split] = bounds
+
+    def end_split(self, split: str, good: list[Any], consumed: int, pending: list[dict]) -> dict[str, Any]:
+        from hypersolid_scale.data.ffcv.beton_writer import write_beton
+        from hypersolid_scale.data.webdataset.shard_writer import sha256
+
+        conv = self.conv
+        dest = conv.out / f"{split}.beton"
+        pixels, side = self.bounds[split]
+        workers = {} if conv.beton_workers is None else {"num_workers": conv.beton_workers}
+        write_beton(
+            str(dest),
+            [conv.rgb(it) for it in good],
+            [it.label for it in good],
+            write_mode=conv.ffcv_mode,
+            jpeg_quality=conv.quality,
+            max_pixels=pixels,
+            max_side=side,
+            **workers,
+        )
+        digest = {"sha256": sha256(dest)} if conv.hash_outputs else {}
+        return {"beton": {"name": dest.name, "count": len(good), **digest, "bytes": dest.stat().st_size}}
+
+
 class FFCVFormat(FileFormat):
     name = "ffcv"
     layouts = ("{split}.beton",)
     layout_is_file = True
     Options = FFCVOptions
+    target = BetonTarget
 
     def check_options(self, options: FFCVOptions) -> None:
         if options.order not in ORDERS:

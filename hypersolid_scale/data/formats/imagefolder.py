@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypersolid_scale.data.formats import FileFormat, register
-from hypersolid_scale.safety.errors import DataError
+from hypersolid_scale.data.formats import ConversionTarget, FileFormat, register
+from hypersolid_scale.safety.errors import ConfigError, DataError
 
 if TYPE_CHECKING:
     import torch
@@ -31,10 +31,57 @@ def image_folder(root: str, mode: str | None, transform: Callable | None) -> Dat
     return ImageFolder(root, transform=transform, loader=lambda f: Image.open(f).convert(mode))
 
 
+def folder_class_name(label: int, classes: list[str]) -> str:
+    """Class directory: the label number first, so that sorted directories keep the label order
+    (what ImageFolder assumes), and no path separators ("T-shirt/top")."""
+    width = len(str(len(classes) - 1))
+    return f"{label:0{width}d}_" + "".join(c if c.isalnum() or c in "-_" else "_" for c in classes[label])
+
+
+class FolderTarget(ConversionTarget):
+    """The converter's ``<out>/imagefolder/<split>/<label>_<class>/<stem>_<hash>.<ext>``: one file per good image, as
+    encoded for the shards; a file that exists is not written again (``--resume``)."""
+
+    encodes = True
+
+    def check(self, splits: dict[str, Any], unlabeled: frozenset[str] | set[str]) -> None:
+        if unlabeled & set(splits):
+            raise ConfigError(
+                f"--formats imagefolder cannot hold the split(s) {sorted(unlabeled & set(splits))}: they "
+                "have no labels and an image folder needs a class folder per image; convert them with "
+                "--formats webdataset or ffcv"
+            )
+
+    def dest(self, split: str, item: Any) -> Path:
+        from hypersolid_scale.data.converter import hash_name
+
+        name = f"{Path(item.name).stem}_{hash_name(item.name)}.{self.conv.ext}"
+        return self.conv.out / "imagefolder" / split / folder_class_name(item.label, self.classes) / name
+
+    def begin_split(self, split: str, classes: list[str], resumed: list[Any]) -> None:
+        """Images of finished shards: written with them, unless a file went missing."""
+        self.classes = classes
+        for item in resumed:
+            if not (dest := self.dest(split, item)).is_file():
+                self.write(dest, self.conv.encode(item))
+
+    def add(self, split: str, k: int, item: Any, data: bytes | None, pending: list[dict]) -> None:
+        if not (dest := self.dest(split, item)).is_file():
+            assert data is not None
+            self.write(dest, data)
+
+    @staticmethod
+    def write(dest: Path, data: bytes) -> None:
+        from hypersolid_scale.safety import atomic
+
+        atomic.write_bytes(dest, data)
+
+
 class ImageFolderFormat(FileFormat):
     name = "imagefolder"
     device_views = True
     layouts = ("imagefolder/{split}", "folder/{split}", "{split}")  # folder/: outputs of earlier converters
+    target = FolderTarget
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device

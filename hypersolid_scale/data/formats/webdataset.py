@@ -4,9 +4,10 @@ multi-crop in DataLoader workers; evaluation reads the shards at random (data/we
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hypersolid_scale.data.formats import FileFormat, register
+from hypersolid_scale.data.formats import ConversionTarget, FileFormat, register
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -31,11 +32,79 @@ class WebDatasetOptions:
     max_lost_fraction: float = 0.01
 
 
+def sample_key(name: str) -> str:
+    """A sample's key in the shards: the source file's stem and a short hash of its name (file stems repeat
+    across classes). No dots: WebDataset splits "<key>.<ext>" at the first dot."""
+    from hypersolid_scale.data.converter import hash_name
+
+    return f"{Path(name).stem.replace('.', '_')}_{hash_name(name)}"
+
+
+class ShardTarget(ConversionTarget):
+    """The converter's shards: ``<out>/<split>/shard-000000.tar`` ..., ``--shard-size`` samples each, every finished
+    shard recorded (sha256, the items it consumed, the bad files among them) in ``<out>/.progress.json`` so that
+    ``--resume`` starts after the last intact one."""
+
+    encodes = True
+
+    def __init__(self, converter: Any) -> None:
+        super().__init__(converter)
+        self.writer: Any = None  # the shard being written
+        self.done: list[dict] = []  # the split's finished shards
+
+    def resume_records(self, split: str) -> list[dict]:
+        """The recorded shards of ``split`` up to the first missing or changed one (those get rewritten)."""
+        from hypersolid_scale.data.webdataset.shard_writer import sha256
+
+        d = self.conv.out / split
+        done: list[dict] = self.conv.progress.setdefault(split, [])
+        intact = 0
+        while (
+            intact < len(done)
+            and (d / done[intact]["name"]).is_file()
+            and sha256(d / done[intact]["name"]) == done[intact]["sha256"]
+        ):
+            intact += 1
+        del done[intact:]
+        d.mkdir(exist_ok=True)
+        self.writer, self.done = None, done
+        return done
+
+    def add(self, split: str, k: int, item: Any, data: bytes | None, pending: list[dict]) -> None:
+        from hypersolid_scale.data.webdataset.shard_writer import ShardWriter
+
+        if self.writer is None:
+            self.writer = ShardWriter(self.conv.out / split / f"shard-{len(self.done):06d}.tar")
+        assert data is not None
+        self.writer.add(sample_key(item.name), {self.conv.ext: data, "cls": str(item.label).encode()})
+        if self.writer.count == self.conv.shard_size:
+            self.finish_shard(k + 1, pending)
+
+    def finish_shard(self, consumed: int, pending: list[dict]) -> None:
+        """Close the current shard and record it, with how far into the items it reached and the bad files
+        met since the previous shard (what --resume needs to skip them without decoding)."""
+        self.done.append({**self.writer.close(), "consumed": consumed, "bad": list(pending)})
+        self.writer = None
+        pending.clear()
+        self.conv.save_progress()
+
+    def end_split(self, split: str, good: list[Any], consumed: int, pending: list[dict]) -> dict[str, Any]:
+        if self.writer is not None:
+            self.finish_shard(consumed, pending)
+        return {"shards": [{key: d[key] for key in ("name", "count", "sha256")} for d in self.done]}
+
+    def abort(self) -> None:
+        """The unfinished shard goes; finished ones and their record stay."""
+        if self.writer is not None:
+            self.writer.abort()
+
+
 class WebDatasetFormat(FileFormat):
     name = "webdataset"
     device_views = True
     layouts = ("{split}",)
     Options = WebDatasetOptions
+    target = ShardTarget
 
     def check_options(self, options: WebDatasetOptions) -> None:
         if not 0.0 <= options.max_lost_fraction <= 1.0:
