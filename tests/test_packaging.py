@@ -190,6 +190,12 @@ def test_the_base_install_runs_the_readme_loss_loop_and_names_a_missing_extra(ba
     last = ev.stderr.strip().splitlines()[-1]
     assert ev.returncode == 1 and last.startswith("hypersolid_scale.safety.extras.MissingExtra: "), ev.stderr[-2000:]
     assert "[eval] extra" in last and "pip install 'hypersolid-scale[eval]'" in last, last
+    # A model of the base install that needs one module of an extra (the ViT backbone: timm): one line, too.
+    vit = _run(base_python, "-c", "from hypersolid_scale.models import ModelConfig, build_backbone; "
+               "build_backbone(ModelConfig(arch='vit_tiny', img_size=32, patch_size=16))", cwd=tmp_path)
+    last = vit.stderr.strip().splitlines()[-1]
+    assert vit.returncode == 1 and last.startswith("hypersolid_scale.safety.extras.MissingExtra: "), vit.stderr[-2000:]
+    assert "vit_tiny" in last and "needs timm, from the [eval] extra" in last, last
     # The training entry: exactly one error line, exit 2.
     tr = _run(base_python, "-m", "hypersolid_scale.train", "--config", "quickstart", cwd=tmp_path)
     assert tr.returncode == 2 and tr.stderr.count("\n") == 1 and "[train] extra" in tr.stderr, tr.stderr[-2000:]

@@ -66,3 +66,13 @@ def require(extra: str, part: str) -> None:
             f"{part} needs the [{extra}] extra ({names} not installed): pip install '{DIST}[{extra}]'",
             name=absent[0],
         )
+
+
+def require_module(module: str, extra: str, part: str) -> None:
+    """Raise :class:`MissingExtra` (one line) if ``module``, one of ``extra``'s, is not installed: for a part of the
+    base install that needs that one module only (the ViT backbone needs timm, not the whole extra)."""
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtra(
+            f"{part} needs {EXTRA_MODULES[extra][module]}, from the [{extra}] extra: pip install '{DIST}[{extra}]'",
+            name=module,
+        )

@@ -10,6 +10,7 @@ from torch import nn
 
 from hypersolid_scale.models.backbones import ExportLayout, register_backbone
 from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.safety.extras import require_module
 
 if TYPE_CHECKING:
     from hypersolid_scale.models.config import ModelConfig
@@ -25,6 +26,7 @@ class ViTBackbone(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        require_module("timm", "eval", "model.arch=vit_tiny (timm's ViT)")
         import timm
 
         self.patch_size = cfg.patch_size
@@ -79,6 +81,7 @@ def describe_vit(model: Mapping[str, Any]) -> dict[str, Any]:
 
 def build_timm_vit(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
     """timm's ViT as export.json describes it, without a classifier."""
+    require_module("timm", "eval", "an exported timm ViT")
     import timm
 
     net = timm.create_model(
