@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hypersolid_scale.compare import figures, table
-from hypersolid_scale.compare.plan import Training, check_budget, parse_methods, plan, setting_config
+from hypersolid_scale.compare.plan import Training, check_budget, parse_methods, plan, roles, setting_config
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import acquire_run_lock
@@ -50,6 +50,13 @@ def test_plan_gives_the_multi_seed_methods_their_seeds():
     assert got[-1].config == CONFIGS / "baselines" / "byol_quickstart.yaml" and got[-1].overrides == ("a=1",)
     with pytest.raises(ConfigError, match=">= 1 seed"):
         plan(CONFIGS, "quickstart", ["simclr"], seeds=0, baseline_seeds=1, overrides=[])
+    # The comparison chooses its subject and references: BYOL studied against DINO, SimCLR a baseline then.
+    full = roles("byol", "dino")
+    assert full == {"byol", "dino"} and roles("hypersolid", "") == {"hypersolid"}
+    got = plan(CONFIGS, "quickstart", ["simclr", "byol"], seeds=2, baseline_seeds=1, overrides=[], full=full)
+    assert [(t.method, t.seed) for t in got] == [("simclr", 0), ("byol", 0), ("byol", 1)]
+    with pytest.raises(ConfigError, match="--subject/--references: mocov3 is not a method; choose from"):
+        roles("hypersolid", "simclr,mocov3")
 
 
 def test_a_missing_setting_names_the_ones_that_exist(tmp_path):

@@ -32,7 +32,7 @@ from typing import Any
 from tqdm import tqdm
 
 from hypersolid_scale.compare import figures, table
-from hypersolid_scale.compare.plan import Budget, Training, check_budget, parse_methods, plan
+from hypersolid_scale.compare.plan import Budget, Training, check_budget, parse_methods, plan, roles
 from hypersolid_scale.compare.runner import Paths, Runner, State
 from hypersolid_scale.safety.errors import UserError
 from hypersolid_scale.safety.run_lock import RunDirLocked, acquire_run_lock
@@ -56,7 +56,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "(default: quickstart)",
     )
     p.add_argument("--methods", default="all", help="comma-separated methods, or all (default)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds of Hypersolid and SimCLR (default 3)")
+    p.add_argument(
+        "--subject",
+        default="hypersolid",
+        help="the method under study: --seeds seeds and the thicker line in the figures (default hypersolid)",
+    )
+    p.add_argument(
+        "--references",
+        default="simclr",
+        help="comma-separated methods that get --seeds seeds too, as the subject does (default simclr; '' none)",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="seeds of the subject and the references (default 3)")
     p.add_argument("--baseline-seeds", type=int, default=1, help="seeds of the other methods (default 1)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps of every training (default 300)")
     p.add_argument("--nproc", type=int, default=2, help="processes per training (torchrun; default 2)")
@@ -145,7 +155,8 @@ def main(argv: Sequence[str], repo: Path) -> int:
     methods = parse_methods(args.methods)
     out = Path(args.out or f"runs/compare-{args.setting}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     configs = Path(args.configs).resolve() if args.configs else repo / "configs"
-    trainings = plan(configs, args.setting, methods, args.seeds, args.baseline_seeds, args.overrides)
+    full = roles(args.subject, args.references)
+    trainings = plan(configs, args.setting, methods, args.seeds, args.baseline_seeds, args.overrides, full=full)
     budget = check_budget(trainings, steps=args.steps, nproc=args.nproc, out_dir=out)
     if args.protocol is not None:  # refused before anything trains, not at each evaluation
         from hypersolid_scale.eval.protocol import get_protocol  # torch, FAISS: only when asked for
@@ -216,7 +227,7 @@ def main(argv: Sequence[str], repo: Path) -> int:
         pngs = [
             p
             for p in (
-                figures.plot_dbscan(reports, out / "dbscan_nmi_vs_eps.png", title),
+                figures.plot_dbscan(reports, out / "dbscan_nmi_vs_eps.png", title, subject=args.subject),
                 figures.plot_bars(summary, out / "metrics.png", title, columns),
             )
             if p is not None
@@ -231,6 +242,8 @@ def main(argv: Sequence[str], repo: Path) -> int:
                     "images_seen": budget.images_seen,
                     "seeds": args.seeds,
                     "baseline_seeds": args.baseline_seeds,
+                    "subject": args.subject,
+                    "references": args.references,
                     "methods": ",".join(methods),
                     "eval_samples": args.eval_samples or "all",
                     "eval_protocol": args.protocol or "quick",

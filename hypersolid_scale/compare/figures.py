@@ -10,7 +10,6 @@ import numpy as np
 
 from hypersolid_scale.compare.table import QUICK_COLUMNS, Columns, Summary
 from hypersolid_scale.eval.plots import plt, save_figure
-from hypersolid_scale.methods import get_method, method_names
 
 
 def dbscan_curves(reports: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -29,16 +28,17 @@ def dbscan_curves(reports: dict[str, list[dict[str, Any]]]) -> dict[str, tuple[n
     return out
 
 
-def plot_dbscan(reports: dict[str, list[dict[str, Any]]], path: Path, title: str) -> Path | None:
-    """One line per method (mean over seeds, band ± std; the method under study, ``compare_role`` subject,
-    thicker); None when no method has a DBSCAN sweep."""
+def plot_dbscan(
+    reports: dict[str, list[dict[str, Any]]], path: Path, title: str, *, subject: str = "hypersolid"
+) -> Path | None:
+    """One line per method (mean over seeds, band ± std; the method under study, ``subject``, thicker); None
+    when no method has a DBSCAN sweep."""
     curves = dbscan_curves(reports)
     if not curves:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.6))
     for method, (eps, mean, std) in curves.items():
-        subject = method in method_names() and get_method(method).compare_role == "subject"
-        (line,) = ax.plot(eps, mean, lw=2 if subject else 1.2, label=method)
+        (line,) = ax.plot(eps, mean, lw=2 if method == subject else 1.2, label=method)
         if std.any():
             ax.fill_between(eps, np.maximum(mean - std, 0), mean + std, color=line.get_color(), alpha=0.2)
     # The sweep runs to large radii where every method has merged into one cluster (NMI 0): show the radii

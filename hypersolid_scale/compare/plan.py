@@ -84,16 +84,36 @@ def parse_methods(text: str) -> list[str]:
     return [m for m in known if m in names]
 
 
+def roles(subject: str, references: str) -> frozenset[str]:
+    """The methods that get the full ``--seeds``: the subject (``--subject``, the method under study) and the
+    references (``--references``, comma-separated); each a registered method, else a ConfigError."""
+    names = [subject, *(r.strip() for r in references.split(",") if r.strip())]
+    known = method_names()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(
+            f"--subject/--references: {', '.join(unknown)} is not a method; choose from {', '.join(known)}"
+        )
+    return frozenset(names)
+
+
 def plan(
-    configs_dir: Path, setting: str, methods: list[str], seeds: int, baseline_seeds: int, overrides: list[str]
+    configs_dir: Path,
+    setting: str,
+    methods: list[str],
+    seeds: int,
+    baseline_seeds: int,
+    overrides: list[str],
+    *,
+    full: frozenset[str] = frozenset({"hypersolid", "simclr"}),
 ) -> list[Training]:
-    """The trainings, in the order of ``methods``: ``seeds`` seeds (0, 1, ...) for a method whose
-    ``compare_role`` is subject or reference (Hypersolid, SimCLR), ``baseline_seeds`` for the rest."""
+    """The trainings, in the order of ``methods``: ``seeds`` seeds (0, 1, ...) for the subject and the
+    references (``full``, :func:`roles`), ``baseline_seeds`` for the rest."""
     if seeds < 1 or baseline_seeds < 1:
         raise ConfigError(f"--seeds {seeds} / --baseline-seeds {baseline_seeds}: each method needs >= 1 seed")
     out = []
     for method in methods:
-        n = baseline_seeds if get_method(method).compare_role == "baseline" else seeds
+        n = seeds if method in full else baseline_seeds
         path, own = setting_config(configs_dir, setting, method)
         out += [Training(method, seed, path, (*own, *overrides)) for seed in range(n)]
     return out

@@ -109,9 +109,6 @@ class Method(nn.Module):
             initial weights as in earlier versions.
         projection_head: the attribute holding its projection head, which ``export`` writes as the encoder's
             projector (``projector.safetensors``); empty: it has none.
-        compare_role: what ``launch/compare.py`` makes of it: ``"subject"`` (the method under study: ``--seeds``
-            seeds and the thicker line in its figures), ``"reference"`` (``--seeds`` seeds), ``"baseline"``
-            (``--baseline-seeds``).
         stateful: a step changes state beyond what the optimizer updates (a momentum teacher, a queue, a
             center), so a second step does not start where the first did; tests take two steps of such a method.
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
@@ -131,7 +128,6 @@ class Method(nn.Module):
     stats_reduced: ClassVar[bool] = False
     projector_features: ClassVar[bool] = False
     projection_head: ClassVar[str] = ""
-    compare_role: ClassVar[str] = "baseline"
     target_keys: ClassVar[tuple[str, ...]] = ()
     compile_refusal: ClassVar[str] = ""
     stateful: ClassVar[bool] = False

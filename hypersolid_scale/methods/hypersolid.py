@@ -34,7 +34,6 @@ class Hypersolid(Method):
     uses_local_views = True
     stats_reduced = True
     projector_features = True
-    compare_role = "subject"
 
     def __init__(
         self,

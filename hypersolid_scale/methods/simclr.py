@@ -33,7 +33,6 @@ class SimCLR(Method):
     name, Config, order = "simclr", SimCLRConfig, 10
     display_name = "SimCLR"
     projection_head = "head"
-    compare_role = "reference"  # the comparison gives it as many seeds as Hypersolid
 
     def __init__(self, feature_dim: int, cfg: SimCLRConfig, steps_per_epoch: int = 1) -> None:
         super().__init__(steps_per_epoch)
