@@ -8,7 +8,8 @@
 #      machine's pip (its indexes and CA bundle); the build installs torch from that folder alone
 #   4. image: docker/Dockerfile.cpu with the base as BASE_IMAGE, --network=host (pip reaches the package
 #      registries this machine reaches), the wheel folder and the CA bundle mounted into the build
-#   5. run: a 20-step quickstart training with torchrun (2 processes), then launch/eval.py on its checkpoint,
+#   5. run: the README's container command (a quickstart training with torchrun, 2 processes) cut to 20 steps, then
+#      launch/eval.py on its checkpoint,
 #      as the image's non-root user, runs/ mounted from this machine and Fashion-MNIST read-only
 #   6. check, from this machine: the checkpoint loads, the MLflow store has the run with its metrics; and
 #      the image runs as a non-root user with no compiler left in it
@@ -101,9 +102,18 @@ run_in_image() {
     rm -rf "$runs" && mkdir -p "$runs" && chown 1000:1000 "$runs"  # the image's user writes there
     local ctr=(podman run --rm --network=host --ipc=host -v "$runs:/workspace/runs" -v "$fmnist:/data/fashion-mnist:ro"
                "$tag")
-    "${ctr[@]}" torchrun --standalone --nproc_per_node=2 -m hypersolid_scale.train --config quickstart \
-        run_dir=/workspace/runs/quickstart max_steps="$steps" checkpoint.every_n_steps="$steps" \
-        data.path=/data/fashion-mnist
+    # The training: the README's own command (its block readme-example: image), runs/ and the data where this
+    # check keeps them, with this check's run directory and step budget appended.
+    local readme
+    readme=$(awk '/<!-- readme-example: image -->/ {f = 1} f && /^podman run/ {p = 1}
+                  p {cont = /\\$/; sub(/\\$/, ""); printf "%s ", $0; if (!cont) exit}' "$repo/README.md")
+    [[ $readme == "podman run "* ]] || { echo "error: no podman run command in README.md's image block" >&2; exit 1; }
+    # shellcheck disable=SC2016  # the README's literal $PWD is what is replaced
+    readme=${readme//'"$PWD/runs:'/\"$runs:}
+    readme=${readme//'/usr/share/datasets/fashion-mnist:'/"$fmnist:"}
+    readme=${readme// hypersolid:cpu / $tag }
+    echo "the README's command: $readme"
+    eval "$readme" run_dir=/workspace/runs/quickstart max_steps="$steps" checkpoint.every_n_steps="$steps"
     took[train]=$((SECONDS - start_train))
     local start_eval=$SECONDS
     "${ctr[@]}" python launch/eval.py --checkpoint "/workspace/runs/quickstart/checkpoints/step_$(printf %08d "$steps").pt" \
