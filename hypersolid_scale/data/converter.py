@@ -146,8 +146,9 @@ class Converter:
     ) -> dict[str, Any]:
         """Stream every image of `split` once to every target; a target that records its finished parts (the
         shards) says where an interrupted conversion resumes."""
-        records = next((r for t in self.targets if (r := t.resume_records(split)) is not None), [])
-        start, earlier_bad = self._resume_point(split, items, records)
+        # Every target is asked (each resets its own split state there); the first that keeps records says.
+        records = [r for t in self.targets if (r := t.resume_records(split)) is not None]
+        start, earlier_bad = self._resume_point(split, items, records[0] if records else [])
         bad += earlier_bad
         bad_names = {b["name"] for b in earlier_bad}
         good = [k for k in range(start) if items[k].name not in bad_names]

@@ -66,9 +66,11 @@ class ShardTarget(ConversionTarget):
         ):
             intact += 1
         del done[intact:]
-        d.mkdir(exist_ok=True)
         self.writer, self.done = None, done
         return done
+
+    def begin_split(self, split: str, classes: list[str], resumed: list[Any]) -> None:
+        (self.conv.out / split).mkdir(exist_ok=True)
 
     def add(self, split: str, k: int, item: Any, data: bytes | None, pending: list[dict]) -> None:
         from hypersolid_scale.data.webdataset.shard_writer import ShardWriter
