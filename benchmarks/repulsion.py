@@ -120,15 +120,13 @@ def share(
     """
     import torch
 
-    from hypersolid_scale.losses import LossConfig
-    from hypersolid_scale.methods.hypersolid import Hypersolid
+    from hypersolid_scale.methods import MethodModel
+    from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
     from hypersolid_scale.models import ModelConfig, build_backbone
-    from hypersolid_scale.training.run_builder import MethodModel
 
     dev = torch.device(device)
-    model_cfg = ModelConfig(arch="resnet50", small_stem=False, proj_dim=dim)
-    backbone, feature_dim = build_backbone(model_cfg)
-    model = MethodModel(backbone, feature_dim, Hypersolid(feature_dim, model_cfg, LossConfig())).to(dev)
+    backbone, feature_dim = build_backbone(ModelConfig(arch="resnet50", small_stem=False))
+    model = MethodModel(backbone, feature_dim, Hypersolid(feature_dim, HypersolidConfig(out_dim=dim))).to(dev)
     model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     g = torch.Generator(device=dev).manual_seed(0)

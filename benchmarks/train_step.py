@@ -37,22 +37,25 @@ from hypersolid_scale.data.builtin_sets import ArraySplit
 from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed import all_reduce_sum, cleanup, get_rank, get_world_size, init_distributed
-from hypersolid_scale.losses import LossConfig
-from hypersolid_scale.methods.hypersolid import Hypersolid
+from hypersolid_scale.methods import MethodModel
+from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
 from hypersolid_scale.models import ModelConfig, build_backbone
 from hypersolid_scale.safety import atomic
-from hypersolid_scale.training.run_builder import MethodModel
 
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "communication")
 
 
-def quickstart_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig]:
+# (loader, backbone, Hypersolid's section without its backend) of a setup.
+Setup = tuple[Any, ModelConfig, dict[str, Any]]
+
+
+def quickstart_setup(batch: int, device: torch.device) -> Setup:
     data = DataConfig(dataset="fashion_mnist", num_local_views=4, batch_size_per_gpu=batch, num_workers=0)
     loader = build_train_loader(data, rank=get_rank(), world_size=get_world_size(), seed=0, device=device)
-    return loader, ModelConfig(arch="small_cnn", in_channels=1, proj_layers=2, proj_hidden_dim=1024)
+    return loader, ModelConfig(arch="small_cnn", in_channels=1), {"num_layers": 2, "hidden_dim": 1024}
 
 
-def resnet18_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig]:
+def resnet18_setup(batch: int, device: torch.device) -> Setup:
     data = DataConfig(
         format="webdataset",
         dataset="cifar100",
@@ -67,16 +70,22 @@ def resnet18_setup(batch: int, device: torch.device) -> tuple[Any, ModelConfig]:
     loader = InMemoryMultiCropLoader(
         split, resolve_preset(data), rank=get_rank(), world_size=get_world_size(), seed=0, batch_size=batch
     )
-    return loader, ModelConfig(arch="resnet18", in_channels=3, small_stem=True)
+    return loader, ModelConfig(arch="resnet18", in_channels=3, small_stem=True), {}
 
 
 def time_steps(
-    loader: Any, model_cfg: ModelConfig, backend: str, steps: int, device: torch.device, bf16: bool
+    loader: Any,
+    model_cfg: ModelConfig,
+    head: dict[str, Any],
+    backend: str,
+    steps: int,
+    device: torch.device,
+    bf16: bool,
 ) -> dict[str, float]:
     torch.manual_seed(0)
     opts: dict[str, Any] = {"tile_size": 256} if backend == "tiled" else {}
     backbone, dim = build_backbone(model_cfg)
-    method = Hypersolid(dim, model_cfg, LossConfig(backend=backend, **opts))
+    method = Hypersolid(dim, HypersolidConfig(backend=backend, **head, **opts))
     model = MethodModel(backbone, dim, method).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-6)
     totals = dict.fromkeys(PHASES, 0.0)
@@ -170,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             ("quickstart", quickstart_setup, args.batch_quickstart),
             ("resnet18_32px", resnet18_setup, args.batch_resnet),
         ):
-            loader, model_cfg = make(batch, device)
+            loader, model_cfg, head = make(batch, device)
             for backend in args.backends.split(","):
-                r: dict[str, Any] = time_steps(loader, model_cfg, backend, args.steps, device, bf16)
+                r: dict[str, Any] = time_steps(loader, model_cfg, head, backend, args.steps, device, bf16)
                 r.update(setup=setup, backend=backend, device=str(device), world_size=info.world_size, bf16=bf16)
                 results.append(r)
                 if info.rank == 0:

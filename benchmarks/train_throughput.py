@@ -39,8 +39,7 @@ from hypersolid_scale.data.batch import plan_batch
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.data.tensor_aug import TensorMultiCrop
 from hypersolid_scale.distributed import WorldInfo, cleanup
-from hypersolid_scale.methods import build_method
-from hypersolid_scale.models import build_backbone
+from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import run_builder, trainer
 
@@ -151,9 +150,7 @@ def run_reference(
 ) -> dict[str, float]:
     torch.manual_seed(cfg.seed)
     torch.backends.cudnn.benchmark = True  # as the trainer sets it (seed_everything, non-deterministic runs)
-    backbone, dim = build_backbone(cfg.model)
-    method = build_method(cfg.method, backbone, dim, steps_per_epoch=1, model_cfg=cfg.model)
-    model = run_builder.MethodModel(backbone, dim, method).to(device)
+    model = build_method_model(cfg.model, cfg.method).to(device)
     if data.channels_last:
         model = model.to(memory_format=torch.channels_last)
     o = cfg.optim

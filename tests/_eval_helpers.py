@@ -8,19 +8,18 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 
 from hypersolid_scale.checkpoint import save_checkpoint
 from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
-from hypersolid_scale.models import build_model
+from hypersolid_scale.checkpoint import initial_weights
 from _warm_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_EVAL = ROOT / "launch" / "eval.py"
 
 TINY_MODEL = ["data.dataset=digits", "model.arch=small_cnn", "model.in_channels=1", "model.small_cnn_width=8",
-              "model.proj_layers=2", "model.proj_hidden_dim=32", "model.proj_dim=32", "eval.num_workers=0"]
+              "method.hypersolid.num_layers=2", "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "eval.num_workers=0"]
 FAST_EVAL = ["eval.linear_weight_decays=[0.001]", "eval.dbscan_eps=[0.0,0.01,0.05,0.2]", "eval.max_pairs=20000",
              "eval.interp_pairs=20", "eval.knn_k=[5,20]", "eval.hdbscan_min_cluster_size=5"]
 
@@ -33,9 +32,8 @@ def make_checkpoint(run_dir: Path, overrides: Sequence[str] = (), *, step: int =
     ``model_overrides`` build the *weights* from another model config than the one recorded in the checkpoint.
     """
     cfg = load_config(None, [*TINY_MODEL, f"run_dir={run_dir}", *overrides])
-    torch.manual_seed(0)
-    weights_cfg = load_config(None, [*TINY_MODEL, *model_overrides]).model if model_overrides else cfg.model
-    state = {"model": build_model(weights_cfg).state_dict(), "step": step, "epoch": 0, "config": to_dict(cfg),
+    model, method = initial_weights(load_config(None, [*TINY_MODEL, *model_overrides]) if model_overrides else cfg)
+    state = {"model": model, "method": method, "step": step, "epoch": 0, "config": to_dict(cfg),
              "config_fingerprint": fingerprint(cfg), "mlflow_run_id": mlflow_run_id, "tracking_uri": tracking_uri}
     return save_checkpoint(run_dir, state)
 

@@ -16,15 +16,12 @@ from test_methods import small_cfg
 from torch import nn
 
 from hypersolid_scale.distributed import build_engine
-from hypersolid_scale.methods import build_method, get_method, method_names
-from hypersolid_scale.models import ModelConfig
+from hypersolid_scale.methods import MethodModel, build_method, get_method, method_names
 from hypersolid_scale.training.accumulation import accumulated_step, concat_outputs, split_views
-from hypersolid_scale.training.run_builder import MethodModel
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # lightly's DINO head
 
 B, K = 12, 3
-MODEL_CFG = ModelConfig(arch="small_cnn", small_cnn_width=4, proj_hidden_dim=16, proj_dim=8)
 
 
 class DropoutCNN(nn.Module):
@@ -59,7 +56,7 @@ def make_model(case: str) -> MethodModel:
         cfg.hypersolid.tile_size, cfg.hypersolid.k = 5, 4  # several tiles; fewer candidates than rows
     if name == "swav":
         cfg.swav.queue_start_epoch = 0  # the queue takes part in the assignment from the first step
-    method = build_method(cfg, backbone, 8, steps_per_epoch=2, model_cfg=MODEL_CFG)
+    method = build_method(cfg, backbone, 8, steps_per_epoch=2)
     return MethodModel(backbone, 8, method)
 
 

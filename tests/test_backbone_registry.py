@@ -14,14 +14,12 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.losses import LossConfig
-from hypersolid_scale.methods.hypersolid import Hypersolid
+from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
 from hypersolid_scale.models import (ModelConfig, backbone_names, build_backbone, get_backbone,
                                      register_backbone, unregister_backbone)
 from hypersolid_scale.safety.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL_PROJ = dict(proj_hidden_dim=32, proj_dim=16)
 
 
 class TinyConv(nn.Module):
@@ -73,10 +71,9 @@ def test_builtin_backbones_are_registered_with_their_settings() -> None:
 def test_a_backbone_registered_at_run_time_trains_one_step(tiny_conv: str) -> None:
     assert tiny_conv in backbone_names()
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=tiny_conv, **SMALL_PROJ)
-    backbone, feature_dim = build_backbone(cfg)
+    backbone, feature_dim = build_backbone(ModelConfig(arch=tiny_conv))
     assert isinstance(backbone, TinyConv) and feature_dim == 8
-    method = Hypersolid(feature_dim, cfg, LossConfig(alpha=0.3, norm_weight=1e-3))
+    method = Hypersolid(feature_dim, HypersolidConfig(hidden_dim=32, out_dim=16, alpha=0.3, norm_weight=1e-3))
     model = nn.ModuleList([backbone, method])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = torch.optim.SGD(model.parameters(), lr=0.5)

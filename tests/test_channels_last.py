@@ -13,8 +13,8 @@ from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.distributed import WorldInfo
 from hypersolid_scale.models.backbones import backbone_names
 
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
-        "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=4",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+        "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=4",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "data.max_pretrain_samples=16",
         "dist.device=cpu", "dist.bf16=false"]
 ARCH = {"resnet18": ["model.small_stem=true"], "resnet50": ["model.small_stem=true"],

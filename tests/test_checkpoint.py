@@ -15,20 +15,27 @@ import torch
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
-from hypersolid_scale.models import build_model
+from hypersolid_scale.checkpoint.layout import split_method_state
+from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety.errors import CheckpointError
 
-OVERRIDES = ["model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=1", "model.proj_dim=8"]
+OVERRIDES = ["model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=1", "method.hypersolid.out_dim=8"]
+
+
+def _weights(cfg) -> tuple[dict, dict]:
+    """``(model, method)`` states of a freshly built run of ``cfg``, in the checkpoint's layout."""
+    return split_method_state(build_method_model(cfg.model, cfg.method).state_dict())
 
 
 def _state(step: int, cfg=None) -> dict:
     cfg = cfg or load_config(None, OVERRIDES)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model)
-    opt = torch.optim.AdamW(model.parameters())
-    model.projector(model.backbone(torch.randn(4, 1, 8, 8))).sum().backward()  # a step that moves the weights
+    trained = build_method_model(cfg.model, cfg.method)
+    opt = torch.optim.AdamW(trained.parameters())
+    trained.projector(trained.backbone(torch.randn(4, 1, 8, 8))).sum().backward()  # a step that moves the weights
     opt.step()
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": {"step": step},
+    model, method = split_method_state(trained.state_dict())
+    return {"model": model, "method": method, "optimizer": opt.state_dict(), "scheduler": {"step": step},
             "step": step, "epoch": 0, "rng": [ck.rng_state()], "loader": {"epoch": 0, "batches_done": step},
             "config": to_dict(cfg), "config_fingerprint": fingerprint(cfg), "mlflow_run_id": "abc",
             "tracking_uri": None}
@@ -106,18 +113,36 @@ def test_build_model_from_checkpoint_and_random_init_baseline(tmp_path: Path) ->
     path = ck.save_checkpoint(tmp_path, state)
     model, cfg = ck.build_model_from_checkpoint(path)
     assert cfg.model.small_cnn_width == 4 and not model.training
-    for k, v in state["model"].items():
-        assert torch.equal(model.state_dict()[k], v)
+    # the trainer's layout: the backbone in "model", the method's heads and state in "method"
+    read = model.state_dict()
+    assert set(read) == set(state["model"]) | {k for k in state["method"] if k.startswith("projector.")}
+    assert all(torch.equal(read[k], v) for k, v in {**state["model"], **state["method"]}.items() if k in read)
     init = ck.random_init_checkpoint(ck.load_checkpoint(path))
-    # the trainer's layout: the backbone in "model", Hypersolid's projector in "method"
     assert all(k.startswith("backbone.") for k in init["model"]) and init["method"]
     weights = {**init["model"], **init["method"]}
     torch.manual_seed(cfg.seed)
-    fresh = build_model(cfg.model).state_dict()
-    assert set(weights) == set(fresh) and all(torch.equal(weights[k], fresh[k]) for k in fresh)
-    assert any(not torch.equal(weights[k], state["model"][k]) for k in fresh)  # the trained ones moved
+    fresh = dict(zip(("model", "method"), _weights(cfg)))
+    fresh = {**fresh["model"], **fresh["method"]}
+    tensors = [k for k, v in fresh.items() if isinstance(v, torch.Tensor)]
+    assert set(weights) == set(fresh) and all(torch.equal(weights[k], fresh[k]) for k in tensors)
+    assert any(not torch.equal(weights[k], {**state["model"], **state["method"]}[k]) for k in tensors)  # trained moved
     model, _ = ck.build_model_from_checkpoint(init)  # evaluation reads it
-    assert all(torch.equal(model.state_dict()[k], fresh[k]) for k in fresh)
+    assert all(torch.equal(v, fresh[k]) for k, v in model.state_dict().items())
+
+
+def test_evaluation_reads_a_baselines_own_projection_head(tmp_path: Path) -> None:
+    """Every method's evaluation model holds its projection head (SimCLR's ``head``) with the trained weights;
+    a checkpoint without its method state (a backbone alone) gets none."""
+    state = _state(2, load_config(None, [*OVERRIDES, "method.name=simclr", "method.simclr.hidden_dim=16",
+                                         "method.simclr.out_dim=8"]))
+    model, cfg = ck.build_model_from_checkpoint(ck.save_checkpoint(tmp_path / "a", state))
+    head = {k.removeprefix("head."): v for k, v in state["method"].items() if k.startswith("head.")}
+    assert cfg.method.name == "simclr" and head and model.projector is not None
+    read = model.projector.state_dict()
+    assert read.keys() == head.keys() and all(torch.equal(read[k], v) for k, v in head.items())
+    assert model.projector(model.embed(torch.randn(3, 1, 8, 8))).shape == (3, 8)
+    bare, _ = ck.build_model_from_checkpoint(ck.save_checkpoint(tmp_path / "b", {**state, "method": None}))
+    assert bare.projector is None
 
 
 class _NotAllowed:
@@ -157,21 +182,20 @@ def test_missing_checkpoint_is_a_checkpoint_error_and_a_file_not_found_error(tmp
 
 def test_weights_of_another_architecture_name_the_file(tmp_path: Path) -> None:
     state = _state(3)
-    state["model"] = build_model(load_config(None, [*OVERRIDES, "model.small_cnn_width=8"]).model).state_dict()
+    state["model"] = _weights(load_config(None, [*OVERRIDES, "model.small_cnn_width=8"]))[0]
     path = ck.save_checkpoint(tmp_path, state)
     with pytest.raises(CheckpointError, match=rf"{path} holds weights of another architecture.*small_cnn") as err:
         ck.build_model_from_checkpoint(path)
     # torch names every tensor; the message counts them and shows the first few, cut between names.
-    wrong = [k for k, v in build_model(load_config(None, OVERRIDES).model).state_dict().items()
-             if v.shape != state["model"][k].shape]
+    wrong = [k for k, v in _weights(load_config(None, OVERRIDES))[0].items() if v.shape != state["model"][k].shape]
     assert f"({len(wrong)} of another shape ({', '.join(wrong[:3])}, ...))" in str(err.value), str(err.value)
 
 
 def test_weights_of_another_network_count_the_missing_and_unexpected_tensors(tmp_path: Path) -> None:
     state = _state(3)
-    state["model"] = build_model(load_config(None, [*OVERRIDES, "model.arch=resnet18"]).model).state_dict()
+    state["model"] = _weights(load_config(None, [*OVERRIDES, "model.arch=resnet18"]))[0]
     path = ck.save_checkpoint(tmp_path, state)
-    expected = set(build_model(load_config(None, OVERRIDES).model).state_dict())
+    expected = set(_weights(load_config(None, OVERRIDES))[0])
     missing = [k for k in expected - set(state["model"]) if not k.endswith("num_batches_tracked")]  # may lack
     unexpected = set(state["model"]) - expected
     with pytest.raises(CheckpointError) as err:

@@ -25,7 +25,7 @@ def test_defaults_are_the_paper_hyperparameters() -> None:
     cfg = load_config(None, [])
     assert isinstance(cfg, Config)
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.schedule) == ("adamw", 1e-3, 1e-6, "constant")
-    assert (cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight, cfg.model.proj_dim) == (0.9, 1e-6, 1024)
+    assert (cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight, cfg.method.hypersolid.out_dim) == (0.9, 1e-6, 1024)
 
 
 def test_yaml_then_overrides(tmp_path: Path) -> None:
@@ -220,7 +220,7 @@ def test_bad_yaml_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads(path: Path) -> None:
     cfg = load_config(path, [])
-    assert cfg.optim.lr == 1e-3 and cfg.method.hypersolid.alpha == 0.9 and cfg.model.proj_dim == 1024
+    assert cfg.optim.lr == 1e-3 and cfg.method.hypersolid.alpha == 0.9 and cfg.method.hypersolid.out_dim == 1024
 
 
 def test_paper_setups_are_shipped() -> None:

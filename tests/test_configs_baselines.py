@@ -29,7 +29,8 @@ from hypersolid_scale.methods.dino import DINO
 from hypersolid_scale.methods.swav import SwaV
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.optim import lr_schedule, optimizer_factory, scaled_lr
-from hypersolid_scale.training.run_builder import _method_model, _trainable_only
+from hypersolid_scale.methods import build_method_model
+from hypersolid_scale.training.run_builder import _trainable_only
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 METHODS = method_names()
@@ -39,8 +40,8 @@ LARS_PATHS = sorted((CONFIGS / "baselines").glob("*_lars.yaml"))
 PATHS = sorted(set((CONFIGS / "baselines").glob("*.yaml")) - set(LARS_PATHS))
 CIFAR_PATHS = [p for p in PATHS if not p.stem.endswith("_quickstart")]
 TWO_VIEW = tuple(m for m in BASELINES if not get_method(m).uses_local_views)  # the others are multi-crop methods
-# Keys that do not take part in the comparison: the run's name, the objective, Hypersolid's own projector.
-NOT_COMPARED = ("run_dir", "method.", "model.proj_")
+# Keys that do not take part in the comparison: the run's name, the objective (its section holds its heads).
+NOT_COMPARED = ("run_dir", "method.")
 # What each baseline changes beyond the objective, by (setting, method); its header names every key.
 _CIFAR_TWO_VIEW = {"data.num_local_views", "data.global_crop_scale"}
 _CIFAR_MULTI_CROP = {"data.global_crop_scale", "data.local_crop_size", "data.local_crop_scale"}
@@ -93,7 +94,7 @@ def test_the_config_loads_and_names_its_method(path: Path) -> None:
     cfg = load_config(path)
     assert cfg.method.name == method
     assert cfg.run_dir == f"runs/{path.stem}"
-    assert cfg.eval.features == "backbone"  # a baseline has no Hypersolid projector to evaluate
+    assert cfg.eval.features == "backbone"  # the paper's features, every method's
 
 
 @pytest.mark.parametrize("path", PATHS, ids=_ids)
@@ -212,14 +213,14 @@ def _assert_the_teacher_followed(teacher: dict[str, torch.Tensor], before: dict[
 
 @pytest.mark.parametrize("path", CIFAR_PATHS + LARS_PATHS, ids=_ids)
 def test_the_cifar_baseline_takes_a_training_step(path: Path, one_thread: None) -> None:
-    """Backbone and method as the trainer builds them (``run_builder._method_model``), the config's optimizer
+    """Backbone and method as the trainer builds them (``methods.build_method_model``), the config's optimizer
     over the trainable parameters (LARS: given the model), and one step on random 32 px views of the config's
     sizes: a finite loss, every trainable parameter updated except what a schedule freezes, and the momentum
     teacher (BYOL, DINO) moved towards the student."""
     cfg = load_config(path)
     torch.manual_seed(0)
     spe = CIFAR10_TRAIN_IMAGES // cfg.data.global_batch_size
-    model = _method_model(cfg, spe)
+    model = build_method_model(cfg.model, cfg.method, steps_per_epoch=spe)
     optimizer = _trainable_only(optimizer_factory(cfg.optim, model=model))(model.parameters())
     before = {k: v.detach().clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     preset = resolve_preset(cfg.data)
@@ -305,7 +306,7 @@ def test_the_lars_recipe_scales_warms_up_and_excludes_batchnorm_and_biases(path:
     assert o.warmup_epochs == 10 and lrs[warm] == pytest.approx(peak) and lrs[:warm].max() < peak
     assert lrs[-1] < 1e-3 * peak
     torch.manual_seed(0)
-    model = _method_model(cfg, spe)
+    model = build_method_model(cfg.model, cfg.method, steps_per_epoch=spe)
     optimizer = _trainable_only(optimizer_factory(o, model=model))(model.parameters())
     names = {id(p): n for n, p in model.named_parameters()}
     adapted, plain = optimizer.param_groups

@@ -150,7 +150,7 @@ def test_stl10_unlabeled() -> None:
     assert (cfg.data.format, cfg.data.dataset) == ("webdataset", "stl10")
     assert (cfg.model.arch, cfg.epochs, cfg.data.global_batch_size, cfg.data.preset) == ("resnet18", 200, 128, "stl10")
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.schedule) == ("adamw", 1e-3, 1e-6, "constant")
-    assert (cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight, cfg.model.proj_dim, cfg.data.num_local_views) == (0.9, 1e-6, 1024, 6)
+    assert (cfg.method.hypersolid.alpha, cfg.method.hypersolid.norm_weight, cfg.method.hypersolid.out_dim, cfg.data.num_local_views) == (0.9, 1e-6, 1024, 6)
     assert cfg.eval.knn_k == [5]
     assert [Path(p).name for p in (cfg.data.path, cfg.data.eval_train_path, cfg.data.test_path)] == [
         "unlabeled", "train", "test"]

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hypersolid_scale.losses import HypersolidLoss, LossConfig
-from hypersolid_scale.methods.hypersolid import Hypersolid
+from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.methods import MethodModel
+from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
 from hypersolid_scale.models import ModelConfig, build_backbone
-from hypersolid_scale.training.run_builder import MethodModel
 from _net import free_port
 
 pytestmark = [pytest.mark.cuda,
@@ -28,9 +28,8 @@ def views_for(batch: int, sizes: list[int], seed: int = 0) -> list[torch.Tensor]
 def small_model(arch: str = "small_cnn", **kw) -> torch.nn.Module:
     """A Hypersolid run's model: the backbone and the method (its projector), as the trainer builds it."""
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, in_channels=3, proj_hidden_dim=256, proj_dim=128, **kw)
-    backbone, dim = build_backbone(cfg)
-    return MethodModel(backbone, dim, Hypersolid(dim, cfg, LossConfig())).to(DEV)
+    backbone, dim = build_backbone(ModelConfig(arch=arch, in_channels=3, **kw))
+    return MethodModel(backbone, dim, Hypersolid(dim, HypersolidConfig(hidden_dim=256, out_dim=128))).to(DEV)
 
 
 def project(model: torch.nn.Module, views: list[torch.Tensor]) -> torch.Tensor:

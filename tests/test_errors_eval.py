@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from hypersolid_scale.config.schema import load_config
-from hypersolid_scale.models import build_model
+from hypersolid_scale.checkpoint import initial_weights
 from _eval_helpers import TINY_MODEL, make_checkpoint, one_error_line, run_launch_eval
 
 # Words of an instruction: every message must say what to do, not only what went wrong.
@@ -58,10 +58,19 @@ def test_model_override_is_refused(tmp_path: Path) -> None:
 def test_weights_of_another_architecture(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run", ["model.arch=resnet18"])
     ckpt = torch.load(path, weights_only=True)
-    ckpt["model"] = build_model(load_config(None, TINY_MODEL).model).state_dict()  # small_cnn weights
+    ckpt["model"] = initial_weights(load_config(None, TINY_MODEL))[0]  # small_cnn weights
     torch.save(ckpt, path)
     line = one_line_error(evaluate(path), str(path), "resnet18")
     assert "architecture" in line
+
+
+def test_projector_features_of_a_checkpoint_without_its_head(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "run")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["method"] = None  # a backbone alone: no projection head to read
+    torch.save(ckpt, path)
+    line = one_line_error(evaluate(path, "--features", "projector"), "--features projector", "no projection head")
+    assert "--features backbone" in line
 
 
 def test_unknown_override_key(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
-from hypersolid_scale.models import build_model
+from hypersolid_scale.checkpoint import initial_weights
 from hypersolid_scale.safety.errors import CheckpointError
 from _net import free_port
 from _warm_python import run_python
@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch" / "train.py"
 
 # The real trainer on sklearn digits, shrunk until a step takes milliseconds, without tracking.
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "model.proj_layers=2",
-        "model.proj_hidden_dim=32", "model.proj_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+        "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu",
         "tracking.enabled=false", "data.max_pretrain_samples=128"]
 
@@ -202,8 +202,8 @@ def _make_checkpoint(tmp_path: Path, kind: str) -> Path:
     """A checkpoint for TINY's run that is ``kind``: missing, truncated, random, architecture, config."""
     cfg = load_config(None, [*TINY, "method.hypersolid.alpha=0.5"] if kind == "config" else TINY)
     weights = load_config(None, [*TINY, "model.small_cnn_width=8"]) if kind == "architecture" else cfg
-    torch.manual_seed(0)
-    state = {"model": build_model(weights.model).state_dict(), "step": 3, "epoch": 0, "config": to_dict(cfg),
+    model, method = initial_weights(weights)
+    state = {"model": model, "method": method, "step": 3, "epoch": 0, "config": to_dict(cfg),
              "config_fingerprint": fingerprint(cfg), "mlflow_run_id": None, "tracking_uri": None}
     path = ck.save_checkpoint(tmp_path / "source", state)
     if kind == "missing":
@@ -291,7 +291,7 @@ def test_a_really_full_tmpfs_gives_the_same_line(tmp_path: Path, tensors: str) -
     Small tensors go through Python's file buffer, whose flush fails with an OSError; a large one is written
     straight through and torch's zip writer reports the failure as a RuntimeError of its own.
     """
-    model = ["model.proj_hidden_dim=512", "model.proj_dim=512"] if tensors == "large" else []
+    model = ["method.hypersolid.hidden_dim=512", "method.hypersolid.out_dim=512"] if tensors == "large" else []
     ref = tmp_path / "ref"
     assert _train([*TINY, *model, f"run_dir={ref}", "max_steps=2"]).returncode == 0
     size = ck.list_checkpoints(ref)[-1].stat().st_size

@@ -16,7 +16,8 @@ from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets
 from hypersolid_scale.eval.app import main
 from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
-from hypersolid_scale.models import build_model
+from hypersolid_scale.checkpoint import initial_weights
+from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
 from _net import free_port
@@ -35,7 +36,7 @@ def test_checkpoint_of_another_architecture_is_a_clear_error(tmp_path: Path) -> 
     assert str(path) in str(err.value)
     path = make_checkpoint(tmp_path / "r50", ["model.arch=resnet18"])
     ckpt = torch.load(path, weights_only=True)
-    ckpt["model"] = build_model(load_config(None, TINY_MODEL).model).state_dict()  # small_cnn weights
+    ckpt["model"] = initial_weights(load_config(None, TINY_MODEL))[0]  # small_cnn weights
     torch.save(ckpt, path)
     with pytest.raises(CheckpointError, match="resnet18") as err:
         main(["--checkpoint", str(path), "--no-mlflow"])
@@ -135,7 +136,7 @@ def test_unknown_training_run_gets_a_new_tagged_run(tmp_path: Path) -> None:
 def test_cached_embeddings_hit_and_miss(tmp_path: Path) -> None:
     cfg = load_config(None, TINY_MODEL)
     _, test_ds = build_eval_datasets(cfg.data)
-    model = build_model(cfg.model)
+    model = build_method_model(cfg.model, cfg.method)
     kw: dict[str, Any] = dict(cache_dir=tmp_path, batch_size=64, device="cpu")
     x1, y1, hit1 = cached_embeddings(model, test_ds, fingerprint="a", **kw)
     x2, y2, hit2 = cached_embeddings(model, test_ds, fingerprint="a", **kw)
@@ -157,7 +158,7 @@ def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
     cfg = load_config(None, TINY_MODEL)
     _, test_ds = build_eval_datasets(cfg.data)
     torch.manual_seed(0)
-    model = build_model(cfg.model)
+    model = build_method_model(cfg.model, cfg.method)
     feats, labels = extract_embeddings(model, test_ds, batch_size=32, device="cpu", progress=False)
     torch.save({"feats": feats, "labels": labels}, f"{out}/rank{rank}.pt")
     cleanup()
@@ -169,7 +170,7 @@ def test_sharded_extraction_equals_single_process(tmp_path: Path) -> None:
     cfg = load_config(None, TINY_MODEL)
     _, test_ds = build_eval_datasets(cfg.data)
     torch.manual_seed(0)
-    ref, ref_y = extract_embeddings(build_model(cfg.model), test_ds, batch_size=32, device="cpu", progress=False)
+    ref, ref_y = extract_embeddings(build_method_model(cfg.model, cfg.method), test_ds, batch_size=32, device="cpu", progress=False)
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert torch.allclose(got["feats"], ref, atol=1e-5) and torch.equal(got["labels"], ref_y)

@@ -127,7 +127,7 @@ def test_native_backbone_from_a_training_checkpoint_matches_its_checkpoint_eval(
     ckpt_report = json.loads((tmp_path / "ckpt" / "report.json").read_text())
     ext_report = json.loads((tmp_path / "ext" / "report.json").read_text())
     assert ext_report["metrics"] == ckpt_report["metrics"]
-    assert ext_report["meta"]["dropped"] and all(k.startswith("projector.") for k in ext_report["meta"]["dropped"])
+    assert ext_report["meta"]["dropped"] == []  # the checkpoint's model state is the backbone's alone
     assert "input" not in ext_report["meta"]  # built for the data's one channel: nothing repeated
 
 
@@ -191,11 +191,12 @@ def test_resnet50_weights_given_as_resnet18(tmp_path: Path) -> None:
 def test_small_cnn_weights_given_as_resnet18_name_the_small_cnn(tmp_path: Path) -> None:
     """A state dict of this package's small CNN (e.g. a quickstart backbone saved with torch.save): the error
     names the --backbone and the model settings that load it."""
-    from hypersolid_scale.models import build_model
+    from hypersolid_scale.models import BackboneWithProjector, Projector, build_backbone
 
     cfg = load_config(None, ["model.in_channels=1", "model.small_cnn_width=8"])
     path = tmp_path / "small.pt"
-    torch.save(build_model(cfg.model).state_dict(), path)
+    backbone, dim = build_backbone(cfg.model)  # evaluation's model of a Hypersolid run, its projector included
+    torch.save(BackboneWithProjector(backbone, dim, Projector(dim, 64, 32, 2)).state_dict(), path)
     line = one_error_line(run_launch_eval("--backbone", "native:resnet18", "--weights", str(path), "--no-mlflow",
                                           *EXTERNAL_FAST), str(path))
     assert "--backbone native:small_cnn model.small_cnn_width=8 model.in_channels=1 (what the file looks like)" \

@@ -27,11 +27,13 @@ from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.export import export_checkpoint, load_backbone, load_projector_state, read_export
 from hypersolid_scale.export.cli import cli
-from hypersolid_scale.models import build_backbone, build_model
+from hypersolid_scale.checkpoint.layout import split_method_state
+from hypersolid_scale.methods import build_method_model
+from hypersolid_scale.models import build_backbone
 from hypersolid_scale.safety.errors import CheckpointError
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJ = ["model.proj_layers=2", "model.proj_hidden_dim=32", "model.proj_dim=16"]
+PROJ = ["method.hypersolid.num_layers=2", "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=16"]
 RGB32 = ["data.format=webdataset", "data.dataset=cifar10", "data.path=data/cifar10", "model.in_channels=3"]
 ARCHS = {
     "resnet18-small": ["model.arch=resnet18", "model.small_stem=true"],
@@ -46,16 +48,15 @@ def make_checkpoint(run_dir: Path, overrides: list[str], *, step: int = 5) -> Pa
     """A checkpoint in the trainer's layout (backbone in ``model``, projector in ``method``), random weights."""
     cfg = load_config(None, [*RGB32, *PROJ, *overrides, f"run_dir={run_dir}"])
     torch.manual_seed(0)
-    model = build_model(cfg.model)
-    for m in model.modules():  # statistics a buffer left at its default would not reproduce
+    trained = build_method_model(cfg.model, cfg.method)
+    for m in trained.modules():  # statistics a buffer left at its default would not reproduce
         if isinstance(m, nn.modules.batchnorm._BatchNorm):
             m.running_mean.uniform_(-0.1, 0.1)
             m.running_var.uniform_(0.5, 1.5)
-    state = model.state_dict()
-    method = {k: v for k, v in state.items() if k.startswith("projector.")}
+    model, method = split_method_state(trained.state_dict())
     state = {
-        "model": {k: v for k, v in state.items() if k.startswith("backbone.")},
-        "method": {**method, "_extra_state": {"step": step}},
+        "model": model,
+        "method": {**(method or {}), "_extra_state": {"step": step}},
         "step": step,
         "epoch": 0,
         "config": to_dict(cfg),
@@ -121,8 +122,9 @@ def test_exported_backbone_loads_strict_into_the_library_and_gives_the_same_feat
     assert meta["projector"] == {
         "module": "method.projector",
         "tensors": len(projector),
-        "settings": {"proj_layers": 2, "proj_hidden_dim": 32, "proj_dim": 16},
+        "settings": to_dict(cfg)["method"]["hypersolid"],  # the method's section: its projector's shape too
     }
+    assert [meta["projector"]["settings"][k] for k in ("num_layers", "hidden_dim", "out_dim")] == [2, 32, 16]
 
 
 def test_small_cnn_is_exported_as_its_own_module_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -140,12 +142,11 @@ def test_small_cnn_is_exported_as_its_own_module_with_a_note(tmp_path: Path, cap
 
 
 def test_a_baselines_head_is_its_projector(tmp_path: Path) -> None:
-    from hypersolid_scale.checkpoint.layout import split_method_state
     from hypersolid_scale.methods.registry import build_method
 
     cfg = load_config(None, [*RGB32, "model.arch=small_cnn", "model.small_cnn_width=4", "method.name=simclr"])
     backbone, dim = build_backbone(cfg.model)
-    method = build_method(cfg.method, backbone, dim, steps_per_epoch=1, model_cfg=cfg.model)
+    method = build_method(cfg.method, backbone, dim, steps_per_epoch=1)
     trained = nn.ModuleDict({"backbone": backbone, "method": method})
     model, heads = split_method_state(trained.state_dict())
     state = {"model": model, "method": heads, "step": 3, "epoch": 0, "config": to_dict(cfg)}

@@ -18,15 +18,15 @@ import torch
 from torch import nn
 
 from hypersolid_scale.checkpoint import build_model_from_checkpoint
+from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.config import former_keys
 from hypersolid_scale.config.schema import from_dict, load_config, to_dict
-from hypersolid_scale.methods import Method, build_method, get_method, method_names, register
+from hypersolid_scale.methods import Method, MethodModel, build_method, build_method_model, get_method, method_names, register
 from hypersolid_scale.methods import config as method_config
 from hypersolid_scale.methods.base import encode
 from hypersolid_scale.methods.registry import unregister
 from hypersolid_scale.models import ModelConfig, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
-from hypersolid_scale.training.run_builder import MethodModel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_every_method_module_registers_one_method_in_order():
     assert get_method("swav").display_name == "SwAV" and get_method("barlowtwins").display_name == "Barlow Twins"
     assert {n for n in names if get_method(n).stateful} == {"swav", "dino", "byol"}
     modules = {p.stem for p in (REPO / "hypersolid_scale" / "methods").glob("[!_]*.py")}
-    assert modules - set(names) == {"base", "config", "params", "registry"}  # the package's helpers
+    assert modules - set(names) == {"base", "config", "model", "params", "registry"}  # the package's helpers
     with pytest.raises(ConfigError, match=r"method.name='moco' is not a known method; choose one of: hypersolid"):
         get_method("moco")
 
@@ -112,6 +112,11 @@ def test_a_method_registered_at_run_time_builds_validates_and_trains_a_step(thro
     assert torch.isfinite(stats["loss"]) and model.method.step == 1
     moved = [k for k, v in model.state_dict().items() if k in before and not torch.equal(v, before[k])]
     assert any(k.startswith("method.head.") for k in moved) and any(k.startswith("backbone.") for k in moved)
+    # It declares no projection head: there are no projector features to evaluate, said by its config check.
+    assert model.projector is None
+    with pytest.raises(ConfigError, match=r"eval.features='projector' reads the method's projection head, which "
+                                          r"method.name=throwaway_center does not have; set eval.features=backbone"):
+        throwaway_method.check_run(load_config(None, ["eval.features=projector"]))
 
 
 # In the copy's repository, one process (one torch import): the compare plan for `--methods hypersolid,simclr_copy`
@@ -180,12 +185,12 @@ def test_a_stored_config_with_a_method_no_longer_installed_reads_with_one_note(c
     old["method"]["simclr_copy"] = dict(old["method"]["simclr"])
     assert to_dict(from_dict(old)) == to_dict(cfg)
     torch.manual_seed(0)
-    backbone = build_backbone(cfg.model)[0]
-    weights = {f"backbone.{k}": v for k, v in backbone.state_dict().items()}
-    model, got = build_model_from_checkpoint({"model": weights, "method": {"head.w": torch.zeros(1)},
-                                              "config": old, "step": 2, "path": "old.pt"})
-    assert got.method.name == "simclr"
+    weights, heads = split_method_state(build_method_model(cfg.model, cfg.method).state_dict())
+    model, got = build_model_from_checkpoint({"model": weights, "method": heads, "config": old, "step": 2,
+                                              "path": "old.pt"})
+    assert got.method.name == "simclr" and heads is not None
     assert all(torch.equal(v, weights[f"backbone.{k}"]) for k, v in model.backbone.state_dict().items())
+    assert all(torch.equal(v, heads[f"head.{k}"]) for k, v in model.projector.state_dict().items())
     notes = [line for line in capfd.readouterr().err.splitlines() if "not installed" in line]
     assert notes == [("note: a stored config has sections of methods not installed here (method.simclr_copy); "
                       "they are left out")]

@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from types import SimpleNamespace
 
 import pytest
 import torch
 from lightly.utils.scheduler import cosine_schedule
 
-from hypersolid_scale.methods import MethodConfig, build_method, count_global_views, get_method, method_names
-from hypersolid_scale.models import ModelConfig, Projector, build_backbone
+from hypersolid_scale.methods import (
+    MethodConfig,
+    build_method,
+    build_method_model,
+    count_global_views,
+    get_method,
+    method_names,
+    projection_head,
+)
+from hypersolid_scale.models import ModelConfig, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
-from hypersolid_scale.training.run_builder import _method_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # lightly's DINO head
 
 METHODS = method_names()
 
 B = 8
-MODEL_CFG = ModelConfig(arch="small_cnn", small_cnn_width=4, proj_hidden_dim=16, proj_dim=8)
+MODEL_CFG = ModelConfig(arch="small_cnn", small_cnn_width=4)
 
 
 # Sizes and schedules small and short enough for a test, by field name: every method's section starts from its
@@ -44,7 +50,7 @@ def small_cfg(name: str, **over) -> MethodConfig:
 def build(name: str, seed: int = 0, **over):
     torch.manual_seed(seed)
     backbone, feature_dim = build_backbone(MODEL_CFG)
-    method = build_method(small_cfg(name, **over), backbone, feature_dim, steps_per_epoch=2, model_cfg=MODEL_CFG)
+    method = build_method(small_cfg(name, **over), backbone, feature_dim, steps_per_epoch=2)
     return backbone, method
 
 
@@ -227,31 +233,32 @@ def test_barlow_twins_matches_a_float64_reference():
 
 
 @pytest.mark.parametrize("name", METHODS)
-def test_the_projection_head_export_writes_is_a_module_of_the_method(name):
-    _, method = build(name)
-    head = type(method).projection_head
-    assert head and isinstance(getattr(method, head), torch.nn.Module)
-
-
-def test_one_seed_draws_the_backbone_then_hypersolids_projector_for_every_method():
-    """The run's initial weights (run_builder._method_model): the backbone, then Hypersolid's projector, which a
-    method without it (``projector_features``) draws and drops before its own heads, as earlier versions did."""
-    def built(name):
-        torch.manual_seed(0)
-        return _method_model(SimpleNamespace(model=MODEL_CFG, method=small_cfg(name)), 2)
-
+def test_one_seed_draws_the_backbone_then_the_methods_heads(name):
+    """The run's initial weights (``build_method_model``, what the trainer and the random-init checkpoint build):
+    the backbone's, then the method's own heads, nothing drawn between them; the backbone is every method's."""
     def tensors(module):
         return {k: v for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
 
     torch.manual_seed(0)
-    backbone, feature_dim = build_backbone(MODEL_CFG)
-    projector = Projector(feature_dim, MODEL_CFG.proj_hidden_dim, MODEL_CFG.proj_dim, MODEL_CFG.proj_layers)
-    heads = build_method(small_cfg("simclr"), backbone, feature_dim, steps_per_epoch=2, model_cfg=MODEL_CFG)
-    hypersolid, simclr = built("hypersolid"), built("simclr")
-    for model, expected in ((hypersolid.backbone, backbone), (simclr.backbone, backbone),
-                            (hypersolid.method.projector, projector), (simclr.method, heads)):
-        got, want = tensors(model), tensors(expected)
-        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    got = build_method_model(MODEL_CFG, small_cfg(name), steps_per_epoch=2)
+    backbone, method = build(name)  # seed 0: the backbone, then build_method
+    for model, expected in ((got.backbone, backbone), (got.method, method)):
+        have, want = tensors(model), tensors(expected)
+        assert have.keys() == want.keys() and all(torch.equal(have[k], want[k]) for k in want)
+    torch.manual_seed(0)
+    other = tensors(build_method_model(MODEL_CFG, small_cfg("simclr")).backbone)
+    assert all(torch.equal(v, other[k]) for k, v in tensors(got.backbone).items())
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_the_projection_head_maps_backbone_features(name):
+    """What projector features and export read: the head takes the backbone's (N, F) features to (N, D)."""
+    model = build_method_model(MODEL_CFG, small_cfg(name), steps_per_epoch=2).eval()
+    head = projection_head(model.method)
+    assert head is model.projector is getattr(model.method, type(model.method).projection_head)
+    with torch.no_grad():
+        out = head(model.backbone(torch.randn(B, 3, 16, 16)))
+    assert out.ndim == 2 and out.shape[0] == B and torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("name, uses_local", [("simclr", False), ("byol", False), ("dino", True), ("swav", True)])

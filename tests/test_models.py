@@ -1,4 +1,4 @@
-"""Models: shapes per backbone, non-RGB inputs, the projector, SyncBatchNorm conversion, and config validation.
+"""Models: shapes per backbone, non-RGB inputs, Hypersolid's projector MLP, SyncBatchNorm conversion, and config validation.
 (The multi-crop forward is the methods' own: tests/test_multicrop.py.)"""
 
 from __future__ import annotations
@@ -7,10 +7,17 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.models import BackboneWithProjector, ModelConfig, backbone_names, build_model
+from hypersolid_scale.config.schema import load_config
+from hypersolid_scale.methods.hypersolid import HypersolidConfig
+from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, backbone_names, build_backbone
+from hypersolid_scale.safety.errors import ConfigError
 
-# Small projector everywhere: the projector is not what these tests exercise, and it keeps them fast.
-SMALL_PROJ = dict(proj_hidden_dim=64, proj_dim=32)
+
+def build_model(cfg: ModelConfig, layers: int = 3) -> BackboneWithProjector:
+    """The backbone of ``cfg`` with a small Hypersolid projector (hidden 64, D 32): evaluation's model of a
+    Hypersolid run. The projector is small: it is not what most of these tests exercise."""
+    backbone, dim = build_backbone(cfg)
+    return BackboneWithProjector(backbone, dim, Projector(dim, 64, 32, layers))
 
 
 def _views(batch: int, channels: int, sizes: list[int], seed: int = 0) -> list[torch.Tensor]:
@@ -39,7 +46,7 @@ def _project(model: BackboneWithProjector, images: torch.Tensor) -> torch.Tensor
 )
 def test_output_shapes(arch: str, extra: dict, feature_dim: int, sizes: list[int]) -> None:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch=arch, **extra, **SMALL_PROJ))
+    model = build_model(ModelConfig(arch=arch, **extra))
     assert model.feature_dim == feature_dim
     views = _views(2, 3, sizes)
     for v in views:
@@ -51,7 +58,7 @@ def test_output_shapes(arch: str, extra: dict, feature_dim: int, sizes: list[int
 
 def test_vit_interpolates_position_embeddings_for_local_crops() -> None:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch="vit_tiny", **SMALL_PROJ)).eval()
+    model = build_model(ModelConfig(arch="vit_tiny")).eval()
     f224 = model.embed(torch.randn(2, 3, 224, 224))
     f96 = model.embed(torch.randn(2, 3, 96, 96))
     assert f224.shape == f96.shape == (2, 192)
@@ -62,7 +69,7 @@ def test_vit_interpolates_position_embeddings_for_local_crops() -> None:
 def test_resnet_small_stem_keeps_resolution() -> None:
     """The small stem must skip the 4x early downsampling, so layer4 of a 32 px input is 4x4, not 1x1."""
     for small_stem, expected in ((True, 4), (False, 1)):
-        model = build_model(ModelConfig(arch="resnet18", small_stem=small_stem, **SMALL_PROJ)).eval()
+        model = build_model(ModelConfig(arch="resnet18", small_stem=small_stem)).eval()
         seen: list[torch.Size] = []
         model.backbone.layer4.register_forward_hook(lambda _m, _i, out: seen.append(out.shape))
         model.embed(torch.randn(1, 3, 32, 32))
@@ -75,14 +82,14 @@ def test_resnet_small_stem_keeps_resolution() -> None:
      ("vit_tiny", {"img_size": 32}, 32)],
 )
 def test_grayscale_inputs(arch: str, extra: dict, size: int) -> None:
-    model = build_model(ModelConfig(arch=arch, in_channels=1, **extra, **SMALL_PROJ))
+    model = build_model(ModelConfig(arch=arch, in_channels=1, **extra))
     assert _project(model, _views(2, 1, [size])[0]).shape == (2, 32)
     with pytest.raises(RuntimeError):  # a 3-channel image must not be silently accepted by a 1-channel stem
         model.embed(torch.randn(2, 3, size, size))
 
 
 def test_small_cnn_size_and_tiny_crops() -> None:
-    model = build_model(ModelConfig(arch="small_cnn", in_channels=1, **SMALL_PROJ))
+    model = build_model(ModelConfig(arch="small_cnn", in_channels=1))
     n_params = sum(p.numel() for p in model.backbone.parameters())
     assert 100_000 <= n_params <= 300_000
     # ceil-mode pooling: even a 4 px crop keeps a non-empty map through all three poolings.
@@ -95,7 +102,7 @@ def test_small_cnn_size_and_tiny_crops() -> None:
 
 def test_projector_layers() -> None:
     for layers in (1, 2, 3):
-        model = build_model(ModelConfig(arch="small_cnn", proj_layers=layers, proj_hidden_dim=64, proj_dim=32))
+        model = build_model(ModelConfig(arch="small_cnn"), layers)
         linears = [m for m in model.projector.modules() if isinstance(m, nn.Linear)]
         norms = [m for m in model.projector.modules() if isinstance(m, nn.BatchNorm1d)]
         assert len(linears) == layers and len(norms) == layers - 1
@@ -103,7 +110,7 @@ def test_projector_layers() -> None:
 
 
 def test_sync_batchnorm_conversion() -> None:
-    model = build_model(ModelConfig(arch="small_cnn", **SMALL_PROJ))
+    model = build_model(ModelConfig(arch="small_cnn"))
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     assert bns and all(isinstance(m, nn.SyncBatchNorm) for m in bns)
@@ -114,7 +121,7 @@ def test_sync_batchnorm_conversion() -> None:
 
 
 def test_state_dict_roundtrip() -> None:
-    cfg = ModelConfig(arch="resnet18", in_channels=1, **SMALL_PROJ)
+    cfg = ModelConfig(arch="resnet18", in_channels=1)
     torch.manual_seed(0)
     a = build_model(cfg).eval()
     torch.manual_seed(1)
@@ -130,8 +137,9 @@ def test_state_dict_roundtrip() -> None:
 
 def test_defaults() -> None:
     cfg = ModelConfig()
-    assert cfg.arch == "small_cnn" and cfg.proj_dim == 1024 and cfg.proj_hidden_dim == 2048
-    assert backbone_names()[0] == cfg.arch  # the default is listed first
+    assert cfg.arch == "small_cnn" and backbone_names()[0] == cfg.arch  # the default is listed first
+    head = HypersolidConfig()  # the paper's D = 1024; depth and width ours (methods/hypersolid.py)
+    assert (head.num_layers, head.hidden_dim, head.out_dim) == (3, 2048, 1024)
 
 
 @pytest.mark.parametrize(
@@ -139,9 +147,6 @@ def test_defaults() -> None:
     [
         ({"arch": "resnet34"}, r"model.arch='resnet34' is not a known backbone; choose one of: small_cnn \| resnet18"),
         ({"in_channels": 0}, "model.in_channels=0 must be a positive integer"),
-        ({"proj_dim": -4}, "model.proj_dim=-4 must be a positive integer"),
-        ({"proj_layers": 0}, "model.proj_layers=0"),
-        ({"proj_hidden_dim": 2.5}, "model.proj_hidden_dim=2.5"),
         ({"in_channels": True}, "model.in_channels=True"),
         ({"arch": "vit_tiny", "small_stem": True}, "small_stem=true only applies to"),
         ({"arch": "small_cnn", "small_stem": True}, "small_stem=true only applies to"),
@@ -151,6 +156,16 @@ def test_defaults() -> None:
 def test_bad_config(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("override, match", [
+    ("out_dim=-4", "method.hypersolid.out_dim=-4 is not allowed; it must be a positive integer"),
+    ("num_layers=0", "method.hypersolid.num_layers=0 is not allowed"),
+    ("hidden_dim=2.5", "'method.hypersolid.hidden_dim' .*'2.5'"),
+])
+def test_bad_projector_shape_names_the_methods_key(override: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, [f"method.hypersolid.{override}"])
 
 
 def test_config_through_omegaconf_overrides() -> None:
@@ -164,8 +179,8 @@ def test_config_through_omegaconf_overrides() -> None:
         OmegaConf.to_object(OmegaConf.merge(base, OmegaConf.from_dotlist(["arch=vgg16"])))
 
 
-def test_build_model_revalidates_mutated_config() -> None:
+def test_build_backbone_revalidates_mutated_config() -> None:
     cfg = ModelConfig()
     cfg.arch = "alexnet"  # e.g. set by an override after construction
     with pytest.raises(ValueError, match="not a known backbone"):
-        build_model(cfg)
+        build_backbone(cfg)

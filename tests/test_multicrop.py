@@ -8,12 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from hypersolid_scale.losses import LossConfig
 from hypersolid_scale.methods.base import encode, group_views_by_resolution, project
-from hypersolid_scale.methods.hypersolid import Hypersolid
+from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
 from hypersolid_scale.models import ModelConfig, build_backbone
 
-SMALL_PROJ = dict(proj_hidden_dim=64, proj_dim=32)  # the projector is not what these tests exercise
+SMALL_PROJ = HypersolidConfig(hidden_dim=64, out_dim=32)  # the projector is not what these tests exercise
 
 
 def _views(batch: int, sizes: list[int], seed: int = 0) -> list[torch.Tensor]:
@@ -23,9 +22,8 @@ def _views(batch: int, sizes: list[int], seed: int = 0) -> list[torch.Tensor]:
 
 def _build(arch: str, **extra) -> tuple[nn.Module, Hypersolid]:
     torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, **extra, **SMALL_PROJ)
-    backbone, feature_dim = build_backbone(cfg)
-    return backbone, Hypersolid(feature_dim, cfg, LossConfig())
+    backbone, feature_dim = build_backbone(ModelConfig(arch=arch, **extra))
+    return backbone, Hypersolid(feature_dim, SMALL_PROJ)
 
 
 def _grouped(backbone: nn.Module, head: nn.Module, views: list[torch.Tensor]) -> torch.Tensor:

@@ -24,15 +24,14 @@ from hypersolid_scale.eval.qualitative._common import pca_rgb, stretch_display, 
 from hypersolid_scale.eval.qualitative.gradcam import own_targets
 from hypersolid_scale.eval.qualitative.inversion import canvas_sizes, total_variation
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog, SkippedWarning
-from hypersolid_scale.models import ModelConfig, build_model
-
-TINY_HEAD = dict(proj_layers=1, proj_dim=8)
+from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, build_backbone
 
 
 def _model(arch: str, **kw: object) -> torch.nn.Module:
+    """Evaluation's model of a Hypersolid run with a one-layer projector to 8 dimensions."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(arch=arch, **TINY_HEAD, **kw))  # type: ignore[arg-type]
-    return model.eval()
+    backbone, dim = build_backbone(ModelConfig(arch=arch, **kw))  # type: ignore[arg-type]
+    return BackboneWithProjector(backbone, dim, Projector(dim, 8, 8, 1)).eval()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ evaluated, is listed in ``<out>/<group>/_skipped.json`` and runs on the next inv
 
 Measured on one H200 (first GPU attempt, 12 at once): ~20 s per epoch and process, ~80 s per full protocol
 evaluation, ~22 s per kNN-only one; on this 2-core CPU, one at a time: 2.5-5 min per epoch, 45-140 s per
-evaluation (the projector half only for Hypersolid).
+evaluation (measured when the protocol's projector half ran for Hypersolid only; it runs for every method with
+a projection head now).
 """
 
 from __future__ import annotations

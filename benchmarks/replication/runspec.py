@@ -25,7 +25,7 @@ QUICK = (
     "model.small_cnn_width=8",
 )
 QUICK_HEADS = {
-    "hypersolid": ("model.proj_hidden_dim=64", "model.proj_dim=64"),
+    "hypersolid": ("method.hypersolid.hidden_dim=64", "method.hypersolid.out_dim=64"),
     "simclr": ("method.simclr.hidden_dim=64",),
     "swav": ("method.swav.hidden_dim=64", "method.swav.n_prototypes=30"),
     "barlowtwins": ("method.barlowtwins.hidden_dim=64", "method.barlowtwins.out_dim=64"),

@@ -24,7 +24,7 @@ global batch, a full disk) raises :class:`~hypersolid_scale.safety.errors.Checkp
 """
 
 from hypersolid_scale.checkpoint.collect import run_state
-from hypersolid_scale.checkpoint.eval_model import build_model_from_checkpoint, random_init_checkpoint
+from hypersolid_scale.checkpoint.eval_model import build_model_from_checkpoint, initial_weights, random_init_checkpoint
 from hypersolid_scale.checkpoint.files import (
     FORMAT_VERSION,
     REQUIRED_KEYS,
@@ -57,6 +57,7 @@ __all__ = [
     "CheckpointMissing",
     "atomic_save",
     "build_model_from_checkpoint",
+    "initial_weights",
     "check_compatible",
     "checkpoint_dir",
     "checkpoint_path",

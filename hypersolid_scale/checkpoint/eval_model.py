@@ -14,61 +14,50 @@ from hypersolid_scale.checkpoint.files import load_checkpoint
 from hypersolid_scale.checkpoint.layout import migrate_layout, split_method_state
 from hypersolid_scale.checkpoint.resume import load_weights
 from hypersolid_scale.config.schema import Config, from_dict
-from hypersolid_scale.methods import get_method, method_names
-from hypersolid_scale.models import build_model
-from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.methods import build_method_model, get_method, method_names
+from hypersolid_scale.models import BackboneWithProjector, build_backbone
 
 
-class NoProjector(nn.Module):
-    """Stands in for Hypersolid's projector in a model built from a baseline's checkpoint, which trained
-    its own heads: asking for projector features is an error that says what to use instead."""
-
-    def __init__(self, method: str) -> None:
-        super().__init__()
-        self.method = method
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        raise ConfigError(
-            f"this checkpoint was trained with method.name={self.method}, which has no Hypersolid "
-            "projector; evaluate its backbone features (eval.features=backbone)"
-        )
+def initial_weights(cfg: Config) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(model, method)``: the initial weights of a run of ``cfg`` in a checkpoint's layout (the backbone's, and
+    the method's heads and state), drawn as the trainer draws them: the same seed, the same construction."""
+    torch.manual_seed(cfg.seed)  # the trainer seeds exactly like this before building the model
+    return split_method_state(build_method_model(cfg.model, cfg.method).state_dict())
 
 
-def _trains_projector(method: str) -> bool:
-    """Whether ``method`` trains Hypersolid's projector (``projector_features``); a method that is not installed
-    trains none that this version knows of."""
-    return method in method_names() and get_method(method).projector_features
+def _backbone_and_head(cfg: Config) -> tuple[nn.Module, int, nn.Module | None, str]:
+    """The backbone, its feature dimension, and the method's projection head with its attribute name (the prefix
+    of its weights in a checkpoint's ``method`` state); a method not installed here contributes no head."""
+    if cfg.method.name not in method_names():
+        backbone, feature_dim = build_backbone(cfg.model)
+        return backbone, feature_dim, None, ""
+    trained = build_method_model(cfg.model, cfg.method)  # the shapes; the weights come from the checkpoint
+    return trained.backbone, trained.feature_dim, trained.projector, get_method(cfg.method.name).projection_head
 
 
-def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[nn.Module, Config]:
-    """``(BackboneWithProjector with the checkpoint's weights, in eval mode; its Config)`` — used by evaluation.
+def build_model_from_checkpoint(ckpt: dict[str, Any] | str | os.PathLike) -> tuple[BackboneWithProjector, Config]:
+    """``(BackboneWithProjector with the checkpoint's weights, in eval mode; its Config)``, for evaluation.
 
-    The backbone's weights, and Hypersolid's projector when the checkpoint's method trains it
-    (``projector_features``); any other method's checkpoint gets a :class:`NoProjector` in its place.
+    The backbone's weights, and the method's projection head (``Method.projection_head``) from the checkpoint's
+    ``method`` state: what projector features read. A checkpoint without a method state (a backbone alone) or
+    of a method without a head gets no projector (``projector`` None). A tensor that does not fit is named as
+    the file names it (``backbone.*``; the head's under its attribute, e.g. ``projector.*``).
     """
     if not isinstance(ckpt, dict):
         ckpt = {**load_checkpoint(ckpt), "path": str(ckpt)}
     ckpt = migrate_layout(ckpt)
     cfg = from_dict(ckpt["config"])
-    model = build_model(cfg.model)
-    projector = "projector."
-    trains_projector = _trains_projector(cfg.method.name)
-    # Only what embeds images: the backbone, and Hypersolid's projector (not the method's step count).
-    weights = {
-        **ckpt,
-        "model": {
-            **ckpt["model"],
-            **{k: v for k, v in (ckpt.get("method") or {}).items() if trains_projector and k.startswith(projector)},
-        },
-        "method": None,
-    }
-    if trains_projector:
-        load_weights(model.load_state_dict, weights)
-    else:
-        prefix = "backbone."
-        weights["model"] = {k[len(prefix) :]: v for k, v in weights["model"].items() if k.startswith(prefix)}
-        load_weights(model.backbone.load_state_dict, weights)
-        model.projector = NoProjector(cfg.method.name)
+    backbone, feature_dim, head, head_name = _backbone_and_head(cfg)
+    model = BackboneWithProjector(backbone, feature_dim, None)
+    own = {k: v for k, v in ckpt["model"].items() if k.startswith("backbone.")}
+    load_weights(model.load_state_dict, {**ckpt, "model": own, "method": None})
+    method_state = ckpt.get("method") or {}
+    if head is not None and method_state:
+        holder = nn.Module()
+        holder.add_module(head_name, head)
+        own = {k: v for k, v in method_state.items() if k.startswith(f"{head_name}.")}
+        load_weights(holder.load_state_dict, {**ckpt, "model": own, "method": None})
+        model.projector = head
     model.eval()
     return model, cfg
 
@@ -79,12 +68,5 @@ def random_init_checkpoint(ckpt: dict[str, Any]) -> dict[str, Any]:
     Evaluating it the same way as the trained checkpoint gives the randomly-initialised baseline that a
     self-supervised run must beat.
     """
-    cfg = from_dict(ckpt["config"])
-    torch.manual_seed(cfg.seed)  # the trainer seeds exactly like this before building the model
-    model, method = split_method_state(build_model(cfg.model).state_dict())
-    if _trains_projector(cfg.method.name):  # the projector's initial weights, in the trainer's layout
-        method = {k: v for k, v in model.items() if k.startswith("projector.")}
-        model = {k: v for k, v in model.items() if not k.startswith("projector.")}
-    else:  # a baseline's: its backbone is what evaluation reads
-        model, method = {k: v for k, v in model.items() if k.startswith("backbone.")}, None
+    model, method = initial_weights(from_dict(ckpt["config"]))
     return {**ckpt, "model": model, "method": method, "optimizer": None, "step": 0, "epoch": 0, "loader": None}

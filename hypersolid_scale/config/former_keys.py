@@ -51,6 +51,7 @@ class Former:
 _WEBDATASET = "WebDataset's own keys are the section data.webdataset"
 _FFCV = "FFCV's own keys are the section data.ffcv"
 _LOSS = "the section 'loss' is now 'method' (method.name, method.<method>.*, Hypersolid's keys method.hypersolid.*)"
+_PROJECTOR = "every method's section holds its heads' shape: Hypersolid's projector is method.hypersolid.*"
 
 
 def _names_a_format(value: Any) -> bool:
@@ -91,6 +92,11 @@ def former_keys() -> dict[str, Former]:
         "loss.name": Former("method.name", _LOSS),
         **{f"loss.{m}": Former(f"method.{m}", _LOSS) for m in method_names() if m != DEFAULT_METHOD},
         "loss": Former(f"method.{DEFAULT_METHOD}", _LOSS),
+        # After "loss": an earlier config's loss section has become method.hypersolid by now.
+        **{
+            f"model.proj_{old}": Former(f"method.hypersolid.{new}", _PROJECTOR)
+            for old, new in (("layers", "num_layers"), ("hidden_dim", "hidden_dim"), ("dim", "out_dim"))
+        },
     }
 
 

@@ -141,9 +141,7 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         full = dict(zip(("train", "test"), eval_datasets(src.cfg, None if args.backbone else src.path)))
         caps = {"train": ev.max_train_samples, "test": ev.max_test_samples}
         data = {split: capped(ds, caps[split], ev.seed) for split, ds in full.items()}
-        kinds = (
-            [k for k in proto.features if k == "backbone" or _has_projector(args, src.cfg)] if proto else [ev.features]
-        )
+        kinds = [k for k in proto.features if k == "backbone" or _has_projector(src)] if proto else [ev.features]
         t0 = time.perf_counter()
         by_kind: dict[str, dict[str, Split]] = {}
         if proto or any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
@@ -201,6 +199,11 @@ def _settings(args: argparse.Namespace, src: Source) -> EvalConfig:
             "--backbone has no projector and no figures of its own: evaluate its backbone features "
             "(drop --features projector) and leave the qualitative suite out of --suite"
         )
+    if ev.features == "projector" and not _has_projector(src):
+        raise ConfigError(
+            f"--features projector: this checkpoint holds no projection head (method.name={src.cfg.method.name}, "
+            "its method state absent or the method without one); evaluate its backbone (--features backbone)"
+        )
     return ev
 
 
@@ -215,7 +218,9 @@ def _evaluate(
 ) -> dict[str, Any]:
     """The report of the protocol on every feature kind, or of the chosen suites on the first."""
     if proto:
-        alpha = float(getattr(src.cfg.method.hypersolid, "alpha", proto.default_alpha))
+        # The exclusion zone at the checkpoint's own alpha (Hypersolid's), the protocol's default for other methods.
+        section = getattr(src.cfg.method, src.cfg.method.name, None)
+        alpha = float(getattr(section, "alpha", proto.default_alpha))
         pairs = {k: (s["train"], s["test"]) for k, s in by_kind.items()}
         return run_protocol(pairs, ev, proto, out_dir, alpha=alpha, device=device, log=print)
     splits = next(iter(by_kind.values()), {})
@@ -323,12 +328,11 @@ def _embed(
     return splits
 
 
-def _has_projector(args: argparse.Namespace, cfg: Any) -> bool:
-    """A checkpoint whose method trains Hypersolid's projector (baselines train heads of their own; a published
-    backbone has none): the protocol's projector features and exclusion zone are measured on it."""
-    from hypersolid_scale.methods import get_method
-
-    return not args.backbone and get_method(cfg.method.name).projector_features
+def _has_projector(src: Source) -> bool:
+    """A model with its method's projection head (a published backbone, a checkpoint without its method's
+    state, or a method without a head has none): the protocol's projector features and exclusion zone are
+    measured on it."""
+    return getattr(src.model, "projector", None) is not None
 
 
 def _protocol(args: argparse.Namespace) -> Protocol | None:

@@ -8,7 +8,8 @@ the adaptive DBSCAN sweep (one eps per fraction of core points), each clustering
 ARI, noise fraction and number of clusters. Noise (label -1) counts as one more cluster in NMI, AMI and
 ARI (``clustering.cluster_scores``' convention); its fraction is reported beside them. Plus one mechanism
 diagnostic: the fraction of same-class and of different-class test pairs whose cosine on the
-L2-normalised raw projector outputs exceeds alpha (the checkpoint's loss alpha): the loss's exclusion zone.
+L2-normalised raw projector outputs (the method's projection head) exceeds alpha (the checkpoint's loss alpha,
+``default_alpha`` for a method without one): Hypersolid's exclusion zone.
 
 ``report.json``'s ``metrics`` then hold one flat key per number, ``protocol.<features>.<norm>.<metric>``:
 
@@ -250,7 +251,7 @@ def run_protocol(
             found = exclusion_zone(*features["projector"][1], alpha, max_pairs=ev.max_pairs, seed=ev.seed)
             metrics.update({f"{PREFIX}.exclusion.{k}": v for k, v in found.items()})
     else:
-        why = "it needs Hypersolid's projector (baselines train heads of their own; published backbones have none)"
+        why = "it needs the method's projection head (published backbones and methods without one have none)"
         skips.add({f"{PREFIX}.{k}": why for k in ("exclusion", *(f for f in proto.features if f not in features))})
     return {"metrics": metrics, "timings_s": timings, "plots": [], "skipped": skips.reasons}
 

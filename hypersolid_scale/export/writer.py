@@ -163,12 +163,10 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike) -> 
     )
     if projector:
         meta["files"]["projector"] = "projector.safetensors"
-        section = to_dict(cfg)["method"].get(method) or {}
-        shape = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k.startswith("proj_")}
         meta["projector"] = {
             "module": f"method.{prefix.rstrip('.')}",  # its tensors' names are those of this module
             "tensors": len(projector),
-            "settings": shape if cls.projector_features else section,  # Hypersolid's: model.proj_*
+            "settings": to_dict(cfg)["method"].get(method) or {},  # the method's section: its head's shape
         }
     args = _eval_backbone(meta)
     meta["eval"] = None if args is None else ["--backbone", args[0], "--weights", "<out>/backbone.pt", *args[1:]]

@@ -34,6 +34,7 @@ global too (the engine's BatchNorm conversion, applied to the module holding the
 
 from hypersolid_scale.methods.base import EMAMethod, Method, Outputs, count_global_views
 from hypersolid_scale.methods.config import MethodConfig
+from hypersolid_scale.methods.model import MethodModel, build_method_model, projection_head
 from hypersolid_scale.methods.registry import build_method, get_method, method_names, register
 
 __all__ = [
@@ -41,9 +42,12 @@ __all__ = [
     "Method",
     "Outputs",
     "MethodConfig",
+    "MethodModel",
     "build_method",
+    "build_method_model",
     "count_global_views",
     "get_method",
     "method_names",
+    "projection_head",
     "register",
 ]

@@ -102,13 +102,9 @@ class Method(nn.Module):
         tells_views_by_size: a view smaller than the first is local (DINO, SwaV): local crops must be smaller.
         stats_reduced: ``forward``'s statistics already hold the global batch's values (the trainer does not
             average them over ranks again).
-        projector_features: this method's ``projector`` is Hypersolid's (``model.proj_*``, its first parameters
-            drawn after the backbone's): ``eval.features=projector`` reads it, and evaluation's model and the
-            random-init checkpoint (:mod:`hypersolid_scale.checkpoint`) hold it. A run of any other method draws
-            (and drops) such a projector before building its heads, so that one seed gives its heads the same
-            initial weights as in earlier versions.
-        projection_head: the attribute holding its projection head, which ``export`` writes as the encoder's
-            projector (``projector.safetensors``); empty: it has none.
+        projection_head: the attribute holding its projection head (backbone features (N, F) -> (N, D)): what
+            ``eval.features=projector`` and the evaluation protocol's projector features read, and what
+            ``export`` writes as the encoder's projector (``projector.safetensors``); empty: it has none.
         stateful: a step changes state beyond what the optimizer updates (a momentum teacher, a queue, a
             center), so a second step does not start where the first did; tests take two steps of such a method.
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
@@ -126,16 +122,13 @@ class Method(nn.Module):
     separate_views: ClassVar[bool] = False
     tells_views_by_size: ClassVar[bool] = False
     stats_reduced: ClassVar[bool] = False
-    projector_features: ClassVar[bool] = False
     projection_head: ClassVar[str] = ""
     target_keys: ClassVar[tuple[str, ...]] = ()
     compile_refusal: ClassVar[str] = ""
     stateful: ClassVar[bool] = False
 
     @classmethod
-    def build(
-        cls, section: Any, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int, model_cfg: Any = None
-    ) -> Method:
+    def build(cls, section: Any, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int) -> Method:
         """The method from its config section; most take ``(feature_dim, section, steps_per_epoch)``."""
         return cls(feature_dim, section, steps_per_epoch)  # type: ignore[call-arg]
 
@@ -161,11 +154,10 @@ class Method(nn.Module):
     def check_run(cls, cfg: Any) -> None:
         """What this method cannot be combined with in the run config ``cfg`` (a ``Config``, a layer above
         this package, hence untyped): one ConfigError naming the keys and the fix."""
-        if cfg.eval.features != "backbone" and not cls.projector_features:
+        if cfg.eval.features != "backbone" and not cls.projection_head:
             raise ConfigError(
-                f"eval.features={cfg.eval.features!r} reads Hypersolid's projector, which a "
-                f"method.name={cls.name} run does not train (its heads are the method's own); set "
-                "eval.features=backbone"
+                f"eval.features={cfg.eval.features!r} reads the method's projection head, which "
+                f"method.name={cls.name} does not have; set eval.features=backbone"
             )
         frozen = cls.frozen_by_schedule(getattr(cfg.method, cls.name))
         # ZeRO 1/2 reduce the gradients into DeepSpeed's own partitioned buffers, out of reach of the step where

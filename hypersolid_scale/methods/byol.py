@@ -37,15 +37,7 @@ class BYOL(EMAMethod):
     target_keys = ("teacher",)
 
     @classmethod
-    def build(
-        cls,
-        section: BYOLConfig,
-        *,
-        backbone: nn.Module,
-        feature_dim: int,
-        steps_per_epoch: int,
-        model_cfg: object = None,
-    ) -> BYOL:
+    def build(cls, section: BYOLConfig, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int) -> BYOL:
         return cls(feature_dim, section, backbone, steps_per_epoch)
 
     def __init__(self, feature_dim: int, cfg: BYOLConfig, backbone: nn.Module, steps_per_epoch: int = 1) -> None:

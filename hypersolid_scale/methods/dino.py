@@ -70,15 +70,7 @@ class DINO(EMAMethod):
     )
 
     @classmethod
-    def build(
-        cls,
-        section: DINOConfig,
-        *,
-        backbone: nn.Module,
-        feature_dim: int,
-        steps_per_epoch: int,
-        model_cfg: object = None,
-    ) -> DINO:
+    def build(cls, section: DINOConfig, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int) -> DINO:
         return cls(feature_dim, section, backbone, steps_per_epoch)
 
     @classmethod

@@ -1,12 +1,13 @@
 """Hypersolid (the paper's objective): a projector over every view and :class:`HypersolidLoss` on (B, V, D).
 
-Its section ``method.hypersolid`` is the loss's :class:`~hypersolid_scale.losses.LossConfig`; the projector's
-shape is ``model.proj_*``.
+Its section ``method.hypersolid`` (:class:`HypersolidConfig`) is the loss's
+:class:`~hypersolid_scale.losses.LossConfig` and the projector's shape, as every method's section holds its heads'.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -15,7 +16,29 @@ from hypersolid_scale.losses import HypersolidLoss, LossConfig
 from hypersolid_scale.losses.backends import get_backend
 from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
-from hypersolid_scale.models import ModelConfig, Projector
+from hypersolid_scale.models import Projector
+
+
+@dataclass
+class HypersolidConfig(LossConfig):
+    """``method.hypersolid``: the loss's hyperparameters and its projector's shape.
+
+    The paper fixes the projector's OUTPUT dimension (1024, Sec. "Training Protocol"), not its depth or hidden
+    width. The default is a 3-layer MLP of width 2048 (Linear-BN-ReLU, Linear-BN-ReLU, Linear), the expander of
+    other non-contrastive objectives without a predictor (Barlow Twins, VICReg); the paper's projector-size
+    sweep (64..4096, <2% spread) suggests the objective is not sensitive to this choice.
+
+    Attributes:
+        num_layers: Linear layers in the projector (1: a single linear map).
+        hidden_dim: width of its hidden layers (unused when num_layers == 1).
+        out_dim: its output dimension D, the loss's input (paper: 1024).
+    """
+
+    num_layers: int = 3
+    hidden_dim: int = 2048
+    out_dim: int = 1024
+
+    KINDS: ClassVar[dict[str, str]] = {"num_layers": "pos_int", "hidden_dim": "pos_int", "out_dim": "pos_int"}
 
 
 @register
@@ -28,48 +51,34 @@ class Hypersolid(Method):
     values (False, True) need no host synchronisation.
     """
 
-    name, Config, order = "hypersolid", LossConfig, 0
+    name, Config, order = "hypersolid", HypersolidConfig, 0
     display_name = "Hypersolid"
     projection_head = "projector"
     uses_local_views = True
     stats_reduced = True
-    projector_features = True
 
     def __init__(
         self,
         feature_dim: int,
-        model_cfg: ModelConfig,
-        loss_cfg: LossConfig,
+        cfg: HypersolidConfig,
         steps_per_epoch: int = 1,
         *,
         check_finite: bool = False,
         same_rows_per_rank: bool = True,
     ) -> None:
         super().__init__(steps_per_epoch)
-        self.projector = Projector(feature_dim, model_cfg.proj_hidden_dim, model_cfg.proj_dim, model_cfg.proj_layers)
+        self.projector = Projector(feature_dim, cfg.hidden_dim, cfg.out_dim, cfg.num_layers)
         self.criterion = HypersolidLoss.from_config(
-            loss_cfg, check_finite=check_finite, same_rows_per_rank=same_rows_per_rank
+            cfg, check_finite=check_finite, same_rows_per_rank=same_rows_per_rank
         )
 
     @classmethod
-    def build(
-        cls,
-        section: LossConfig,
-        *,
-        backbone: nn.Module,
-        feature_dim: int,
-        steps_per_epoch: int,
-        model_cfg: ModelConfig | None = None,
-    ) -> Hypersolid:
-        return cls(feature_dim, model_cfg if model_cfg is not None else ModelConfig(), section, steps_per_epoch)
-
-    @classmethod
-    def whole_step_compile_refusal(cls, section: LossConfig) -> str:
+    def whole_step_compile_refusal(cls, section: HypersolidConfig) -> str:
         refusal = get_backend(section.backend).compile_refusal
         return f"method.hypersolid.backend={section.backend}: {refusal}" if refusal else ""
 
     @classmethod
-    def run_tags(cls, section: LossConfig) -> dict[str, Any]:
+    def run_tags(cls, section: HypersolidConfig) -> dict[str, Any]:
         return {"loss_backend": section.backend}
 
     def embed_views(self, views: list[torch.Tensor], backbone: nn.Module) -> torch.Tensor:

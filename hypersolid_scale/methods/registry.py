@@ -16,7 +16,7 @@ from hypersolid_scale.config.registry import Registry
 if TYPE_CHECKING:
     from hypersolid_scale.methods.base import Method
 
-_NOT_METHODS = {"base", "config", "params", "registry"}  # this package's modules that define no method
+_NOT_METHODS = {"base", "config", "model", "params", "registry"}  # this package's modules that define no method
 METHODS: Registry[type[Method]] = Registry(
     "method", "method.name", "hypersolid_scale.methods", skip=_NOT_METHODS, identifier=True
 )
@@ -45,14 +45,12 @@ def get_method(name: str) -> type[Method]:
     return METHODS.get(name)
 
 
-def build_method(cfg: Any, backbone: Any, feature_dim: int, *, steps_per_epoch: int, model_cfg: Any = None) -> Method:
+def build_method(cfg: Any, backbone: Any, feature_dim: int, *, steps_per_epoch: int) -> Method:
     """The method ``cfg.name`` (``cfg``: the ``method`` config section) with heads on ``feature_dim`` backbone
     features, configured by its section ``cfg.<name>``. ``backbone`` is only copied (momentum teachers start
-    as copies): build the method before the backbone is trained. ``model_cfg`` is the run's model section
-    (Hypersolid's projector shape). Raises ConfigError for an unknown method or a bad section."""
+    as copies): build the method before the backbone is trained. Raises ConfigError for an unknown method or a
+    bad section."""
     cls = get_method(cfg.name)
     section = getattr(cfg, cfg.name)
     cls.validate_section(section)
-    return cls.build(
-        section, backbone=backbone, feature_dim=feature_dim, steps_per_epoch=steps_per_epoch, model_cfg=model_cfg
-    )
+    return cls.build(section, backbone=backbone, feature_dim=feature_dim, steps_per_epoch=steps_per_epoch)

@@ -12,7 +12,7 @@ from hypersolid_scale.models.backbones import (
 from hypersolid_scale.models.backbones.small_cnn import SmallCNN
 from hypersolid_scale.models.backbones.vit import ViTBackbone
 from hypersolid_scale.models.config import ModelConfig
-from hypersolid_scale.models.model import BackboneWithProjector, Projector, build_model
+from hypersolid_scale.models.model import BackboneWithProjector, Projector
 
 __all__ = [
     "Backbone",
@@ -23,7 +23,6 @@ __all__ = [
     "ViTBackbone",
     "backbone_names",
     "build_backbone",
-    "build_model",
     "get_backbone",
     "register_backbone",
     "unregister_backbone",

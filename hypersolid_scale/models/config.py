@@ -1,11 +1,8 @@
-"""Model configuration: backbone choice and projector shape.
+"""Model configuration: the backbone (the section ``model``).
 
 The paper fixes the backbones (ResNet-18 for CIFAR/STL-10/Food-101, ResNet-50 for ImageNet, ViT-Tiny/16 for the
-STL-10 transformer run) and the projector OUTPUT dimension (1024, Sec. "Training Protocol"), but not the
-projector's depth or hidden width. We default to a 3-layer MLP with hidden width 2048
-(Linear-BN-ReLU, Linear-BN-ReLU, Linear), the expander used by other non-contrastive objectives without a
-predictor (Barlow Twins, VICReg); the paper's projector-size sweep (64..4096, <2% spread) suggests the
-objective is not sensitive to this choice. Both are configurable.
+STL-10 transformer run). The heads on top are each method's own, configured in its section ``method.<name>``
+(Hypersolid's projector: ``method.hypersolid.{num_layers,hidden_dim,out_dim}``).
 
 Which settings apply to which backbone is the backbone's registration (`hypersolid_scale.models.backbones`):
 `ModelConfig.validate` asks the registry, so a new backbone needs no change here.
@@ -22,7 +19,7 @@ CHANNELS_LAST = ("auto", "true", "false")
 
 @dataclass
 class ModelConfig:
-    """Backbone + projector hyperparameters.
+    """Backbone hyperparameters.
 
     Attributes:
         arch: a registered backbone (``backbone_names()``): ``small_cnn`` (CPU runs on 28-32 px data),
@@ -34,9 +31,6 @@ class ModelConfig:
         img_size: ViT only. Nominal input size that sizes the position-embedding grid; other sizes (local
             crops) are served by interpolating that grid.
         patch_size: ViT only. Input sizes must be multiples of it.
-        proj_layers: number of Linear layers in the projector (1 = a single linear map).
-        proj_hidden_dim: width of the projector's hidden layers (unused when proj_layers == 1).
-        proj_dim: projector output dimension D fed to the loss (paper default 1024).
         channels_last: ``auto | true | false``: the model's weights and the views it is given in channels-last
             memory format (NHWC), which the GPU's convolution kernels run fastest on. ``auto``: on CUDA, for a
             convolutional backbone (more than one 2-D convolution: not a ViT, whose only one is its patch
@@ -49,27 +43,16 @@ class ModelConfig:
     small_cnn_width: int = 32
     img_size: int = 224
     patch_size: int = 16
-    proj_layers: int = 3
-    proj_hidden_dim: int = 2048
-    proj_dim: int = 1024
     channels_last: str = "auto"
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad field and the fix. Called on construction and by build_model
+        """Raise ValueError naming the bad field and the fix. Called on construction and by build_backbone
         (fields may be changed after construction, e.g. by config overrides)."""
         backbone = get_backbone(self.arch)  # ValueError listing the registered names
-        for name in (
-            "in_channels",
-            "small_cnn_width",
-            "img_size",
-            "patch_size",
-            "proj_layers",
-            "proj_hidden_dim",
-            "proj_dim",
-        ):
+        for name in ("in_channels", "small_cnn_width", "img_size", "patch_size"):
             value = getattr(self, name)
             # bool is an int subclass; reject it so `in_channels: true` in YAML does not become 1.
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -1,4 +1,5 @@
-"""BackboneWithProjector: the backbone and a projector, the model evaluation loads any method's checkpoint into.
+"""The projector MLP (Hypersolid's head), and :class:`BackboneWithProjector`, the model evaluation loads any
+method's checkpoint into: the backbone and that method's projection head.
 
 It has no training forward: a run trains the backbone through its method's own ``embed``/``loss``
 (:mod:`hypersolid_scale.methods`; the multi-crop batching by resolution is ``methods.base.encode``), and
@@ -9,9 +10,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
-from hypersolid_scale.models.backbones import build_backbone
-from hypersolid_scale.models.config import ModelConfig
 
 
 class Projector(nn.Module):
@@ -43,32 +41,24 @@ class Projector(nn.Module):
 
 
 class BackboneWithProjector(nn.Module):
-    """Backbone + projector, for evaluation (``checkpoint.build_model_from_checkpoint``); no ``forward``.
+    """Backbone + the method's projection head, for evaluation (``checkpoint.build_model_from_checkpoint``); no
+    ``forward``.
 
     Attributes:
         backbone: images (N, C, H, W) -> features (N, F)
-        projector: (N, F) -> (N, D)
+        projector: (N, F) -> (N, D), the method's projection head (``Method.projection_head``); None for a
+            method without one
         feature_dim: F
-        proj_dim: D
     """
 
-    def __init__(self, backbone: nn.Module, feature_dim: int, projector: Projector) -> None:
+    def __init__(self, backbone: nn.Module, feature_dim: int, projector: nn.Module | None) -> None:
         super().__init__()
         self.backbone = backbone
-        self.projector: nn.Module = projector  # NoProjector in a baseline's evaluation model
+        self.projector = projector
         self.feature_dim = feature_dim
-        self.proj_dim = projector.out_dim
 
     @torch.no_grad()
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Backbone features (N, F) for evaluation (kNN, linear probe, clustering). No gradients; the caller
         chooses train/eval mode (use eval mode so BatchNorm uses running statistics)."""
         return self.backbone(images)
-
-
-def build_model(cfg: ModelConfig) -> BackboneWithProjector:
-    """Build the backbone named by ``cfg.arch`` and its projector to ``cfg.proj_dim``."""
-    cfg.validate()
-    backbone, feature_dim = build_backbone(cfg)
-    projector = Projector(feature_dim, cfg.proj_hidden_dim, cfg.proj_dim, cfg.proj_layers)
-    return BackboneWithProjector(backbone, feature_dim, projector)

@@ -1,6 +1,6 @@
 """What ``dist.compile=true`` compiles: the whole step's module, the backbone alone, or nothing, and why.
 
-The engine's wrapped module (:class:`~hypersolid_scale.training.run_builder.MethodModel`) is the backbone, the
+The engine's wrapped module (:class:`~hypersolid_scale.methods.MethodModel`) is the backbone, the
 method's heads and its loss in one forward, so compiling it lets Inductor fuse the loss with the heads, and
 the backbone's BatchNorm, ReLU and residual add (their share of a ResNet step: issue 41) in forward and
 backward. That is safe where the forward's graph is the same at every step: no host read that decides a

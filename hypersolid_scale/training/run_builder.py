@@ -33,8 +33,7 @@ from hypersolid_scale.distributed import (
     gather_objects,
     resolve_transport,
 )
-from hypersolid_scale.methods import Method, build_method, get_method
-from hypersolid_scale.models import Projector, build_backbone
+from hypersolid_scale.methods import Method, MethodModel, build_method_model, get_method
 from hypersolid_scale.safety.errors import ConfigError, DataError, UserError
 from hypersolid_scale.training.compile_scope import CompileScope, compile_scope
 from hypersolid_scale.training.optim import LearningRate, lr_schedule, optimizer_factory, scaled_lr
@@ -108,29 +107,6 @@ def _train_loader(cfg: Config, info: WorldInfo, device: torch.device, batch: Bat
         ) from None
 
 
-class MethodModel(nn.Module):
-    """What a run trains: ``backbone`` (the weights evaluation reads) and ``method`` (its heads, loss, momentum
-    teacher, DINO's center, SwaV's queue, the step count) in ONE module, so that the BatchNorm conversion and
-    DDP cover the heads too and the checkpoint's model state holds them. ``forward(views) -> (loss, stats)``."""
-
-    def __init__(self, backbone: nn.Module, feature_dim: int, method: Method) -> None:
-        super().__init__()
-        self.backbone, self.feature_dim, self.method = backbone, feature_dim, method
-
-    def forward(self, views: list[torch.Tensor], *, embed: bool = False, replay: bool = False) -> Any:
-        """``(loss, stats)``; with ``embed``, only the method's :meth:`~Method.embed` outputs (an accumulated
-        step's passes, docs/design.md §3d), which go through the engine's wrapper all the same."""
-        if embed:
-            return self.method.embed(views, self.backbone, replay=replay)
-        return self.method(views, self.backbone)
-
-    @property
-    def projector(self) -> nn.Module:
-        """Hypersolid's projector, for projector features (``eval.features=projector``, which only a method
-        with ``projector_features`` accepts)."""
-        return cast(nn.Module, self.method.projector)
-
-
 @dataclass
 class Run:
     cfg: Config
@@ -200,18 +176,6 @@ def _steps_per_epoch(loader: Any, batch: BatchPlan) -> int:
     return len(loader)
 
 
-def _method_model(cfg: Config, steps_per_epoch: int) -> MethodModel:
-    """The backbone and the chosen method's heads, initialised from the seeded generator in a fixed order:
-    the backbone, then Hypersolid's projector (``model.proj_*``), then any other method's heads. A method
-    without that projector (``projector_features``) draws (and drops) one too, so that one seed gives every
-    method the same initial backbone and a baseline the same heads as in the checkpoints of earlier versions."""
-    backbone, feature_dim = build_backbone(cfg.model)
-    if not get_method(cfg.method.name).projector_features:
-        Projector(feature_dim, cfg.model.proj_hidden_dim, cfg.model.proj_dim, cfg.model.proj_layers)
-    method = build_method(cfg.method, backbone, feature_dim, steps_per_epoch=steps_per_epoch, model_cfg=cfg.model)
-    return MethodModel(backbone, feature_dim, method)
-
-
 def resolve_channels_last(setting: str, backbone: nn.Module, device: torch.device) -> bool:
     """``model.channels_last``: auto is on for CUDA and a convolutional backbone (more than one 2-D convolution:
     a ViT's only one is its patch embedding)."""
@@ -242,7 +206,8 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     with torch.random.fork_rng(devices=[]):
         loader = on_every_rank(lambda: _train_loader(cfg, info, device, batch), info.rank)
     steps_per_epoch = _steps_per_epoch(loader, batch)
-    model = _method_model(cfg, steps_per_epoch)  # identical on every rank: the seed was set just before
+    # The same initial weights on every rank: the generator was seeded just before.
+    model = build_method_model(cfg.model, cfg.method, steps_per_epoch=steps_per_epoch)
     channels_last = resolve_channels_last(cfg.model.channels_last, model.backbone, device)
     if channels_last:  # the weights in NHWC before any engine or optimizer holds them; the views follow (trainer)
         model = model.to(memory_format=torch.channels_last)

@@ -19,7 +19,7 @@ A backbone registered at run time (a script, a test) is built like the ones here
     def _tiny(cfg: ModelConfig) -> tuple[nn.Module, int]:
         return nn.Sequential(nn.Conv2d(cfg.in_channels, 8, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten()), 8
 
-    build_model(ModelConfig(arch="tiny_conv"))
+    build_backbone(ModelConfig(arch="tiny_conv"))
 """
 
 from __future__ import annotations
