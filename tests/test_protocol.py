@@ -187,16 +187,24 @@ def test_paired_differences_pair_by_seed_and_correct_over_metrics() -> None:
     assert out["ami"].p == 1.0 and out["ami"].p_holm == 1.0
 
 
-def test_a_baselines_checkpoint_gets_the_backbone_half_and_says_why_not_the_rest(tmp_path: Path) -> None:
-    """SimCLR trains heads of its own, not Hypersolid's projector: the projector features and the exclusion zone
-    are skipped with the reason, the backbone half is all there."""
-    path = make_checkpoint(tmp_path, ["method.name=simclr"])
-    out = tmp_path / "report"
-    assert main(["--checkpoint", str(path), "--protocol", "paper", "--no-mlflow", "--output-dir", str(out),
-                 *SMALL, "eval.max_train_samples=400", "eval.max_test_samples=300"]) == 0
-    report = json.loads((out / "report.json").read_text())
+def test_a_baselines_projector_half_is_its_own_head_and_a_bare_backbone_says_why_not(tmp_path: Path) -> None:
+    """SimCLR's checkpoint: the projector half measures its own head (at the protocol's default alpha for the
+    exclusion zone, SimCLR having none). The same checkpoint without its method state (a backbone alone): the
+    projector features and the exclusion zone are skipped with the reason, the backbone half is all there."""
+    path = make_checkpoint(tmp_path, ["method.name=simclr", "method.simclr.hidden_dim=32", "method.simclr.out_dim=16"])
+    args = ["--checkpoint", str(path), "--protocol", "paper", "--no-mlflow", *SMALL, "eval.max_train_samples=400",
+            "eval.max_test_samples=300"]
+    assert main([*args, "--output-dir", str(tmp_path / "head")]) == 0
+    report = json.loads((tmp_path / "head" / "report.json").read_text())
+    m = report["metrics"]
+    assert not report["skipped"] and m["protocol.exclusion.alpha"] == get_protocol("paper").default_alpha
+    assert "protocol.projector.raw.knn_k5_weighted" in m and "protocol.projector.centred.kmeans.ami" in m
+    ckpt = torch.load(path, weights_only=True)
+    torch.save({**ckpt, "method": None}, path)
+    assert main([*args, "--output-dir", str(tmp_path / "bare")]) == 0
+    report = json.loads((tmp_path / "bare" / "report.json").read_text())
     assert set(report["skipped"]) == {"protocol.projector", "protocol.exclusion"}
-    assert all("Hypersolid's projector" in why for why in report["skipped"].values())
+    assert all("projection head" in why for why in report["skipped"].values())
     m = report["metrics"]
     assert "protocol.backbone.centred.knn_k5_weighted" in m and "protocol.backbone.raw.linear_top1" in m
     assert not any(k.startswith(("protocol.projector", "protocol.exclusion")) for k in m)

@@ -217,9 +217,9 @@ def test_an_unknown_run_name_is_refused() -> None:
 @pytest.mark.parametrize("method", method_names())
 def test_the_drivers_paper_protocol_evaluates_every_methods_checkpoint(method: str, tmp_path: Path) -> None:
     """The evaluation command run.py gives a checkpoint (eval_command with EVAL_ARGS, the paper's protocol),
-    on a 2-step checkpoint of each registered method: exit 0 and the backbone's kNN@5 measured. A baseline's
-    checkpoint once stopped this command with exit code 2 (it asked for Hypersolid's projector), which the
-    driver's quick mode (kNN only) never ran; the projector half is skipped for a baseline, with its reason."""
+    on a 2-step checkpoint of each registered method: exit 0, the backbone's kNN@5 and the projector half (the
+    method's own projection head) measured. A baseline's checkpoint once stopped this command with exit code 2
+    (it asked for Hypersolid's projector), which the driver's quick mode (kNN only) never ran."""
     config = runspec.CONFIGS.get(method, f"configs/baselines/{method}_quickstart.yaml")
     quick = [*runspec.QUICK, *runspec.QUICK_HEADS.get(method, ())]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
@@ -233,8 +233,9 @@ def test_the_drivers_paper_protocol_evaluates_every_methods_checkpoint(method: s
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert 0 <= report["metrics"]["protocol.backbone.raw.knn_k5_majority"] <= 100
-    projector = [s for s in report.get("skipped", []) if "protocol.projector" in str(s)]
-    assert bool(projector) == (method != "hypersolid"), report.get("skipped")
+    assert not [s for s in report.get("skipped", []) if "protocol.projector" in str(s)], report.get("skipped")
+    assert 0 <= report["metrics"]["protocol.projector.raw.knn_k5_majority"] <= 100
+    assert 0 <= report["metrics"]["protocol.exclusion.same_class_frac"] <= 1
 
 
 def test_epoch_records_combine_a_resumed_epoch_and_skip_a_torn_line(tmp_path: Path) -> None:
