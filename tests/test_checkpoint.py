@@ -114,18 +114,18 @@ def test_build_model_from_checkpoint_and_random_init_baseline(tmp_path: Path) ->
     model, cfg = ck.build_model_from_checkpoint(path)
     assert cfg.model.small_cnn_width == 4 and not model.training
     # the trainer's layout: the backbone in "model", the method's heads and state in "method"
-    read = model.state_dict()
+    read, trained = model.state_dict(), {**state["model"], **state["method"]}
     assert set(read) == set(state["model"]) | {k for k in state["method"] if k.startswith("projector.")}
-    assert all(torch.equal(read[k], v) for k, v in {**state["model"], **state["method"]}.items() if k in read)
+    assert all(torch.equal(read[k], v) for k, v in trained.items() if k in read)
     init = ck.random_init_checkpoint(ck.load_checkpoint(path))
     assert all(k.startswith("backbone.") for k in init["model"]) and init["method"]
     weights = {**init["model"], **init["method"]}
     torch.manual_seed(cfg.seed)
-    fresh = dict(zip(("model", "method"), _weights(cfg)))
-    fresh = {**fresh["model"], **fresh["method"]}
+    fresh_model, fresh_method = _weights(cfg)
+    fresh = {**fresh_model, **fresh_method}
     tensors = [k for k, v in fresh.items() if isinstance(v, torch.Tensor)]
     assert set(weights) == set(fresh) and all(torch.equal(weights[k], fresh[k]) for k in tensors)
-    assert any(not torch.equal(weights[k], {**state["model"], **state["method"]}[k]) for k in tensors)  # trained moved
+    assert any(not torch.equal(weights[k], trained[k]) for k in tensors)  # the trained ones moved
     model, _ = ck.build_model_from_checkpoint(init)  # evaluation reads it
     assert all(torch.equal(v, fresh[k]) for k, v in model.state_dict().items())
 

@@ -47,7 +47,7 @@ def projection_head(method: Method) -> nn.Module | None:
 def build_method_model(model_cfg: ModelConfig, method_cfg: Any, *, steps_per_epoch: int = 1) -> MethodModel:
     """The backbone of ``model_cfg`` and the method ``method_cfg.name`` (``method_cfg``: the run's ``method``
     section), drawn from torch's generator in this order: seed it first for a run's initial weights."""
-    backbone, feature_dim = build_backbone(model_cfg)
     get_method(method_cfg.name)  # a ConfigError naming the installed methods before any weight is drawn
+    backbone, feature_dim = build_backbone(model_cfg)
     method = build_method(method_cfg, backbone, feature_dim, steps_per_epoch=steps_per_epoch)
     return MethodModel(backbone, feature_dim, method)
