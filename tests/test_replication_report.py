@@ -379,3 +379,10 @@ def test_the_20_epoch_part_has_its_curves_loss_terms_and_verdicts_at_5_and_20(tm
     assert any(r["verdict"] in {"holds here", "does not hold here", "inconclusive here"} for r in at20)
     block = readme.split(report.README_START)[-1]
     assert "| 20 of 20 epochs, widened tuning: mean" in block
+    # With one 20-epoch run a method, nothing there can be judged: the README stays at the longest budget
+    # that judges something (here the 1-epoch study; in the committed study the 5-epoch one).
+    for path in results.rglob("cpu-long-*-s[12].json"):
+        path.unlink()
+    _text, _files, summary, readme = report.render(results, tmp_path)
+    block = readme.split(report.README_START)[-1]
+    assert "of 20 epochs" not in block and "| 1 epoch, defaults: mean" in block, block

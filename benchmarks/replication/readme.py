@@ -1,6 +1,6 @@
 """The README's summary of the replication study (between its markers; report.py writes it): at most 15
 lines, so that a reader takes it in at a glance: the scope in one line, one table at the longest budget that
-has run (Hypersolid, the best baseline there and the random-init floor), and three lines, what holds, what does
+has judged a claim (two paired seeds or more; Hypersolid, the best baseline there and the random-init floor), and three lines, what holds, what does
 not and what cannot be judged here, at that budget. Every verdict list and every other scope is in
 docs/replication.md; nothing here repeats it.
 """
@@ -33,8 +33,15 @@ def _short(claim: str) -> str:
 
 
 def longest(scopes: Sequence[Scope]) -> Scope | None:
-    """The last scope (the longest budget, scopes being listed by budget) whose runs exist."""
-    return next((s for s in reversed(scopes) if s.cmp is not None and len(s.cmp.methods) > 1), None)
+    """The last scope (the longest budget, scopes being listed by budget) whose runs exist and pair enough seeds
+    to test a claim: with one seed a method, every verdict there would read "not testable", so the summary stays
+    at the longest budget that judges something until the longer one has its second seeds."""
+    return next((s for s in reversed(scopes) if s.cmp is not None and len(s.cmp.methods) > 1 and _tested(s.cmp)), None)
+
+
+def _tested(cmp: Comparison) -> bool:
+    """Whether any method was compared with Hypersolid (a paired difference exists: two paired seeds or more)."""
+    return any(diffs for by_method in cmp.diffs.values() for diffs in by_method.values())
 
 
 def readme_block(
