@@ -1,8 +1,8 @@
 """The README's summary of the replication study (between its markers; report.py writes it): at most 15
 lines, so that a reader takes it in at a glance: the scope in one line, one table at the longest budget that
-has judged a claim (two paired seeds or more; Hypersolid, the best baseline there and the random-init floor), and three lines, what holds, what does
-not and what cannot be judged here, at that budget. Every verdict list and every other scope is in
-docs/replication.md; nothing here repeats it.
+has judged a claim (two paired seeds or more; Hypersolid, the best baseline there and the random-init floor),
+and three lines, what holds, what does not and what cannot be judged here, at that budget. Every verdict list
+and every other scope is in docs/replication.md; nothing here repeats it.
 """
 
 from __future__ import annotations
