@@ -80,6 +80,17 @@ def _is_plain(v: Any) -> bool:
     return isinstance(v, dict)
 
 
+def _skip_shared_memory_op(deepspeed: Any) -> None:
+    """Keep DeepSpeed's CPU backend from compiling its shared-memory all-reduce (C++, JIT-built on the first
+    run on a machine and again for every other install path: ~40-80 s of a 2-core machine's time). Only its
+    inference all-reduce uses that op, never training, so a training run gains nothing from it. DeepSpeed
+    builds the ops its table of compatible ops allows; marking this one incompatible there is the only switch
+    it reads at run time (a DeepSpeed without the table builds it as before)."""
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", None)
+    if isinstance(compatible, dict):
+        compatible["deepspeed_shm_comm"] = False
+
+
 class DeepSpeedEngine(Engine):
     """DeepSpeed averages the gradients in ``backward``; its ``step`` clips (``gradient_clipping``), steps and
     zeroes them. ``optimizer`` is the client torch optimizer; ``ds_optimizer`` the ZeRO wrapper around it (the
@@ -102,6 +113,8 @@ class DeepSpeedEngine(Engine):
     ) -> None:
         import deepspeed  # optional dependency: only DeepSpeed runs need it
 
+        if device.type == "cpu":
+            _skip_shared_memory_op(deepspeed)
         ensure_process_group(device)
         self.zero_stage, self.bf16, self.device = zero_stage, bf16, device
         self.config = deepspeed_config(
