@@ -9,10 +9,14 @@ non-daemon threads are waited for, the atexit handlers run and the standard stre
 teardown of the modules, seconds with torch loaded, is skipped). What the test sees is a
 ``subprocess.CompletedProcess`` with the exit code, stdout and stderr of that process.
 ``run_python_together`` forks several runs at once, to start them concurrently (e.g. on one new MLflow store).
+``run_processes`` runs a script on N processes: torchrun's own agent (``--standalone`` rendezvous, the workers'
+environment, its failure report and exit code 1) in a fork, its workers forked from it in turn (torchrun's
+``--start-method fork`` with the script as a function): a 3-step 2-process training takes ~2 s instead of ~12.
 
-What a fork cannot show is the import phase of a fresh interpreter: the tests that start the launchers as
-real subprocesses (tests/test_train.py, test_run_lock.py, test_lifeline.py, the torchrun and DeepSpeed tests)
-keep covering it.
+What a fork cannot show is the import phase of a fresh interpreter, nor torchrun's own process tree (signals,
+a killed agent): the tests that start the launchers as real subprocesses (tests/test_train.py,
+test_run_lock.py, test_lifeline.py, test_torchrun_restart.py, test_errors_train.py, the demo, Slurm and
+comparison tests) keep covering them.
 """
 
 from __future__ import annotations
@@ -83,7 +87,9 @@ def _child(req: dict) -> None:
     os.chdir(req["cwd"])
     argv = req["argv"]
     try:
-        if argv[0] == "-c":  # python -c CODE ARGS: sys.argv is ["-c", ARGS...], sys.path starts with ""
+        if req.get("nproc"):
+            _torchrun(req["nproc"], argv)
+        elif argv[0] == "-c":  # python -c CODE ARGS: sys.argv is ["-c", ARGS...], sys.path starts with ""
             sys.argv = ["-c", *argv[2:]]
             sys.path.insert(0, "")
             exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
@@ -115,6 +121,45 @@ def _child(req: dict) -> None:
     os._exit(code & 0xFF)
 
 
+def _run_script(argv: list[str]) -> None:
+    """One worker of :func:`_torchrun`: the script as ``__main__``; a nonzero exit is the worker's exit code."""
+    import runpy
+
+    sys.argv = list(argv)
+    sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as stop:
+        if stop.code not in (None, 0):
+            raise
+    finally:  # multiprocessing's children leave with os._exit: what the interpreter would do on its way out
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def _torchrun(nproc: int, argv: list[str]) -> None:
+    """``torchrun --standalone --nproc_per_node=N SCRIPT ARGS`` with its workers forked from this process
+    (``--start-method fork`` and the script as a function entrypoint): torchrun's own agent, rendezvous and
+    worker environment, without N + 1 interpreters importing torch and the package. Exits like torchrun:
+    1 (with the failure report on stderr) when a worker failed."""
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    args = get_args_parser().parse_args([f"--nproc_per_node={nproc}", "--start-method", "fork", *argv])
+    args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())  # --standalone
+    config, _, _ = config_from_args(args)
+    try:
+        elastic_launch(config, _run_script)(list(argv))
+    except ChildFailedError as err:  # torchrun prints it and exits 1
+        print(err, file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 class _Server:
     def __init__(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -125,10 +170,10 @@ class _Server:
         self.lock = threading.Lock()
 
     def run(self, argvs: Sequence[Sequence[str]], env: Mapping[str, str], cwd: str | os.PathLike | None,
-            timeout: float) -> list[subprocess.CompletedProcess]:
+            timeout: float, nproc: int | None = None) -> list[subprocess.CompletedProcess]:
         with self.lock, tempfile.TemporaryDirectory() as tmp:
             streams = [(Path(tmp) / f"stdout{i}", Path(tmp) / f"stderr{i}") for i in range(len(argvs))]
-            batch = [{"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()),
+            batch = [{"argv": [str(a) for a in argv], "env": dict(env), "cwd": str(cwd or os.getcwd()), "nproc": nproc,
                       "stdout": str(out), "stderr": str(err)} for argv, (out, err) in zip(argvs, streams)]
             self.proc.stdin.write(json.dumps(batch) + "\n")
             self.proc.stdin.flush()
@@ -183,23 +228,31 @@ def run_python_together(argvs: Sequence[Sequence[str | os.PathLike]], *, env: Ma
                         timeout: float = 300) -> list[subprocess.CompletedProcess]:
     """``run_python`` of each ``argv`` at once: the processes are forked one after the other in a few
     milliseconds and run concurrently; returns when all have ended (``timeout`` kills them all)."""
+    return _warm_server(env).run([[str(a) for a in argv] for argv in argvs], env, cwd, timeout)
+
+
+def run_processes(argv: Sequence[str | os.PathLike], *, nproc: int, env: Mapping[str, str],
+                  cwd: str | os.PathLike | None = None, timeout: float = 300,
+                  torchrun: bool = False) -> subprocess.CompletedProcess:
+    """``argv`` (``[SCRIPT, ARGS...]``, e.g. launch/train.py) on ``nproc`` processes, each a fork of the warm
+    server: ``run_python`` for one (unless ``torchrun``); for more, torchrun's agent with ``--standalone``
+    rendezvous and forked workers (``_torchrun``), like ``python -m torch.distributed.run --standalone
+    --nproc_per_node=N``."""
+    argv = [str(a) for a in argv]
+    if nproc == 1 and not torchrun:
+        return run_python(argv, env=env, cwd=cwd, timeout=timeout)
+    done = _warm_server(env).run([argv], env, cwd, timeout, nproc=nproc)[0]
+    done.args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
+    return done
+
+
+def _warm_server(env: Mapping[str, str]) -> _Server:
     global _server
     assert env.get("OMP_NUM_THREADS") == "1", "runs share the server's torch, imported with OMP_NUM_THREADS=1"
     if _server is None or _server.proc.poll() is not None:
         _server = _Server()
         atexit.register(_server.close)
-    return _server.run([[str(a) for a in argv] for argv in argvs], env, cwd, timeout)
-
-
-def run_processes(argv: Sequence[str | os.PathLike], *, nproc: int, env: Mapping[str, str],
-                  timeout: float = 300) -> subprocess.CompletedProcess:
-    """``argv`` (``[SCRIPT, ARGS...]``, e.g. launch/train.py) on ``nproc`` processes: ``run_python`` (warm,
-    no rendezvous) for one, ``torch.distributed.run --standalone`` (cold processes) for more."""
-    if nproc == 1:
-        return run_python(argv, env=env, timeout=timeout)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return subprocess.run([*torchrun, *(str(a) for a in argv)], env=dict(env), capture_output=True, text=True,
-                          timeout=timeout)
+    return _server
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.trainer import main
 from _update import relative_move, update_gap
-from _warm_python import run_processes, run_python
+from _warm_python import run_processes
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()
@@ -50,13 +48,10 @@ def _args(method: str, *extra: str) -> list[str]:
 
 
 def _launch(run_dir: Path, args: list[str], nproc: int = 1) -> str:
+    """launch/train.py on ``nproc`` processes (torchrun's agent for more than one), forked warm."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd = [str(REPO / "launch" / "train.py"), *args, f"run_dir={run_dir}"]
-    if nproc > 1:
-        proc = subprocess.run([*torchrun, *cmd], env=env, capture_output=True, text=True, timeout=300)
-    else:  # python launch/train.py, forked with the package imported
-        proc = run_python(cmd, env=env, timeout=300)
+    proc = run_processes(cmd, nproc=nproc, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout
 

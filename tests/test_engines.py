@@ -13,6 +13,7 @@ import torch
 from hypersolid_scale.distributed import (deepspeed_config, ensure_process_group, first_host, has_process_group,
                                           resolve_transport, world_info_from_env)
 from hypersolid_scale.safety.errors import ConfigError
+from _warm_python import run_processes
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "_trainer_helpers.py"
@@ -233,9 +234,7 @@ def test_deepspeed_bf16_trains_a_batchnorm_model_with_fp32_parameters(tmp_path: 
 
 def _run_torchrun(tmp_path: Path, specs: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(HELPERS), str(tmp_path), *specs]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=420)
+    proc = run_processes([str(HELPERS), str(tmp_path), *specs], nproc=2, env=env, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 

@@ -11,8 +11,6 @@ SGD, not Adam: Adam's update is blind to a constant factor on the gradient, the 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import torch
 
 from hypersolid_scale import checkpoint as ck
 from _update import relative_move, update_gap
-from _warm_python import run_python
+from _warm_python import run_processes
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
@@ -62,11 +60,9 @@ def train(tmp_path_factory: pytest.TempPathFactory):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         cmd = [str(REPO / "launch" / "train.py"), "--config", str(REPO / "configs" / "quickstart.yaml"), *COMMON,
                *ENGINES[engine], f"data.batch_size_per_gpu={2 * B // nproc}", f"run_dir={run_dir}", *extra]
-        if nproc == 1 and engine != "ddp":  # DeepSpeed's 1-process reference: plain python, forked warm
-            proc = run_python(cmd, env=env, timeout=300)
-        else:  # under torchrun (DDP's reference too: one torchrun job of a single process)
-            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-            proc = subprocess.run([*torchrun, *cmd], env=env, capture_output=True, text=True, timeout=300)
+        # DeepSpeed's 1-process reference: plain python; otherwise torchrun's agent (DDP's reference too: one
+        # torchrun job of a single process); each forked warm.
+        proc = run_processes(cmd, nproc=nproc, env=env, timeout=300, torchrun=engine == "ddp")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
         state = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
         assert (state["step"], state["world_size"]) == (STEPS, nproc)
