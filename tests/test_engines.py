@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import torch
 from hypersolid_scale.distributed import (deepspeed_config, ensure_process_group, first_host, has_process_group,
                                           resolve_transport, world_info_from_env)
 from hypersolid_scale.safety.errors import ConfigError
-from _warm_python import run_processes
+from _warm_python import run_processes, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "_trainer_helpers.py"
@@ -152,9 +151,9 @@ def test_ddp_step_returns_the_grad_norm_as_a_tensor() -> None:
 
 def _run_helper(call: str) -> None:
     """Run ``_trainer_helpers.<call>`` in a fresh interpreter: DeepSpeed's process group must not outlive it."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.run([sys.executable, "-c", f"import _trainer_helpers as h; h.{call}"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    code = f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import _trainer_helpers as h; h.{call}"
+    proc = run_python(["-c", code], env=env, timeout=300)  # a fork of the warm server: a process of its own
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
@@ -183,9 +182,9 @@ def test_deepspeed_in_one_process_joins_one_group_without_a_port() -> None:
     pytest.importorskip("deepspeed")
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    proc = subprocess.run([sys.executable, "-c", _ONE_RANK_GROUP], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    code = f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r})\n{_ONE_RANK_GROUP}"
+    proc = run_python(["-c", code], env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "env [] 0" in proc.stdout
 

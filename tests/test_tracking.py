@@ -25,6 +25,7 @@ from hypersolid_scale.tracking import (  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 from conftest import HTTP_ENV  # noqa: E402  (the variables restore_http_env restores)
+from _warm_python import run_python  # noqa: E402
 
 
 def steps_of(client: MlflowClient, run_id: str, key: str) -> list[int]:
@@ -116,7 +117,7 @@ def test_kill_minus_9_then_resume_continues_the_same_run(default_run, tmp_path):
             f.write(b'{{"kind": "metrics", "step": 99, "ti')
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_python(["-c", child], env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, timeout=120)  # forked warm
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     run_id = proc.stdout.split()[0]
     client = MlflowClient(uri)

@@ -25,6 +25,7 @@ from mlflow import MlflowClient  # noqa: E402
 from hypersolid_scale.safety.errors import UserError  # noqa: E402
 from hypersolid_scale.tracking import TrackingConfig, make_tracker  # noqa: E402
 from hypersolid_scale.tracking.spool import LoggedSteps  # noqa: E402
+from _warm_python import run_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_ended_by_the_next_start(uri
             tracker.log_metrics({{"loss": float(step)}}, step)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_python(["-c", child], env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, timeout=120)  # forked warm
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     dead = proc.stdout.split()[0]
     client = MlflowClient(uri)
@@ -99,7 +100,7 @@ def _killed_before_first_checkpoint(uri: str, run_dir: Path) -> str:
             tracker.log_metrics({{"loss": float(step)}}, step)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_python(["-c", child], env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO, timeout=120)  # forked warm
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     return proc.stdout.split()[0]
 
