@@ -93,12 +93,8 @@ def _child(req: dict) -> None:
             sys.argv = ["-c", *argv[2:]]
             sys.path.insert(0, "")
             exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-        else:  # python SCRIPT ARGS: sys.path starts with the script's folder
-            import runpy
-
-            sys.argv = list(argv)
-            sys.path.insert(0, str(Path(argv[0]).resolve().parent))
-            runpy.run_path(argv[0], run_name="__main__")
+        else:
+            _run_main(argv)
         code = 0
     except SystemExit as stop:  # what the interpreter does with it
         if stop.code is None or isinstance(stop.code, int):
@@ -109,8 +105,22 @@ def _child(req: dict) -> None:
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
-    # A fresh interpreter's exit, less the teardown of its thousands of modules (seconds with torch loaded):
-    # wait for the non-daemon threads, run the atexit handlers, flush the standard streams.
+    _leave()
+    os._exit(code & 0xFF)
+
+
+def _run_main(argv: Sequence[str]) -> None:
+    """``python SCRIPT ARGS``: the script as ``__main__``, sys.path starting with the script's folder."""
+    import runpy
+
+    sys.argv = list(argv)
+    sys.path.insert(0, str(Path(argv[0]).resolve().parent))
+    runpy.run_path(argv[0], run_name="__main__")
+
+
+def _leave() -> None:
+    """A fresh interpreter's exit, less the teardown of its thousands of modules (seconds with torch loaded):
+    wait for the non-daemon threads, run the atexit handlers, flush the standard streams."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
@@ -118,25 +128,17 @@ def _child(req: dict) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(code & 0xFF)
 
 
 def _run_script(argv: list[str]) -> None:
     """One worker of :func:`_torchrun`: the script as ``__main__``; a nonzero exit is the worker's exit code."""
-    import runpy
-
-    sys.argv = list(argv)
-    sys.path.insert(0, str(Path(argv[0]).resolve().parent))
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        _run_main(argv)
     except SystemExit as stop:
         if stop.code not in (None, 0):
             raise
     finally:  # multiprocessing's children leave with os._exit: what the interpreter would do on its way out
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        _leave()
 
 
 def _torchrun(nproc: int, argv: list[str]) -> None:

@@ -150,14 +150,14 @@ def test_ddp_step_returns_the_grad_norm_as_a_tensor() -> None:
 
 
 def _run_helper(call: str) -> None:
-    """Run ``_trainer_helpers.<call>`` in a fresh interpreter: DeepSpeed's process group must not outlive it."""
+    """Run ``_trainer_helpers.<call>`` in a process of its own (a fork of the warm server, run from tests/):
+    DeepSpeed's process group must not outlive it."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    code = f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); import _trainer_helpers as h; h.{call}"
-    proc = run_python(["-c", code], env=env, timeout=300)  # a fork of the warm server: a process of its own
+    proc = run_python(["-c", f"import _trainer_helpers as h; h.{call}"], env=env, cwd=REPO / "tests", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
-# Run in a fresh interpreter with no launcher variables: the one-rank group that DeepSpeed needs is created once,
+# Run in a process of its own with no launcher variables: the one-rank group that DeepSpeed needs is created once,
 # through an in-memory store (no address, no port), and DeepSpeed joins it instead of starting its own.
 _ONE_RANK_GROUP = """
 import os, torch
@@ -183,8 +183,7 @@ def test_deepspeed_in_one_process_joins_one_group_without_a_port() -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    code = f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r})\n{_ONE_RANK_GROUP}"
-    proc = run_python(["-c", code], env=env, timeout=300)
+    proc = run_python(["-c", _ONE_RANK_GROUP], env=env, cwd=REPO / "tests", timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "env [] 0" in proc.stdout
 
