@@ -8,18 +8,40 @@ as skipped).
 The trainer's online monitor uses ``extract_embeddings`` and ``knn_accuracy``.
 """
 
+import importlib
+from typing import TYPE_CHECKING
+
 from hypersolid_scale.safety.extras import require
 
 require("eval", "hypersolid_scale.eval")  # a missing extra: one line naming it
 
-from hypersolid_scale.eval.clustering import dbscan_sweep, hdbscan_cluster, kmeans  # noqa: E402
-from hypersolid_scale.eval.config import EvalConfig  # noqa: E402
-from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings  # noqa: E402
-from hypersolid_scale.eval.geometry import geometry_metrics  # noqa: E402
-from hypersolid_scale.eval.knn import knn_accuracy, knn_predict  # noqa: E402
-from hypersolid_scale.eval.linear import linear_probe  # noqa: E402
-from hypersolid_scale.eval.neighborhood import interpolation_profile  # noqa: E402
-from hypersolid_scale.eval.skips import NotApplicable  # noqa: E402
+# name -> the module that defines it, imported on first use (PEP 562): the config schema imports
+# ``eval.config`` through this package, and a training that never clusters should not import scikit-learn,
+# SciPy and FAISS (~1 s of every command's start).
+_SOURCES = {
+    "EvalConfig": "config",
+    "NotApplicable": "skips",
+    "cached_embeddings": "embed",
+    "dbscan_sweep": "clustering",
+    "extract_embeddings": "embed",
+    "geometry_metrics": "geometry",
+    "hdbscan_cluster": "clustering",
+    "interpolation_profile": "neighborhood",
+    "kmeans": "clustering",
+    "knn_accuracy": "knn",
+    "knn_predict": "knn",
+    "linear_probe": "linear",
+}
+
+if TYPE_CHECKING:  # the names as the type checker sees them
+    from hypersolid_scale.eval.clustering import dbscan_sweep, hdbscan_cluster, kmeans
+    from hypersolid_scale.eval.config import EvalConfig
+    from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
+    from hypersolid_scale.eval.geometry import geometry_metrics
+    from hypersolid_scale.eval.knn import knn_accuracy, knn_predict
+    from hypersolid_scale.eval.linear import linear_probe
+    from hypersolid_scale.eval.neighborhood import interpolation_profile
+    from hypersolid_scale.eval.skips import NotApplicable
 
 __all__ = [
     "EvalConfig",
@@ -35,3 +57,9 @@ __all__ = [
     "knn_predict",
     "linear_probe",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_SOURCES[name]}"), name)
