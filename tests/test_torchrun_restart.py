@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from _net import free_port
+from _warm_python import run_processes
 from test_train import TINY, _wait_for  # the trainer tests' tiny config and subprocess helper
 
 from hypersolid_scale import checkpoint as ck
@@ -115,9 +116,11 @@ def _assert_bitwise(got: object, ref: object, where: str) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    # The reference only: the same 2-process training under torchrun's agent, its workers forked from the warm
+    # test server (what is tested here is the restarted group, started as a user does, below).
     run_dir = tmp_path_factory.mktemp("restart") / "uninterrupted"
-    out = _finish(_torchrun(run_dir))
-    assert "torchrun restart" not in out
+    done = run_processes([REPO / "launch" / "train.py", *ARGS, f"run_dir={run_dir}"], nproc=2, env=ENV, timeout=300)
+    assert done.returncode == 0 and "torchrun restart" not in done.stdout + done.stderr, done.stderr[-5000:]
     return _final(run_dir)
 
 
