@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from hypersolid_scale.methods import MethodModel
 from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
 from hypersolid_scale.models import ModelConfig, build_backbone
 from hypersolid_scale.safety import atomic
+from hypersolid_scale.safety.process_exit import exit_process
 
 PHASES = ("data", "forward", "loss", "backward", "optimizer", "communication")
 
@@ -205,4 +205,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -28,6 +28,7 @@ from collections.abc import Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent  # noqa: E402  (stdlib only: fast)
+from hypersolid_scale.safety.process_exit import exit_process  # noqa: E402  (stdlib only)
 
 
 def _resolve_setup(argv: list[str]) -> list[str]:
@@ -82,4 +83,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -24,6 +24,7 @@ if not die_with_parent(parent=_PARENT):
     sys.exit(EXIT_ORPHANED)
 
 from hypersolid_scale.eval.app import cli  # noqa: E402
+from hypersolid_scale.safety.process_exit import exit_process  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))
+    exit_process(cli(sys.argv[1:]))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from hypersolid_scale.safety.process_exit import exit_process  # stdlib only
 from hypersolid_scale.train import main  # stdlib only until main() runs: see its docstring
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -119,15 +119,10 @@ def _run_main(argv: Sequence[str]) -> None:
 
 
 def _leave() -> None:
-    """A fresh interpreter's exit, less the teardown of its thousands of modules (seconds with torch loaded):
-    wait for the non-daemon threads, run the atexit handlers, flush the standard streams."""
-    threading._shutdown()  # type: ignore[attr-defined]
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    """A fresh interpreter's exit, less the teardown of its thousands of modules (seconds with torch loaded)."""
+    from hypersolid_scale.safety.process_exit import exit_steps
+
+    exit_steps()
 
 
 def _run_script(argv: list[str]) -> None:

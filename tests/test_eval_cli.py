@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets
@@ -20,7 +19,7 @@ from hypersolid_scale.checkpoint import initial_weights
 from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
 from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
-from _net import free_port
+from _net import free_port, spawn
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -166,7 +165,7 @@ def _sharded_worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.mark.slow
 def test_sharded_extraction_equals_single_process(tmp_path: Path) -> None:
-    mp.spawn(_sharded_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_sharded_worker, 2, free_port(), str(tmp_path), nprocs=2)
     cfg = load_config(None, TINY_MODEL)
     _, test_ds = build_eval_datasets(cfg.data)
     torch.manual_seed(0)

@@ -71,3 +71,35 @@ def test_sigkill_of_torchrun_during_startup_leaves_no_worker(tmp_path: Path, mom
     finally:
         for pid in _processes_with(str(run_dir), {os.getpid()}):
             os.kill(pid, signal.SIGKILL)
+
+
+_EXIT_CODE = """
+import atexit, sys
+from hypersolid_scale.safety.process_exit import exit_process
+
+class Late:
+    def __del__(self):
+        print("teardown ran", flush=True)
+
+late = Late()
+atexit.register(lambda: print("atexit ran"))
+sys.stdout.write("unflushed;")
+if sys.argv[1] == "group":
+    import torch
+    from hypersolid_scale.distributed import cleanup, ensure_process_group
+    ensure_process_group(torch.device("cpu"))  # a one-rank gloo group, as DeepSpeed on one process makes
+    cleanup()
+exit_process(3)
+"""
+
+
+@pytest.mark.parametrize("kind", ["plain", "group"])
+def test_a_process_that_made_a_process_group_leaves_without_the_interpreter_teardown(kind: str) -> None:
+    """safety/process_exit.py: gloo's threads can abort the interpreter's teardown (SIGABRT after the work is
+    done), so a process that created a group skips it; what a user relies on stays: the exit code, the atexit
+    handlers, the buffered output. A process without a group exits as usual (the teardown runs)."""
+    proc = subprocess.run([sys.executable, "-c", _EXIT_CODE, kind], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env={**ENV, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert proc.stdout.startswith("unflushed;atexit ran"), proc.stdout
+    assert ("teardown ran" in proc.stdout) == (kind == "plain"), proc.stdout

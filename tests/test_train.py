@@ -256,10 +256,9 @@ def _loader_stats_worker(rank: int, port: int, out_dir: str) -> None:
 def test_loader_counters_are_summed_over_ranks_before_logging(tmp_path) -> None:
     import json
 
-    import torch.multiprocessing as mp
-    from _net import free_port
+    from _net import free_port, spawn
 
-    mp.spawn(_loader_stats_worker, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    spawn(_loader_stats_worker, free_port(), str(tmp_path), nprocs=2)
     for rank in range(2):
         got = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert got == {"corrupt_skipped": 3.0, "lost_samples": 15.0, "short_shards": 0.0}, (rank, got)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.safety.process_exit import needs_quick_exit
 
 TRANSPORTS = ("auto", "gloo", "nccl")
 
@@ -156,6 +157,7 @@ def init_distributed(
             _slurm_rendezvous(dict(os.environ))
         _export_rank_env(info)
         timeout = datetime.timedelta(minutes=timeout_minutes)
+        needs_quick_exit()  # gloo's threads can abort the interpreter's teardown: safety/process_exit.py
         dist.init_process_group(
             backend=resolve_transport(transport, dev),
             store=elastic_store(info.world_size, timeout),  # None: env:// (MASTER_ADDR / MASTER_PORT)
@@ -182,6 +184,7 @@ def ensure_process_group(device: torch.device) -> None:
             "exists; call init_distributed() before building the engine"
         )
     _export_rank_env(info)
+    needs_quick_exit()  # gloo's threads can abort the interpreter's teardown: safety/process_exit.py
     dist.init_process_group(resolve_transport("auto", device), store=dist.HashStore(), rank=0, world_size=1)
 
 

@@ -13,10 +13,11 @@ import sys  # noqa: E402
 
 from hypersolid_scale.eval.app import cli  # noqa: E402
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent  # noqa: E402
+from hypersolid_scale.safety.process_exit import exit_process  # noqa: E402
 
 # Under torchrun / srun, the launcher's death ends this worker (SIGTERM's default action: nothing to save).
 if not die_with_parent(parent=_PARENT):
     print("error: the launcher (torchrun / srun) exited before this worker started; exiting", file=sys.stderr)
     sys.exit(EXIT_ORPHANED)
 
-sys.exit(cli(sys.argv[1:]))
+exit_process(cli(sys.argv[1:]))

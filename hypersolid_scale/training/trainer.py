@@ -60,6 +60,7 @@ from hypersolid_scale.methods.config import DEFAULT_METHOD
 from hypersolid_scale.safety.errors import EXIT_BAD_INPUT, UserError, report
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
+from hypersolid_scale.safety.process_exit import exit_process
 from hypersolid_scale.safety.run_lock import RunDirLocked, RunLock, acquire_run_lock
 from hypersolid_scale.tracking import Tracker, make_tracker
 from hypersolid_scale.training.checkpointer import Checkpointer
@@ -338,4 +339,4 @@ def main(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
