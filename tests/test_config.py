@@ -36,6 +36,24 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
     assert cfg.dist.precision == "bf16"  # dist.bf16, its former spelling, as a YAML boolean
 
 
+def test_loads_leave_the_shared_defaults_tree_as_built(tmp_path: Path) -> None:
+    """load_config and from_dict merge into a copy of the defaults tree built once per process (schema._schema):
+    loads with a file, overrides (a batch override replaces the file's other batch key), a failing override
+    and a stored dict leave that tree equal to a new one."""
+    from omegaconf import OmegaConf
+
+    from hypersolid_scale.config.schema import _schema
+
+    f = tmp_path / "c.yaml"
+    f.write_text("data:\n  global_batch_size: 64\noptim:\n  lr: 0.5\n")
+    cfg = load_config(f, ["data.batch_size_per_gpu=8", "method.name=simclr", "model.arch=resnet18"])
+    with pytest.raises(ConfigError):
+        load_config(f, ["optim.lr=fast"])
+    from_dict(to_dict(cfg))
+    assert OmegaConf.to_container(_schema()) == OmegaConf.to_container(OmegaConf.structured(Config))
+    assert load_config(None, []) == Config()
+
+
 @pytest.mark.parametrize("layers, expected", [
     ({}, "auto"), ({"bf16": "true"}, "bf16"), ({"bf16": False}, "fp32"), ({"bf16": "auto"}, "auto"),
     ({"precision": "fp64"}, "fp64"), ({"precision": "FP64"}, "fp64"), ({"precision": "fp32", "bf16": "false"}, "fp32"),
