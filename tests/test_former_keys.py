@@ -34,23 +34,37 @@ def _history() -> list[str]:
     return _git("log", "--reverse", "--format=%H", "HEAD", "--", "configs/").split()
 
 
+def _blobs(ids: set[str]) -> dict[str, bytes]:
+    """The contents of git blobs, read by one ``git cat-file --batch`` (not one process per file and commit)."""
+    order = sorted(ids)
+    asked = "".join(f"{b}\n" for b in order).encode()
+    raw = subprocess.run(["git", "-C", str(ROOT), "cat-file", "--batch"], input=asked, capture_output=True,
+                         check=True).stdout
+    out, at = {}, 0
+    for blob in order:  # each answer: "<sha> blob <size>\n<content>\n"
+        header_end = raw.index(b"\n", at)
+        sha, kind, size = raw[at:header_end].split()
+        assert sha.decode() == blob and kind == b"blob", raw[at:header_end]
+        out[blob] = raw[header_end + 1:header_end + 1 + int(size)]
+        at = header_end + 1 + int(size) + 1
+    return out
+
+
 @pytest.fixture(scope="module")
 def committed_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every distinct version of every file ever committed under configs/, as the tree of the first commit
     that held it (a sweep names its base from that tree): {"<sha8>:<path>": file}."""
     out: dict[str, Path] = {}
     seen: set[str] = set()
-    for sha in _history():
+    trees = {sha: [line.split(None, 3)[2:] for line in _git("ls-tree", "-r", sha, "--", "configs/").splitlines()]
+             for sha in _history()}
+    blobs = _blobs({blob for files in trees.values() for blob, _ in files})
+    for sha, files in trees.items():
         tree = tmp_path_factory.mktemp(sha[:8])
-        for line in _git("ls-tree", "-r", sha, "--", "configs/").splitlines():
-            _, _, blob, path = line.split(None, 3)
+        for blob, path in files:
             dest = tree / path
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(
-                subprocess.run(
-                    ["git", "-C", str(ROOT), "cat-file", "blob", blob], capture_output=True, check=True
-                ).stdout
-            )
+            dest.write_bytes(blobs[blob])
             content = json.dumps(yaml.safe_load(dest.read_text()), sort_keys=True) if path.endswith(".yaml") else ""
             if content and content not in seen:  # versions differing only in comments load alike: once
                 seen.add(content)
