@@ -169,36 +169,17 @@ def test_bad_input_is_one_error_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failing_training_is_named_and_the_others_still_run(tmp_path):
-    configs = tmp_path / "configs"
-    (configs / "baselines").mkdir(parents=True)
-    # Loads, but has no data at run time: the training exits 2 with its one error line.
-    broken = (CONFIGS / "quickstart.yaml").read_text().replace("format: builtin", "format: imagefolder\n  "
-                                                                "path: /nonexistent/images")
-    (configs / "quickstart.yaml").write_text(broken)
-    (configs / "baselines" / "simclr_quickstart.yaml").write_text(
-        (CONFIGS / "baselines" / "simclr_quickstart.yaml").read_text())
-    out = tmp_path / "out"
-    proc = _compare("--configs", str(configs), "--methods", "hypersolid,simclr", "--seeds", "1", "--steps", "2",
-                    "--eval-samples", "300", "--no-mlflow", "--out", str(out))
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    # torchrun exits 1 when a worker exits 2; the worker's own error line is what the user reads.
-    assert "FAILED hypersolid-seed0: training failed (exit 1): error: image folder '/nonexistent/images' does " \
-           "not exist" in proc.stdout
-    got = json.loads((out / "compare.json").read_text())["methods"]
-    assert list(got) == ["simclr"] and got["simclr"]["metrics"]["knn_k20_weighted"]["values"]
-
-
-@pytest.mark.slow
-def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_one_evaluation_redone(tmp_path):
+def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_a_failing_training_named(tmp_path):
     # Two methods, not --quick's seven: every method trains through the one training step and is evaluated by
     # the one evaluation (each baseline's training is tested in test_baselines_train.py); what this test adds
     # is the comparison around them. Hypersolid with --quick's two seeds (mean and std), BYOL with one (no std,
-    # and the evaluation the third start redoes). One process per training (torchrun --nproc_per_node=1); the
-    # 2-process trainings of a comparison are run by the failing-training test above. The evaluations on 300
-    # images per split, as that test's (--quick alone would take 1000). Three starts of one comparison: the
-    # first is stopped by SIGTERM a few steps into its first training, the second resumes that training from
-    # the checkpoint saved at the stop and finishes, the third redoes one removed evaluation only.
+    # and the evaluation the third start redoes). One process per training (torchrun --nproc_per_node=1) in the
+    # first two starts; the third runs its one training on 2 processes. The evaluations on 300 images per
+    # split (--quick alone would take 1000). Three starts of one comparison: the first is stopped by SIGTERM a
+    # few steps into its first training, the second resumes that training from the checkpoint saved at the
+    # stop and finishes, the third adds a method whose training fails (its config names a missing image
+    # folder): that failure is named, and the comparison still redoes the one removed evaluation (of a method
+    # after it in the order) and writes the table of the others.
     import re
     import signal
     import time
@@ -268,14 +249,35 @@ def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_one_evaluat
         f"{m}-seed{s}" for m in methods for s in range(2 if m in ("hypersolid", "simclr") else 1))
     assert all("eval/knn_k20_weighted" in r.data.metrics and "train/loss" in r.data.metrics for r in children)
 
-    # Again on the same directory, with one evaluation removed: only that one runs again.
+    # Again on the same directory, with one evaluation removed and a third method (VICReg, before BYOL in the
+    # order) whose config loads but has no data at run time: its training exits 2 with its one error line, on 2
+    # processes. Only the removed evaluation and that training run; the failure is named and ends the exit 1.
     (out / "eval" / "byol-seed0" / "report.json").unlink()
-    again = _compare(*quick)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    configs = tmp_path / "configs"
+    (configs / "baselines").mkdir(parents=True)
+    (configs / "quickstart.yaml").write_text((CONFIGS / "quickstart.yaml").read_text())
+    (configs / "baselines" / "byol_quickstart.yaml").write_text(
+        (CONFIGS / "baselines" / "byol_quickstart.yaml").read_text())
+    (configs / "baselines" / "vicreg_quickstart.yaml").write_text(
+        (CONFIGS / "baselines" / "vicreg_quickstart.yaml").read_text().replace(
+            "format: builtin", "format: imagefolder\n  path: /nonexistent/images"))
+    third = [a for a in quick if a not in ("--nproc", "1")]
+    third[third.index("--methods") + 1] = "hypersolid,byol,vicreg"
+    again = _compare(*third, "--nproc", "2", "--configs", str(configs))
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    # torchrun exits 1 when a worker exits 2; the worker's own error line is what the user reads.
+    assert "FAILED vicreg-seed0: training failed (exit 1): error: image folder '/nonexistent/images' does " \
+           "not exist" in again.stdout, again.stdout[-3000:]
+    assert "--nproc_per_node=2" in (out / "logs" / "vicreg-seed0.train.log").read_text()
     after = json.loads((out / "state.json").read_text())
     assert after["parent_run_id"] == state["parent_run_id"]
-    for name, rec in after["runs"].items():
-        assert rec["train_s"] == state["runs"][name]["train_s"], name  # no training ran again
-        assert (rec["eval_s"] != state["runs"][name]["eval_s"]) == (name == "byol-seed0"), name
-    assert json.loads((out / "compare.json").read_text())["methods"]["byol"]["metrics"]["knn_k20_weighted"][
-        "values"] == got["byol"]["metrics"]["knn_k20_weighted"]["values"]  # the same checkpoint, the same kNN
+    assert after["runs"]["vicreg-seed0"]["train"] == "failed (exit 1)"
+    assert "eval" not in after["runs"]["vicreg-seed0"]  # not evaluated after its training failed
+    for name, rec in state["runs"].items():
+        assert after["runs"][name]["train_s"] == rec["train_s"], name  # no training ran again
+        assert (after["runs"][name]["eval_s"] != rec["eval_s"]) == (name == "byol-seed0"), name
+    table_after = json.loads((out / "compare.json").read_text())["methods"]
+    assert list(table_after) == methods  # the failed method has no row; the others keep theirs
+    assert table_after["byol"]["metrics"]["knn_k20_weighted"]["values"] == got["byol"]["metrics"][
+        "knn_k20_weighted"]["values"]  # the same checkpoint, the same kNN
+    assert client.get_run(state["parent_run_id"]).info.status == "FAILED"
