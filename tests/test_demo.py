@@ -59,7 +59,8 @@ def test_demo_rejects_a_bad_step_budget(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_demo_end_to_end_on_a_reduced_budget(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    env = {**os.environ, "HS_PYTHON": sys.executable, "HS_DEMO_RUN_DIR": str(run_dir), "HS_DEMO_STEPS": "10",
+    # 4 steps: what is checked is that every stage runs and the summary reads the reports, not what is learnt.
+    env = {**os.environ, "HS_PYTHON": sys.executable, "HS_DEMO_RUN_DIR": str(run_dir), "HS_DEMO_STEPS": "4",
            "HS_DEMO_EVAL_SAMPLES": "1000",
            # The full demo's random-init DBSCAN exceeds the edge budget (10000 nearly collapsed embeddings:
            # 100M pairs within eps=0.1); a budget of 250k edges for 1000 samples (1M pairs) keeps that case.
@@ -94,7 +95,7 @@ def test_demo_end_to_end_on_a_reduced_budget(tmp_path: Path) -> None:
         assert (run_dir / "eval" / name / "report.md").read_text().startswith("# Evaluation of")
     trained = json.loads((run_dir / "eval" / "trained" / "report.json").read_text())
     init_skipped = json.loads((run_dir / "eval" / "random_init" / "report.json").read_text())["skipped"]
-    assert trained["meta"]["step"] == 10
+    assert trained["meta"]["step"] == 4
     assert any(k.startswith("dbscan") and "dbscan_max_edges" in v for k, v in init_skipped.items()), init_skipped
     assert float(rows["kNN@20 top-1 (%)"][1]) == pytest.approx(trained["metrics"]["knn_k20_weighted"], abs=5e-4)
     assert sorted((REPO / "runs").glob("quickstart-*")) == runs_before  # all in tmp_path
