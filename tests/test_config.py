@@ -54,6 +54,27 @@ def test_loads_leave_the_shared_defaults_tree_as_built(tmp_path: Path) -> None:
     assert load_config(None, []) == Config()
 
 
+def test_to_dict_answers_like_a_fresh_conversion_after_edits_of_the_config_and_of_its_answer() -> None:
+    """to_dict keeps its answers by the config's repr: an edited config (an int in a float field, which
+    OmegaConf converts) and an edited answer never change what a later call returns."""
+    from omegaconf import OmegaConf
+
+    def fresh(cfg: Config) -> dict:
+        return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+    cfg = load_config(Path("configs/quickstart.yaml").resolve(), [])
+    first = to_dict(cfg)
+    assert first == fresh(cfg)
+    first["optim"]["lr"] = -1.0
+    first["data"].clear()
+    assert to_dict(cfg) == fresh(cfg) and to_dict(cfg)["optim"]["lr"] == cfg.optim.lr
+    cfg.optim.lr = 2
+    cfg.seed = 123
+    assert to_dict(cfg) == fresh(cfg) and repr(to_dict(cfg)["optim"]["lr"]) == "2.0"
+    stored = to_dict(cfg, stored=True)
+    assert stored["method"] == {"name": cfg.method.name, cfg.method.name: fresh(cfg)["method"][cfg.method.name]}
+
+
 @pytest.mark.parametrize("layers, expected", [
     ({}, "auto"), ({"bf16": "true"}, "bf16"), ({"bf16": False}, "fp32"), ({"bf16": "auto"}, "auto"),
     ({"precision": "fp64"}, "fp64"), ({"precision": "FP64"}, "fp64"), ({"precision": "fp32", "bf16": "false"}, "fp32"),

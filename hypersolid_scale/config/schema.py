@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -286,10 +287,21 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return cfg
 
 
+# to_dict's answers by repr(cfg), newest last: a run converts the same config at every checkpoint (twice, with
+# its fingerprint), and OmegaConf's conversion takes ~35 ms. A dataclass's repr names every field's value
+# exactly (1 and 1.0 differ), so equal reprs convert alike; callers get a copy (some edit what they get).
+_AS_DICT: dict[str, dict[str, Any]] = {}
+
+
 def to_dict(cfg: Config, *, stored: bool = False) -> dict[str, Any]:
     """Plain nested dict (what ``config.yaml`` holds); ``stored``: with the chosen method's and format's sections
     only (what a checkpoint stores, so that removing another method's or format's module leaves it readable)."""
-    d = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+    key = repr(cfg)
+    if key not in _AS_DICT:
+        _AS_DICT[key] = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
+        while len(_AS_DICT) > 16:
+            del _AS_DICT[next(iter(_AS_DICT))]
+    d = copy.deepcopy(_AS_DICT[key])
     return {**d, "method": chosen_section(d["method"]), "data": chosen_format_section(d["data"])} if stored else d
 
 
