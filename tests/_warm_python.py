@@ -32,6 +32,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hypersolid_scale.safety.process_exit import exit_steps, leave_now  # stdlib only
+
 REPO = Path(__file__).resolve().parents[1]
 
 # What launch/train.py, eval.py and compare.py import at their start, and what a training imports on its way
@@ -105,8 +107,7 @@ def _child(req: dict) -> None:
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
-    _leave()
-    os._exit(code & 0xFF)
+    leave_now(code)  # a fresh interpreter's exit, less the teardown of its modules (seconds with torch loaded)
 
 
 def _run_main(argv: Sequence[str]) -> None:
@@ -118,13 +119,6 @@ def _run_main(argv: Sequence[str]) -> None:
     runpy.run_path(argv[0], run_name="__main__")
 
 
-def _leave() -> None:
-    """A fresh interpreter's exit, less the teardown of its thousands of modules (seconds with torch loaded)."""
-    from hypersolid_scale.safety.process_exit import exit_steps
-
-    exit_steps()
-
-
 def _run_script(argv: list[str]) -> None:
     """One worker of :func:`_torchrun`: the script as ``__main__``; a nonzero exit is the worker's exit code."""
     try:
@@ -133,7 +127,7 @@ def _run_script(argv: list[str]) -> None:
         if stop.code not in (None, 0):
             raise
     finally:  # multiprocessing's children leave with os._exit: what the interpreter would do on its way out
-        _leave()
+        exit_steps()
 
 
 def _torchrun(nproc: int, argv: list[str]) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 
 from hypersolid_scale.distributed import (GlobalBatchNorm, all_reduce_sum_differentiable, cleanup,
                                           convert_global_batchnorm)
-from _net import free_port, spawn
+from _net import spawn_ranks
 from test_dist_loss import join_gloo_group
 
 WORLD = 2
@@ -148,9 +148,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def rank_results(tmp_path_factory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("bn")
-    spawn(_worker, free_port(), str(out), nprocs=WORLD)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return spawn_ranks(_worker, WORLD, tmp_path_factory.mktemp("bn"))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -332,8 +330,7 @@ def _cuda_worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_global_and_sync_batchnorm_equal_one_process(tmp_path) -> None:
-    spawn(_cuda_worker, free_port(), str(tmp_path), nprocs=WORLD)
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    results = spawn_ranks(_cuda_worker, WORLD, tmp_path)
     for case in CUDA_CASES:
         name, _, _, shape, split, dtype = case
         ref = run_bn(make_bn(case), case, slice(0, shape[0]), device="cuda")
