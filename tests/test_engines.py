@@ -80,6 +80,12 @@ def test_deepspeed_config_is_derived_from_ours() -> None:
     assert cfg["zero_optimization"]["stage"] == 2
     assert cfg["gradient_clipping"] == 1.0
     assert cfg["gradient_accumulation_steps"] == 1
+    # The gradient bucket: the model's trainable elements, DeepSpeed's default (5e8) at most.
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == 500_000_000
+    sized = deepspeed_config(batch_size_per_gpu=64, zero_stage=2, grad_clip=1.0, gradient_elements=11_000_000)
+    assert sized["zero_optimization"]["reduce_bucket_size"] == 11_000_000
+    huge = deepspeed_config(batch_size_per_gpu=64, zero_stage=2, grad_clip=1.0, gradient_elements=10**10)
+    assert huge["zero_optimization"]["reduce_bucket_size"] == 500_000_000
     # bf16 is autocast in the engine's forward; DeepSpeed's own bf16 mode would make the parameters bf16.
     assert not cfg.get("bf16", {}).get("enabled", False)
     assert "torch_autocast" not in cfg
@@ -171,6 +177,9 @@ engines = [build_engine(TinyNet(), lambda p: torch.optim.SGD(p, lr=0.1), engine=
                         device=torch.device("cpu"), bf16=False, grad_clip=0.0, zero_stage=stage,
                         batch_size_per_gpu=2) for stage in (0, 2)]
 assert get_world_size() == 1
+# ZeRO-2's gradient bucket (allocated at every step) is the model's size, not DeepSpeed's 5e8 elements.
+numel = sum(p.numel() for p in engines[1].model.parameters() if p.requires_grad)
+assert engines[1].ds_optimizer.reduce_bucket_size == numel < 10_000, (engines[1].ds_optimizer.reduce_bucket_size, numel)
 print("env", sorted(k for k in ("MASTER_ADDR", "MASTER_PORT") if k in os.environ), os.environ["LOCAL_RANK"])
 cleanup()
 assert not has_process_group()

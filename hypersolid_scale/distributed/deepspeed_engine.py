@@ -24,9 +24,18 @@ from hypersolid_scale.distributed.engine import Engine, OptimizerFn, grad_norm_t
 from hypersolid_scale.distributed.process_group import ensure_process_group
 from hypersolid_scale.safety.errors import ConfigError
 
+# DeepSpeed's default bucket: 5e8 elements per gradient reduction (its ZeRO-1/2 config docs).
+DEFAULT_REDUCE_BUCKET = 500_000_000
+
 
 def deepspeed_config(
-    *, batch_size_per_gpu: int, zero_stage: int, grad_clip: float, bf16: bool = False, accumulate_steps: int = 1
+    *,
+    batch_size_per_gpu: int,
+    zero_stage: int,
+    grad_clip: float,
+    bf16: bool = False,
+    accumulate_steps: int = 1,
+    gradient_elements: int = DEFAULT_REDUCE_BUCKET,
 ) -> dict[str, Any]:
     """DeepSpeed's JSON config, derived from ours (one source of truth for batch and clipping).
 
@@ -35,6 +44,11 @@ def deepspeed_config(
     code that feeds fp32 images. bf16 is autocast in ``Engine.forward`` instead, as under DDP:
     the parameters, gradients, master weights and optimizer state stay fp32, and the loss decides its
     thresholds in fp32 anyway (docs/design.md §2).
+
+    The gradient bucket is no larger than the model's trainable elements (``gradient_elements``; DeepSpeed's
+    5e8 at most): ZeRO-1/2 allocate a buffer of the bucket's size at every step (2 GB of fp32 for the default,
+    ~0.8 s a step on a CPU, memory held on a GPU), and every gradient fits one bucket either way, so the
+    reductions are the same.
 
     But DeepSpeed's engine switches off an autocast entered outside it on CUDA unless its own
     "torch_autocast" section enables one (on an H200 the forward silently ran in fp32), so with bf16 that
@@ -47,7 +61,10 @@ def deepspeed_config(
         # once; DeepSpeed must only know the count, for its batch arithmetic.
         "gradient_accumulation_steps": accumulate_steps,
         "gradient_clipping": grad_clip,
-        "zero_optimization": {"stage": zero_stage},
+        "zero_optimization": {
+            "stage": zero_stage,
+            "reduce_bucket_size": max(1, min(gradient_elements, DEFAULT_REDUCE_BUCKET)),
+        },
         # ZeRO partitions any torch optimizer's state; DeepSpeed only whitelists Adam-type ones by name,
         # and our SGD option (with momentum) would otherwise be refused.
         "zero_allow_untested_optimizer": True,
@@ -123,6 +140,7 @@ class DeepSpeedEngine(Engine):
             grad_clip=grad_clip,
             bf16=bf16,
             accumulate_steps=accumulate_steps,
+            gradient_elements=sum(p.numel() for p in model.parameters() if p.requires_grad),
         )
         model = model.to(device)
         self.optimizer = optimizer_fn(model.parameters())
