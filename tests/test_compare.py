@@ -186,10 +186,10 @@ def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_a_failing_t
 
     out = tmp_path / "cmp"
     methods = ["hypersolid", "byol"]
-    steps = 16  # long enough to be stopped a few steps in, well before the end
-    # A global batch of 64 (the configs' 128 would double each step's time on one process).
+    steps, batch = 16, 32  # long enough to be stopped a few steps in, well before the end
+    # A global batch of 32 (the configs' 128 would take 4x each step's time on one process).
     quick = ["--quick", "--methods", ",".join(methods), "--nproc", "1", "--eval-samples", "300", "--out", str(out),
-             "--steps", str(steps), "data.global_batch_size=64"]
+             "--steps", str(steps), f"data.global_batch_size={batch}"]
     proc = subprocess.Popen([sys.executable, str(REPO / "launch" / "compare.py"), *quick], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log = out / "logs" / "hypersolid-seed0.train.log"
@@ -220,7 +220,7 @@ def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_a_failing_t
     state = json.loads((out / "state.json").read_text())
     for method, row in got.items():
         seeds = 2 if method in ("hypersolid", "simclr") else 1
-        assert row["seeds"] == seeds and row["images_seen"] == steps * 64 and len(row["train_s"]) == seeds
+        assert row["seeds"] == seeds and row["images_seen"] == steps * batch and len(row["train_s"]) == seeds
         for _label, key, _spec in table.METRICS:  # every column computed (or skipped with its reason)
             assert key in row["metrics"] or key in json.loads((out / "compare.json").read_text())["skipped"].get(
                 method, {}), (method, key)
@@ -234,7 +234,7 @@ def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_a_failing_t
     for png in ("dbscan_nmi_vs_eps.png", "metrics.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     md = (out / "compare.md").read_text()
-    assert f"{steps * 64} images seen per training" in md and md.count("| hypersolid |") == 2
+    assert f"{steps * batch} images seen per training" in md and md.count("| hypersolid |") == 2
 
     runs = client.search_runs([client.get_experiment_by_name("compare").experiment_id])
     assert state["parent_run_id"] == killed["parent_run_id"]  # the stopped comparison's run, finished

@@ -185,12 +185,15 @@ peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = peak()
 main(["--folder", str(bombs), "--out", str(out / "bombs"), "--formats", "webdataset"])
 after_bombs = peak()
-main(["--folder", str(src), "--out", str(out / "photos"), "--formats", "webdataset,imagefolder", "--shard-size", "64"])
+# JPEG out: PNG's encoder took 0.1 s of the 0.11 s each image costs; the decoding whose memory is measured
+# is the same.
+main(["--folder", str(src), "--out", str(out / "photos"), "--formats", "webdataset,imagefolder", "--shard-size", "64",
+      "--image-format", "jpg"])
 print(start, after_bombs, peak(), sorted(m for m in ("torch", "ffcv") if m in sys.modules))
 """
 
 
-@pytest.mark.slow  # about 40 s on a busy 2-core machine: writing and converting 200 images
+@pytest.mark.slow  # writing and converting 200 images
 def test_memory_stays_bounded_while_converting(tmp_path) -> None:
     rng = np.random.default_rng(0)
     for i in range(200):
