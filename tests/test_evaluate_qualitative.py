@@ -17,7 +17,7 @@ from PIL import Image
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets, resolve_preset
 from hypersolid_scale.eval.app import main
-from hypersolid_scale.eval.clustering import subsample
+from hypersolid_scale.eval.sampling import subsample
 from hypersolid_scale.eval.config import FEATURE_SUITES, SUITES, EvalConfig
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog
 from hypersolid_scale.eval.suites import run_suites

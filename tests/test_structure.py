@@ -224,16 +224,20 @@ def test_the_file_name_check_catches_a_repeat(tmp_path):
     assert _repeated_file_names(tmp_path) == ["x.py: a/x.py, b/x.py"]
 
 
-def test_a_training_start_imports_no_clustering_library():
+def test_a_training_or_evaluation_start_imports_no_clustering_library():
     """``hypersolid_scale.eval`` resolves its names on first use: the config schema reaches it for
     ``EvalConfig``, and a training that never clusters must not pay scikit-learn's, SciPy's and HDBSCAN's
-    import (~1 s a start). Every name the package exports still resolves to its defining module's object."""
+    import (~1 s a start). Nor does the evaluation's start (a kNN-only evaluation never needs them): the
+    clustering suite, the protocol and the plots import them when they run. Every name the package exports
+    still resolves to its defining module's object."""
     code = (
         "import importlib, sys\n"
         "import hypersolid_scale.training.trainer\n"
         "from hypersolid_scale.config.schema import load_config\n"
         "load_config('configs/quickstart.yaml')\n"
         "print(*sorted(m for m in ('sklearn', 'scipy', 'hdbscan') if m in sys.modules))\n"
+        "import hypersolid_scale.eval.app\n"
+        "print(*sorted(m for m in ('sklearn', 'hdbscan', 'matplotlib') if m in sys.modules))\n"
         "import hypersolid_scale.eval as E\n"
         "for name in E.__all__:\n"
         "    assert getattr(E, name) is getattr(importlib.import_module(E.__name__ + '.' + E._SOURCES[name]), name)\n"
@@ -243,4 +247,4 @@ def test_a_training_start_imports_no_clustering_library():
 
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.splitlines() == ["", "True True"], proc.stdout
+    assert proc.stdout.splitlines() == ["", "", "True True"], proc.stdout

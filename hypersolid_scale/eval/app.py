@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset
@@ -46,11 +46,13 @@ from hypersolid_scale.eval.config import FEATURE_SUITES, FEATURES, SUITES, EvalC
 from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint
 from hypersolid_scale.eval.inputs import capped, eval_datasets, sample_images
 from hypersolid_scale.eval.mlflow_log import log_to_mlflow
-from hypersolid_scale.eval.protocol import Protocol, get_protocol, run_protocol, summary
 from hypersolid_scale.eval.report import format_table, write_report
 from hypersolid_scale.eval.source import Source, checkpoint_source, external_source
 from hypersolid_scale.eval.suites import Split, nothing_evaluated, run_suites
 from hypersolid_scale.safety.errors import ConfigError, run_cli
+
+if TYPE_CHECKING:
+    from hypersolid_scale.eval.protocol import Protocol
 
 __all__ = ["cli", "default_output_dir", "main", "parse_args"]
 
@@ -222,6 +224,8 @@ def _evaluate(
         section = getattr(src.cfg.method, src.cfg.method.name, None)
         alpha = float(getattr(section, "alpha", proto.default_alpha))
         pairs = {k: (s["train"], s["test"]) for k, s in by_kind.items()}
+        from hypersolid_scale.eval.protocol import run_protocol  # its clustering stack: only when it runs
+
         return run_protocol(pairs, ev, proto, out_dir, alpha=alpha, device=device, log=print)
     splits = next(iter(by_kind.values()), {})
     images = (
@@ -274,7 +278,12 @@ def _print_result(
         + (f"{'+'.join(kinds)} features, " if embedded else "")
         + f"n_train={meta['n_train']}, n_test={meta['n_test']})"
     )
-    shown = summary(report["metrics"]) if proto else report["metrics"]
+    if proto:
+        from hypersolid_scale.eval.protocol import summary
+
+        shown = summary(report["metrics"])
+    else:
+        shown = report["metrics"]
     print(format_table(shown, title=title, skipped=report["skipped"]))
     for name, png in report.get("qualitative", {}).items():
         print(f"[eval] qualitative {name}: {png}")
@@ -339,6 +348,8 @@ def _protocol(args: argparse.Namespace) -> Protocol | None:
     """The protocol of ``--protocol``; a ``ConfigError`` for an unknown name or a clash with --suite/--features."""
     if args.protocol is None:
         return None
+    from hypersolid_scale.eval.protocol import get_protocol  # scikit-learn and HDBSCAN: only for --protocol
+
     try:
         proto = get_protocol(args.protocol)
     except KeyError as err:

@@ -48,13 +48,6 @@ def cluster_scores(labels_true: np.ndarray, labels_pred: np.ndarray) -> dict[str
     }
 
 
-def subsample(n: int, max_n: int | None, seed: int) -> np.ndarray:
-    """Sorted indices of at most ``max_n`` of ``n`` rows (all when ``max_n`` is None), drawn with ``seed``."""
-    if max_n is None or n <= max_n:
-        return np.arange(n)
-    return np.sort(np.random.default_rng(seed).choice(n, size=max_n, replace=False))
-
-
 def _labels(labels: torch.Tensor | np.ndarray) -> np.ndarray:
     return (labels.cpu().numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)).astype(np.int64)
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from hypersolid_scale.eval.clustering import subsample
+from hypersolid_scale.eval.sampling import subsample
 from hypersolid_scale.eval.suites import Images
 from hypersolid_scale.safety.errors import ConfigError, DataError, UserError
 

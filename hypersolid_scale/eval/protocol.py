@@ -42,6 +42,7 @@ from hypersolid_scale.eval import clustering, density, geometry
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.eval.cosine_search import as_unit_float32
 from hypersolid_scale.eval.pairs import NeighbourGraph, knn_distance_sample
+from hypersolid_scale.eval.sampling import subsample
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog
 from hypersolid_scale.eval.suites import Split, run_suites
 
@@ -138,7 +139,7 @@ def clusterings(
     x_te: torch.Tensor, y_te: torch.Tensor, ev: EvalConfig, proto: Protocol, skips: SkipLog, device: str = "cpu"
 ) -> dict[str, Any]:
     """K-Means, the adaptive DBSCAN sweep and the HDBSCAN grid on the test features, flat ``name.score`` keys."""
-    sub = clustering.subsample(len(x_te), ev.cluster_max_samples, ev.seed)
+    sub = subsample(len(x_te), ev.cluster_max_samples, ev.seed)
     x, y = as_unit_float32(x_te[sub]), y_te[sub].numpy().astype(np.int64)
     n, out = len(x), {}
     with skips.guard("kmeans"):

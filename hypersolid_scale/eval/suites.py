@@ -18,10 +18,11 @@ from typing import Any, cast
 
 import torch
 
-from hypersolid_scale.eval import clustering, geometry, neighborhood, plots
+from hypersolid_scale.eval import geometry, neighborhood
 from hypersolid_scale.eval.config import FEATURE_SUITES, EvalConfig
 from hypersolid_scale.eval.knn import knn_accuracy
 from hypersolid_scale.eval.linear import linear_probe
+from hypersolid_scale.eval.sampling import subsample
 from hypersolid_scale.eval.skips import SkipLog
 
 Split = tuple[torch.Tensor, torch.Tensor]
@@ -199,13 +200,16 @@ def _cluster(
 
     DBSCAN and HDBSCAN share one exact neighbour graph, built (and timed) with DBSCAN.
     """
+    # Imported here: scikit-learn and HDBSCAN load only when a suite clusters (a kNN-only start, ~1 s sooner).
+    from hypersolid_scale.eval import clustering
+
     metrics = report["metrics"]
-    sub = clustering.subsample(len(x), ev.cluster_max_samples, ev.seed)
+    sub = subsample(len(x), ev.cluster_max_samples, ev.seed)
     xc, yc = x[sub], y[sub]
     with timed("kmeans"), skips.guard("kmeans"):
         km = clustering.kmeans(xc, yc, k=ev.kmeans_k, niter=ev.kmeans_niter, seed=ev.seed)
         metrics.update({f"kmeans_{k}": v for k, v in km.items() if k != "noise_fraction"})  # K-Means has no noise
-    hsub = clustering.subsample(len(xc), ev.hdbscan_max_samples, ev.seed)
+    hsub = subsample(len(xc), ev.hdbscan_max_samples, ev.seed)
     hd_ms = ev.hdbscan_min_samples if ev.hdbscan_min_samples is not None else ev.hdbscan_min_cluster_size
     graph = None
     with timed("dbscan"), skips.guard("dbscan"):
@@ -247,6 +251,8 @@ def _plots(
     x: torch.Tensor, y: torch.Tensor, ev: EvalConfig, report: dict[str, Any], out_dir: Path, skips: SkipLog
 ) -> list[Path]:
     """The four PNGs of the paper's figures; each one whose input could not be computed is skipped."""
+    from hypersolid_scale.eval import plots  # matplotlib loads only when plots are drawn
+
     paths: list[Path] = []
     with skips.guard("plot_similarity_density"):
         pos, neg = geometry.pair_similarities(x, y, max_pairs=ev.max_pairs, seed=ev.seed)
