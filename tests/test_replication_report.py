@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.replication import claims, formatting, judging, report
+from benchmarks.replication import claims, formatting, judging, readme, report
 from benchmarks.replication.readme import README_METRICS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -386,3 +386,36 @@ def test_the_20_epoch_part_has_its_curves_loss_terms_and_verdicts_at_5_and_20(tm
     _text, _files, summary, readme = report.render(results, tmp_path)
     block = readme.split(report.README_START)[-1]
     assert "of 20 epochs" not in block and "| 1 epoch, defaults: mean" in block, block
+
+
+def test_a_verdict_carried_by_some_of_its_metrics_names_them():
+    """A claim judged on two metrics that holds on one and shows nothing on the other says which: the
+    evidence lists the silent metric too, and the README's line names the metric that decided it."""
+    runs = _study({})
+    for r in runs:
+        hyp = r["method"] == "hypersolid"
+        noise = 1e-3 * r["seed"] ** 2
+        # Hypersolid: both peaks twice the baselines' (a larger absolute gap, the same ratio, up to noise).
+        pos, neg = (0.04, 0.08) if hyp else (0.02, 0.04)
+        ratio_noise = 0.01 * (1 if r["seed"] % 2 else -1) * (1 if hyp else 0)
+        r["final"] |= {f"{BB}geometry.interp_pos_peak": pos + noise, f"{BB}geometry.interp_neg_peak": neg + noise}
+        r["final"] |= {f"{BB}geometry.interp_gap": neg - pos + noise, f"{BB}geometry.interp_ratio": 2.0 + ratio_noise}
+    scope = judging.Scope("1 epoch", "after 1 epoch, defaults", judging.compare(runs))
+    rows = judging.verdicts([scope], [])
+    interp = next(r for r in rows if r["claim"].startswith("Interpolation"))
+    assert interp["verdict"] == "holds here"
+    assert interp["basis"] == (
+        "on interpolation gap (absolute); not significant on interpolation peak ratio, different / same class"
+    )
+    assert interp["evidence"].count("not significant: interpolation peak ratio") == 3  # one per baseline
+    # A claim on one metric, or one every metric decided, needs no such note.
+    assert all(r["basis"] == "" for r in rows if r["claim"].startswith("Geometry"))
+    block = readme.readme_block(scope, {}, rows, [])
+    assert "paths (on interpolation gap (absolute); not significant on interpolation peak ratio" in block
+    # A claim that does not hold says which metrics went against it and which went for it.
+    signs = {"simclr": [-1, 1, 0], "swav": [0, 0, None]}
+    assert judging._basis(signs, ["a", "b", "c"], "does not hold here") == (
+        "against it on a; for it on b; not significant on c"
+    )
+    assert judging._basis(signs, ["a", "b", "c"], "inconclusive here") == ""
+    assert judging._basis({"simclr": [0, 0]}, ["a", "b"], "holds here") == ""  # parity: nothing decided it

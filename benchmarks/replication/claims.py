@@ -37,7 +37,7 @@ HEADLINE: tuple[tuple[str, str], ...] = (
     (f"{BB}knn_k20_majority", "kNN@20 (%)"),
     (f"{BB}linear_top1", "linear probe (%)"),
     (f"{BB}kmeans.ami", "K-Means AMI"),
-    *((f"{BB}hdbscan_mcs{m}.ami", f"HDBSCAN AMI, mcs {m}") for m in HDBSCAN_MCS),
+    *((f"{BB}hdbscan_mcs{m}.ami", f"HDBSCAN AMI (mcs {m})") for m in HDBSCAN_MCS),
 )
 DBSCAN_BEST = f"{BB}dbscan_best.nmi"  # the best DBSCAN NMI over the eps grid (derived() from dbscan_q*)
 T3 = "Table 3 (tab:qualityMetrics)"  # ImageNet-1k (ResNet-50), Food-101 (ResNet-18; no SwAV row)
@@ -165,7 +165,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "Hypersolid clusters better: HDBSCAN",
         "hdbscan",
-        tuple((f"{BB}hdbscan_mcs{m}.ami", f"HDBSCAN AMI, mcs {m}", 1) for m in HDBSCAN_MCS),
+        tuple((f"{BB}hdbscan_mcs{m}.ami", f"HDBSCAN AMI (mcs {m})", 1) for m in HDBSCAN_MCS),
         "Table 5, ImageNet-1k: NMI 0.4826 vs 0.0122, 0.0061, 0.0042",
     ),
     Claim(

@@ -150,6 +150,12 @@ def _evidence(cmp: Comparison, family: str, keys: Sequence[tuple[str, int]], lab
         if tested and not bits:  # name the closest call, so that a weak test does not read as equality
             key, d = min(tested, key=lambda kd: kd[1].p_holm)
             bits = [f"none significant; closest {labels[key]} {fmt_interval(d.diff, signed=True)}, p {d.p_holm:.2g}"]
+        elif bits and len(bits) < len(tested):  # the family's other metrics too: what did not carry the verdict
+            bits += [
+                f"not significant: {labels[key]} {fmt_interval(d.diff, signed=True)}, p {d.p_holm:.2g}"
+                for key, d in tested
+                if d.p_holm >= LEVEL
+            ]
         said = "; ".join(bits) if bits else "fewer than two paired seeds"
         parts.append(f"{METHOD_NAMES[m]} − Hypersolid: {said}")
     return " · ".join(parts)
@@ -170,6 +176,7 @@ def judge(claim: Claim, scope: Scope) -> dict[str, str]:
     """The verdict on one claim at one scope, its evidence, and the verdict with its scope in words."""
     cmp = scope.cmp
     keys = [(k, d) for k, _, d in claim.metrics]
+    basis = ""
     if N_CLASSES < claim.min_classes:
         verdict, evidence = "not comparable here", f"Fashion-MNIST has {N_CLASSES} classes: {claim.not_comparable}"
     elif cmp is None or len(cmp.methods) < 2 or REFERENCE not in cmp.methods:
@@ -178,6 +185,7 @@ def judge(claim: Claim, scope: Scope) -> dict[str, str]:
         labels = {k: label for k, label, _ in claim.metrics}
         signs = _signs(cmp, claim.family, keys)
         verdict, evidence = _verdict(signs, claim.parity), _evidence(cmp, claim.family, keys, labels)
+        basis = _basis(signs, [labels[k] for k, _ in keys], verdict)
         if all(not any(k in cmp.values[m] for k, _ in keys) for m in cmp.methods):
             verdict, evidence = (
                 "not testable here",
@@ -192,7 +200,29 @@ def judge(claim: Claim, scope: Scope) -> dict[str, str]:
         "verdict": verdict,
         "scoped": f"{verdict.removesuffix(' here')} {scope.label}",
         "evidence": evidence,
+        "basis": basis,
     }
+
+
+def _basis(signs: dict[str, list[int | None]], labels: Sequence[str], verdict: str) -> str:
+    """Which of a claim's metrics decided a verdict, when only some did ("" otherwise): a claim judged on
+    several metrics (the peak ratio and the absolute gap; kNN and the linear probe) can hold on one while the
+    other shows no difference, and the summary says so rather than let the verdict speak for both."""
+    decisive = {"holds here": 1, "does not hold here": -1}.get(verdict)
+    tested = [i for i in range(len(labels)) if any(s[i] is not None for s in signs.values())]
+    if decisive is None or len(tested) < 2:
+        return ""
+    status = {i: {s[i] for s in signs.values()} for i in tested}
+    by = [labels[i] for i in tested if decisive in status[i]]
+    if not by or len(by) == len(tested):  # a parity claim holds on no difference: nothing decided it
+        return ""
+    # A claim that does not hold may still win on another metric (one that holds loses on none, by its rule).
+    won = [labels[i] for i in tested if decisive == -1 and 1 in status[i] and -1 not in status[i]]
+    silent = [labels[i] for i in tested if labels[i] not in by and labels[i] not in won]
+    said = [f"{'against it on' if decisive == -1 else 'on'} {' and '.join(by)}"]
+    said += [f"for it on {' and '.join(won)}"] if won else []
+    said += [f"not significant on {' and '.join(silent)}"] if silent else []
+    return "; ".join(said)
 
 
 def verdicts(scopes: Sequence[Scope], gpu: Sequence[dict[str, Any]]) -> list[dict[str, str]]:

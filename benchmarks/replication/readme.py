@@ -32,6 +32,11 @@ def _short(claim: str) -> str:
     return claim.removeprefix("Geometry: Hypersolid's ").split(":", 1)[0] if claim.startswith("Geometry") else claim
 
 
+def _said(row: dict[str, str]) -> str:
+    """A verdict's claim, with the metrics that decided it when only some of the claim's did."""
+    return _short(row["claim"]) + (f" ({row['basis']})" if row.get("basis") else "")
+
+
 def longest(scopes: Sequence[Scope]) -> Scope | None:
     """The last scope (the longest budget, scopes being listed by budget) whose runs exist and pair enough seeds
     to test a claim: with one seed a method, every verdict there would read "not testable", so the summary stays
@@ -82,7 +87,7 @@ def readme_block(
     lines.append("")
     for head, rs in said.items():
         why = " (not comparable on 10 classes, not measured, or GPU-only)" if head.startswith("Cannot") else ""
-        lines.append(f"* **{head}**{why}: " + ("; ".join(_short(r["claim"]) for r in rs) or "none") + ".")
+        lines.append(f"* **{head}**{why}: " + ("; ".join(_said(r) for r in rs) or "none") + ".")
     if inconclusive:
         lines[-1] += " Inconclusive at this budget: " + "; ".join(_short(r["claim"]) for r in inconclusive) + "."
     rerun = f" Reruns: {'; '.join(reruns)}." if reruns else ""

@@ -247,8 +247,11 @@ def render(
             "claim at that level; otherwise it is **inconclusive here**. A parity claim (kNN, linear probe) holds",
             "unless some baseline is significantly better, provided every baseline has at least two paired seeds",
             "(otherwise it is inconclusive). **Not testable here**: the runs that would test it have",
-            "not been done. Every verdict holds only at its scope, named in its column: a budget of 1 or 5 epochs",
-            "on Fashion-MNIST says nothing of the paper's 100-200 epochs on ImageNet-1k and Food-101.",
+            "not been done. Every verdict holds only at its scope, named in its column: a budget of 1 to 20 epochs",
+            "on Fashion-MNIST says nothing of the paper's 100-200 epochs on ImageNet-1k and Food-101. A verdict's",
+            "evidence lists every metric of its claim that differed significantly and, when only some did, the",
+            'others as "not significant" (the README\'s summary names the metrics that decided such a verdict): a',
+            "claim judged on two metrics can hold on one while the other shows no difference.",
             "",
             "Holm families, one per claim (fixed after the 1-epoch group had been read, whose outside read asked",
             (
