@@ -187,11 +187,20 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     (home / "run" / "checkpoints" / "step_00000004.pt").unlink()
     for report in home.glob("eval/*/report.json"):
         report.unlink()
+    # Killed before the epoch's end: only what was recorded with the step-2 checkpoint is left of the epoch's
+    # statistics (the trainer writes the epoch so far beside every checkpoint).
+    records = home / "run" / "epochs.jsonl"
+    kept = [line for line in records.read_text().splitlines() if json.loads(line)["step"] <= 2]
+    assert [(json.loads(line)["epoch"], json.loads(line)["steps"]) for line in kept] == [(1, 2)]
+    records.write_text("\n".join(kept) + "\n")
     text = drive()
     assert f"skip {names[0]}: result exists" in text and f"done {one_epoch}" in text
     again = json.loads((out / f"{one_epoch}.json").read_text())
     assert again["resumed_from_step"] == 2 and again["final_step"] == 4
     assert "at step 2" in log.read_text() and again["per_epoch"][0]["step"] == 4
+    # The epoch's means cover its 4 steps: the 2 before the kill and the 2 the resumed run trained.
+    assert [(t["epoch"], t["steps"]) for t in again["train_per_epoch"]] == [(1, 4)]
+    assert again["per_epoch"][0]["train.steps"] == 4
 
 
 def test_budget_skips_what_cannot_finish_and_says_so(tmp_path: Path) -> None:

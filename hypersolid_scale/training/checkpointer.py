@@ -55,7 +55,10 @@ class Checkpointer:
             return bool(every.every_n_epochs) and (epoch_end + 1) % every.every_n_epochs == 0
         return bool(every.every_n_steps) and step % every.every_n_steps == 0
 
-    def __call__(self, step: int, *, epoch_end: int | None = None, stopping: bool = False) -> None:
-        if self.due(step, epoch_end=epoch_end, stopping=stopping):
-            save(self.run, step, self.tracker)
-            self.last_saved = step
+    def __call__(self, step: int, *, epoch_end: int | None = None, stopping: bool = False) -> bool:
+        """Save when due; whether it saved."""
+        if not self.due(step, epoch_end=epoch_end, stopping=stopping):
+            return False
+        save(self.run, step, self.tracker)
+        self.last_saved = step
+        return True

@@ -79,6 +79,14 @@ class EpochEnd:
             return Decision.PREEMPTED
         return Decision.FINISHED if finished else Decision.CONTINUE
 
+    def record_part(self, epoch: int, step: int, meter: EpochMeter) -> None:
+        """After a checkpoint mid-epoch, rank 0 records the epoch so far in epochs.jsonl: a kill before the
+        epoch's end then loses no statistic of a step that the resumed run does not repeat (read_epochs
+        combines this part with the resumed run's; the epoch-end record, covering it, replaces it)."""
+        if self.run.info.rank == 0 and meter.n:
+            mean, _ = meter.summary(self.run.batch.global_batch)  # one host transfer, beside the checkpoint's
+            record_epoch(Path(self.run.cfg.run_dir) / EPOCHS_FILE, epoch, step, meter.n, mean)
+
     def _summary(self, epoch: int, step: int, meter: EpochMeter, rank0: bool) -> None:
         """The epoch's summary on every rank (the guard must agree everywhere), logged by rank 0."""
         run = self.run

@@ -1,7 +1,7 @@
 """A run's epoch records: each finished epoch's means of every step statistic, one JSON line in
-``<run_dir>/epochs.jsonl`` (written by rank 0 at the epoch's end, training/epoch_end.py), and reading them
-back (the replication driver puts them beside its evaluations). Stdlib only: a reader need not import the
-trainer.
+``<run_dir>/epochs.jsonl`` (written by rank 0 at the epoch's end, and for the epoch so far beside each checkpoint
+written mid-epoch, training/epoch_end.py), and reading them back (the replication driver puts them beside its
+evaluations). Stdlib only: a reader need not import the trainer.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from pathlib import Path
 
 __all__ = ["EPOCHS_FILE", "read_epochs", "record_epoch"]
 
-# One JSON line per finished epoch in the run directory: the epoch's mean of every statistic the method's step
-# reports (loss terms, active pairs, ...), whether or not a tracking server is on (docs/training.md).
+# One JSON line per finished epoch in the run directory (and one per mid-epoch checkpoint: the epoch so far): the
+# epoch's mean of every statistic the method's step reports (loss terms, active pairs, ...), whether or not a
+# tracking server is on (docs/training.md).
 EPOCHS_FILE = "epochs.jsonl"
 
 

@@ -281,7 +281,8 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
                     )
                     bar.set_postfix(loss=f"{values['loss']:.4f}", img_s=f"{values['images_per_s']:.0f}", ep=epoch)
                 bar.update(1)
-                checkpoint(step)
+                if checkpoint(step):
+                    end_epoch.record_part(epoch, step, meter)
                 if stop(stop_requested()):
                     preempted = True
                     break
