@@ -364,6 +364,10 @@ def test_the_20_epoch_part_has_its_curves_loss_terms_and_verdicts_at_5_and_20(tm
             per_epoch = [{**r["final"], "epoch": e, **terms} for e in plan.LONG_EVAL_EPOCHS]
             name = f"cpu-long-{r['method']}-{knob.split('.')[-1].replace('=', '')}-s{r['seed']}"
             extra.append(_part(r, name, "long", (knob,), epochs=20, per_epoch=per_epoch, final=per_epoch[-1]))
+            # The trainer's epoch records: every epoch whole, but one run's epoch 2 recorded over its last 136 steps.
+            cut = r["method"] == "simclr" and r["seed"] == 2
+            steps = {e: 136 if cut and e == 2 else 468 for e in range(1, 21)}
+            extra[-1]["train_per_epoch"] = [{"epoch": e, "step": 468 * e, "steps": n} for e, n in steps.items()]
     _write(results, [*study, *extra])
     text, _files, summary, readme = report.render(results, tmp_path)
     assert summary["tuned"] == {"hypersolid": 0.95, "simclr": 0.05}
@@ -373,6 +377,10 @@ def test_the_20_epoch_part_has_its_curves_loss_terms_and_verdicts_at_5_and_20(tm
     col = header.split(" | ").index("alignment (train)")
     assert rows[0].split(" | ")[col].startswith("0.200 [")  # the training's own term, measured (seeds 0-2)
     assert "cpu_long_curves.png" in text
+    # An evaluated epoch whose training means cover part of it is named, with the steps recorded; no other.
+    partial = next(line for line in text.splitlines() if line.startswith("Training columns over part of an epoch"))
+    cut = next(r["run"] for r in extra if r["part"] == "long" and r["method"] == "simclr" and r["seed"] == 2)
+    assert f"(steps recorded): {cut} epoch 2: 136 of 468. " in partial
     long = {r["short"] for r in summary["verdicts"] if "of 20 epochs" in r["short"]}
     assert long == {"5 of 20 epochs, widened tuning", "20 of 20 epochs, widened tuning"}
     at20 = [r for r in summary["verdicts"] if r["short"] == "20 of 20 epochs, widened tuning"]

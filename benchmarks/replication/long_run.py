@@ -17,6 +17,7 @@ from benchmarks.replication.sections import (
     CURVE_METRICS,
     DATASET,
     IMAGES_PER_EPOCH,
+    STEPS_PER_EPOCH,
     _at_epoch,
     _setting,
     budget_label,
@@ -101,5 +102,28 @@ def long_lines(
     if rows:
         out += ["", "| setting | epoch | " + " | ".join(lb for _, lb in LONG_METRICS) + " |"]
         out += ["|---|---|" + "---|" * len(LONG_METRICS), *rows]
+        out += _partial_epochs([r for m in LONG_METHODS for r in _mine(runs, m, tuned_values.get(m))])
     out += ["", *(f"![{name}]({link(path)})" for name, path in figs.items()), ""]
     return out
+
+
+def _partial_epochs(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """A note for each evaluated epoch whose training means cover fewer than its steps: a run killed mid-epoch
+    before the trainer recorded the epoch so far beside each checkpoint resumed with that epoch's first part
+    unrecorded (its evaluation is unaffected: the resumed run trained every step)."""
+    short = [
+        f"{r['run']} epoch {t['epoch']}: {t['steps']} of {STEPS_PER_EPOCH}"
+        for r in sorted(runs, key=lambda r: r["run"])
+        for t in r.get("train_per_epoch", [])
+        if t["epoch"] in LONG_EVAL_EPOCHS and t["steps"] < STEPS_PER_EPOCH
+    ]
+    if not short:
+        return []
+    return [
+        "",
+        "Training columns over part of an epoch (steps recorded): "
+        + "; ".join(short)
+        + ". The run was killed mid-epoch and resumed from a later checkpoint of that epoch, before the trainer "
+        "recorded the epoch so far beside each checkpoint; the epoch's first steps were trained but not recorded, "
+        "and its evaluation is unaffected.",
+    ]

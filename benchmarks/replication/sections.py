@@ -56,7 +56,8 @@ OTHER_METRICS = (
     *HDBSCAN_CLUSTERS,
 )
 DATASET = "Fashion-MNIST (10 classes), the quickstart's 4-block CNN at 28 px, global batch 128"
-IMAGES_PER_EPOCH = 468 * 128  # 59,904 images seen per epoch (the loader drops the last partial batch)
+STEPS_PER_EPOCH = 468  # 60,000 training images at a global batch of 128 (the loader drops the last partial batch)
+IMAGES_PER_EPOCH = STEPS_PER_EPOCH * 128  # 59,904 images seen per epoch
 
 
 NAMES = {**METHOD_NAMES, "hypersolid2v": "Hypersolid (2 views)"}
