@@ -80,7 +80,8 @@ def seeds_of(runs: Sequence[dict[str, Any]]) -> str:
 
 def cpu_scope(runs: Sequence[dict[str, Any]], floor: Sequence[dict[str, Any]]) -> str:
     return (
-        f"{DATASET}; budget: 1 epoch (468 steps, {IMAGES_PER_EPOCH:,} images seen per method); tuning: none, "
+        f"{DATASET}; budget: 1 epoch ({STEPS_PER_EPOCH} steps, {IMAGES_PER_EPOCH:,} images seen per method); "
+        "tuning: none, "
         f"each method's defaults; views: {views_of(methods_in(runs))} (the same images seen, not the same views: "
         "each method keeps its paper's views, and Hypersolid also runs on 2 views below); "
         f"seeds: {seeds_of(runs)}; random init: {len(floor)} of {RANDOM_SEEDS} seeds; one process on a 2-core CPU"
