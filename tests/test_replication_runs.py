@@ -70,7 +70,8 @@ def test_cpu_plan_parts_order_and_tuning() -> None:
     # Priority order: the first pass, then the floor, the tuning, 2 views, the extra seeds, the 5-epoch runs;
     # the 20-epoch runs wait for the whole (widened) tuning grid.
     order = [part for part, _ in itertools.groupby(r.part for r in runs)]
-    assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget"]
+    # Amendment 3's parts that need no tuned value come last: the 20-epoch baselines, then the batch arms.
+    assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget", "long", "batch"]
     # The widened grid's values (amendment 2) run after the first grid's, each seed-major.
     first = [(r.method, r.overrides[0]) for r in parts["tune"][:12]]
     assert sorted(set(first)) == sorted(
@@ -118,7 +119,24 @@ def test_tuned_values_follow_held_out_knn() -> None:
         ("cpu-long-hypersolid-alpha0.75-s0", 20, (1, 2, 5, 10, 20)),
         ("cpu-long-simclr-temperature0.05-s0", 20, (1, 2, 5, 10, 20)),
     ]
-    assert len(long) == 6 and plan("cpu", results=results)[-1].part == "long"
+    assert len(long) == 12 and {r.method for r in long[6:]} == {"swav", "barlowtwins"}
+    assert all(r.overrides == () and r.eval_epochs == (1, 2, 5, 10, 20) for r in long[6:])  # at their defaults
+    # Amendment 3, in order: lambda 0 at the tuned alpha, the 20-epoch baselines, the batch arms, the 100-epoch curve.
+    order = [part for part, _ in itertools.groupby(r.part for r in plan("cpu", results=results))]
+    assert order[-4:] == ["l2", "long", "batch", "curve100"]
+    l2 = [r for r in plan("cpu", results=results) if r.part == "l2"]
+    assert [r.overrides for r in l2] == [("method.hypersolid.alpha=0.75", "method.hypersolid.norm_weight=0")] * 3
+    batch = [r for r in plan("cpu", results=results) if r.part == "batch"]
+    # Equal epochs (2 each) and equal steps (~936 updates: 64 x 1 epoch, 256 x 4), 3 seeds.
+    arms = {(r.overrides[0], r.epochs) for r in batch}
+    assert arms == {(f"data.global_batch_size={b}", e) for b, e in ((64, 2), (128, 2), (256, 2), (64, 1), (256, 4))}
+    assert len(batch) == 15 and all(r.overrides[1:] == planmod.BATCH_LR for r in batch)
+    curve = [r for r in plan("cpu", results=results) if r.part == "curve100"]
+    assert [(r.method, r.epochs, r.eval_epochs) for r in curve[:2]] == [
+        ("hypersolid", 100, (20, 50, 100)),
+        ("simclr", 100, (20, 50, 100)),
+    ]
+    assert len(curve) == 6
     budget = [r for r in plan("cpu", results=results) if r.part == "budget"]
     assert sorted({r.overrides[0] for r in budget}) == [
         "method.hypersolid.alpha=0.75",
@@ -168,6 +186,7 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     assert first["final_step"] == 4 and first["resumed_from_step"] is None  # 128 images / 32 = 4 steps
     assert [(e["epoch"], e["step"]) for e in first["per_epoch"]] == [(1, 4)]
     assert 0 <= first["final"]["knn_k20_weighted"] <= 100 and first["card"] == "cpu" and first["wall_s"] > 0
+    assert first["train_s_attempts"] == first["train_s_total"]  # one attempt
     assert json.loads((out / "_skipped.json").read_text())["skipped"] == []
 
     # Second invocation: every result exists, nothing runs again.
@@ -193,10 +212,13 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     kept = [line for line in records.read_text().splitlines() if json.loads(line)["step"] <= 2]
     assert [(json.loads(line)["epoch"], json.loads(line)["steps"]) for line in kept] == [(1, 2)]
     records.write_text("\n".join(kept) + "\n")
+    # The killed attempt had trained 100 s by its driver's last record: the resumed run's total includes them.
+    (home / "attempts.json").write_text(json.dumps({"done_s": 0.0, "current_s": 100.0}))
     text = drive()
     assert f"skip {names[0]}: result exists" in text and f"done {one_epoch}" in text
     again = json.loads((out / f"{one_epoch}.json").read_text())
     assert again["resumed_from_step"] == 2 and again["final_step"] == 4
+    assert again["train_s_attempts"] == pytest.approx(100.0 + again["train_s_total"], abs=0.02)
     assert "at step 2" in log.read_text() and again["per_epoch"][0]["step"] == 4
     # The epoch's means cover its 4 steps: the 2 before the kill and the 2 the resumed run trained.
     assert [(t["epoch"], t["steps"]) for t in again["train_per_epoch"]] == [(1, 4)]

@@ -12,7 +12,7 @@ from typing import Any
 
 from benchmarks.replication.claims import METHOD_NAMES
 from benchmarks.replication.judging import Scope, compare
-from benchmarks.replication.plan import CPU_TUNE, LONG_EPOCHS, LONG_EVAL_EPOCHS, LONG_SEEDS
+from benchmarks.replication.plan import CPU_TUNE, LONG_BASELINES, LONG_EPOCHS, LONG_EVAL_EPOCHS, LONG_SEEDS
 from benchmarks.replication.sections import (
     CURVE_METRICS,
     DATASET,
@@ -45,16 +45,20 @@ def long_scopes(runs: Sequence[dict[str, Any]], tuned_values: dict[str, float | 
     """The claims judged after 5 and after 20 epochs of the 20-epoch runs (Hypersolid against SimCLR, both at the
     widened grid's choice, paired by seed)."""
     hyp, sim = (tuned_values.get(m) for m in LONG_METHODS)
+    # Amendment 3's baselines at their defaults join the comparison once they have runs.
     pair = [*_mine(runs, "hypersolid", hyp), *_mine(runs, "simclr", sim)]
+    pair += [r for r in runs if r["method"] in LONG_BASELINES and _setting(r) == "default"]
     have = {r["method"] for r in pair}
     waiting = hyp is None or sim is None
     out = []
     for epoch in (5, LONG_EPOCHS):
         at = [r for r in pair if _at_epoch(epoch)(r) is not None]
-        ready = {r["method"] for r in at} == set(LONG_METHODS)
+        ready = set(LONG_METHODS) <= {r["method"] for r in at}
+        extra = [METHOD_NAMES[m] for m in LONG_BASELINES if any(r["method"] == m for r in at)]
         label = (
             f"after {epoch} epochs of the {LONG_EPOCHS}-epoch runs, Hypersolid α {hyp:g} vs SimCLR temperature "
             f"{sim:g} (both tuned on the widened grid)"
+            + (f" and {' and '.join(extra)} at their defaults" if extra else "")
             if not waiting
             else f"after {epoch} epochs of the {LONG_EPOCHS}-epoch runs, both tuned on the widened grid"
         )

@@ -19,7 +19,12 @@ Groups:
   (g) ``long``: 20 epochs, the protocol after epochs 1, 2, 5, 10 and 20, seeds 0-2: Hypersolid at the tuned
   alpha and SimCLR at the tuned temperature (amendment 2 of docs/replication.md: the tuning grid was widened
   to bracket its optimum, and these runs wait for it). Part (d) runs before (g), and (g) before any budget
-  run that a moved tuned value adds to (f).
+  run that a moved tuned value adds to (f). Amendment 3 adds, in this order: (h) ``l2``: Hypersolid at the
+  tuned alpha with lambda 0, 20 epochs, seeds 0-2 (the L2 claim's other arm); (i) ``long`` grows SwAV and
+  Barlow Twins at their defaults, 20 epochs, seeds 0-2; (j) ``batch``: global batch 64 / 128 / 256 at equal
+  epochs (2 each) and at equal steps (~936: 1, 2 and 4 epochs), square-root learning-rate scaling from 128,
+  seeds 0-2; (k) ``curve100``: Hypersolid and SimCLR at their tuned values, 100 epochs, the protocol after
+  epochs 20, 50 and 100, seeds 0-2.
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -66,6 +71,17 @@ BUDGET_SEEDS = 5
 LONG_EPOCHS = 20
 LONG_EVAL_EPOCHS = (1, 2, 5, 10, 20)
 LONG_SEEDS = 3
+# Amendment 3 (docs/replication.md): the L2 claim's lambda-0 arm, the 20-epoch baselines, the batch claim's two
+# arms and the 100-epoch curve.
+LONG_BASELINES = ("swav", "barlowtwins")  # at their quickstart defaults (not tuned: the CPU budget)
+L2_OFF = "method.hypersolid.norm_weight=0"
+BATCH_SIZES = (64, 128, 256)
+BATCH_EPOCHS = 2  # the equal-epochs arm; the equal-steps arm trains BATCH_EPOCHS * b / 128 epochs
+BATCH_SEEDS = 3
+BATCH_LR = ("optim.lr_scaling=sqrt", "optim.reference_batch_size=128")
+CURVE100_EPOCHS = 100
+CURVE100_EVAL_EPOCHS = (20, 50, 100)
+CURVE100_SEEDS = 3
 RANDOM_SEEDS = 5
 VIEWS_SEEDS = 5
 # The views each method trains on in the cpu group (its quickstart config's data.num_local_views; the
@@ -151,6 +167,69 @@ def long_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
     ]
 
 
+def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
+    """(h)-(k), each part seed-major; the parts that train at the tuned values wait for the tuning."""
+    alpha, temp = tuned("hypersolid", results), tuned("simclr", results)
+    out: list[Run] = []
+    if alpha is not None:
+        knob = CPU_TUNE["hypersolid"][0]
+        out += [
+            Run(
+                f"cpu-l2-hypersolid-{_knob(knob, alpha)}-lambda0-s{s}",
+                "hypersolid",
+                HYPERSOLID,
+                (f"{knob}={alpha}", L2_OFF),
+                s,
+                "cpu",
+                "l2",
+                LONG_EPOCHS,
+                eval_epochs=LONG_EVAL_EPOCHS,
+            )
+            for s in range(LONG_SEEDS)
+        ]
+    out += [
+        Run(
+            f"cpu-long-{m}-default-s{s}", m, CONFIGS[m], (), s, "cpu", "long", LONG_EPOCHS, eval_epochs=LONG_EVAL_EPOCHS
+        )
+        for s in range(LONG_SEEDS)
+        for m in LONG_BASELINES
+    ]
+    # Equal epochs: every size for BATCH_EPOCHS; equal steps: the sizes other than 128 for as many steps as 128's.
+    arms = [(b, BATCH_EPOCHS, "epochs") for b in BATCH_SIZES]
+    arms += [(b, BATCH_EPOCHS * b // 128, "steps") for b in BATCH_SIZES if b != 128]
+    out += [
+        Run(
+            f"cpu-batch-{b}-{arm}-ep{e}-s{s}",
+            "hypersolid",
+            HYPERSOLID,
+            (f"data.global_batch_size={b}", *BATCH_LR),
+            s,
+            "cpu",
+            "batch",
+            e,
+        )
+        for s in range(BATCH_SEEDS)
+        for b, e, arm in arms
+    ]
+    if alpha is not None and temp is not None:
+        out += [
+            Run(
+                f"cpu-curve100-{m}-{_knob(CPU_TUNE[m][0], v)}-s{s}",
+                m,
+                CONFIGS[m],
+                (f"{CPU_TUNE[m][0]}={v}",),
+                s,
+                "cpu",
+                "curve100",
+                CURVE100_EPOCHS,
+                eval_epochs=CURVE100_EVAL_EPOCHS,
+            )
+            for s in range(CURVE100_SEEDS)
+            for m, v in (("hypersolid", alpha), ("simclr", temp))
+        ]
+    return out
+
+
 def budget_settings(results: dict[str, dict[str, Any]]) -> list[tuple[str, float | None]]:
     """(method, knob value) of the 5-epoch part: Hypersolid at the paper's alpha and at the tuned one, SimCLR
     at the tuned temperature, tuned over the first grid (FIRST_TUNE: what the part was planned and run on;
@@ -215,6 +294,7 @@ def cpu_runs(results: dict[str, dict[str, Any]] | None = None) -> list[Run]:
         *more,
         *budget_runs(results),
         *long_runs(results),
+        *amendment3_runs(results),
     ]
 
 

@@ -52,11 +52,13 @@ def run_result(st: State, facts: tuple[str, str, str]) -> dict[str, Any]:
         "command": shlex.join(st.train_cmd),
         "eval_command": shlex.join(st.eval_cmd),
         **dict(zip(("card", "torch", "git_commit"), facts)),
-        # This invocation's seconds; train_s_total is the training's last (possibly resumed) attempt.
+        # This invocation's seconds; train_s_total is the training's last (possibly resumed) attempt, and
+        # train_s_attempts the sum over every attempt (run.py's attempts.json; absent from older runs).
         "wall_s": round(st.train_s + st.eval_s, 2),
         "train_s": round(st.train_s, 2),
         "eval_s": round(st.eval_s, 2),
         "train_s_total": done.get("train_s"),
+        "train_s_attempts": done.get("train_s_attempts"),
         **{k: done.get(k) for k in ("final_step", "resumed_from_step")},
         "per_epoch": per_epoch,
         "final": per_epoch[-1] if per_epoch else {},

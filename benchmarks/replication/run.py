@@ -53,6 +53,9 @@ PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0
 OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
 SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+# A training's seconds over its attempts (<run>/attempts.json): the finished attempts' and the running one's so far.
+ATTEMPTS = "attempts.json"
+ATTEMPT_TICK_S = 30.0
 
 
 def eval_arguments(py: str) -> list[str]:
@@ -107,6 +110,7 @@ class Driver:
             "MPLBACKEND": "Agg",
         }
         self._full_args: list[str] | None = None
+        self._last_tick = 0.0
         self._facts: tuple[str, str, str] | None = None
 
     # Both cost a Python start with torch: asked for only when a run needs them, so that a rerun over
@@ -137,9 +141,27 @@ class Driver:
     def launch(self, task: Task) -> None:
         task.log.parent.mkdir(parents=True, exist_ok=True)
         task.t0 = time.monotonic()
+        if task.kind == "train":  # an earlier attempt's seconds join the finished ones (ATTEMPTS)
+            spent = read_json(task.log.parent / ATTEMPTS) or {}
+            self._attempts(task, float(spent.get("done_s", 0.0)) + float(spent.get("current_s", 0.0)), 0.0)
         with task.log.open("w") as log:
             proc = subprocess.Popen(task.cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.active[proc] = task
+
+    def _attempts(self, task: Task, done_s: float, current_s: float) -> None:
+        write_json(task.log.parent / ATTEMPTS, {"done_s": round(done_s, 2), "current_s": round(current_s, 2)})
+
+    def tick_attempts(self) -> None:
+        """Record every running training's seconds so far (every ATTEMPT_TICK_S): a driver killed with its
+        training (SIGKILL, a session's end) loses at most that much of the run's training time."""
+        now = time.monotonic()
+        if now - self._last_tick < ATTEMPT_TICK_S:
+            return
+        self._last_tick = now
+        for task in self.active.values():
+            if task.kind == "train":
+                spent = read_json(task.log.parent / ATTEMPTS) or {}
+                self._attempts(task, float(spent.get("done_s", 0.0)), now - task.t0)
 
     def skip(self, run: Run, reason: str) -> None:
         self.skipped.append({"run": run.name, "part": run.part, "reason": reason})
@@ -234,9 +256,15 @@ class Driver:
             per_epoch_s = max(0.0, seconds - self.startup_s) * final / max(1, (final - start)) / task.run.epochs
             self.epoch_s = max(self.epoch_s, per_epoch_s) if self.measured["train"] else per_epoch_s
             self.measured["train"] = True
+        spent = read_json(st.home / ATTEMPTS) or {}
         write_json(
             st.home / "train_done.json",
-            {"final_step": final, "train_s": round(seconds, 2), "resumed_from_step": start if resumed else None},
+            {
+                "final_step": final,
+                "train_s": round(seconds, 2),
+                "train_s_attempts": round(float(spent.get("done_s", 0.0)) + seconds, 2),
+                "resumed_from_step": start if resumed else None,
+            },
         )
         self.queue_evals(st)
 
@@ -269,6 +297,7 @@ class Driver:
                         self.skip(t.run, f"budget: trained, step {t.step} not evaluated (rerun to evaluate)")
                     else:
                         self.skip(t.run, f"budget: needs ~{need:.0f}s, {self.left():.0f}s left")
+                self.tick_attempts()
                 time.sleep(0.2)
         finally:
             self.stop_children()

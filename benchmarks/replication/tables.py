@@ -186,15 +186,28 @@ def verdict_table(rows: Sequence[dict[str, str]]) -> list[str]:
     ]
     for c in claims:
         first = next(r for r in rows if r["claim"] == c)
-        cells = [f"**{at[(c, s)]['verdict']}**" if (c, s) in at else "–" for s in scopes]
+        cells = [_cell_verdict(at[(c, s)]) if (c, s) in at else "–" for s in scopes]
         lines.append(f"| {c} | {first['paper']} | {first['family']} | " + " | ".join(cells) + " |")
     return lines
 
 
+def _cell_verdict(row: dict[str, str]) -> str:
+    """A verdict, and the family-wise one beside it where that differs (amendment 3)."""
+    fw = row.get("familywise", row["verdict"])
+    return f"**{row['verdict']}**" + (f" (family-wise: {fw.removesuffix(' here')})" if fw != row["verdict"] else "")
+
+
 def evidence_table(rows: Sequence[dict[str, str]]) -> list[str]:
     """The verdicts of one scope with their evidence (the closest call where nothing is significant)."""
-    lines = ["| claim | verdict | evidence (method − Hypersolid, mean [95 % interval], Holm p) |", "|---|---|---|"]
-    lines += [f"| {r['claim']} | **{r['scoped']}** | {r['evidence']} |" for r in rows]
+    lines = [
+        "| claim | verdict | family-wise | evidence (method − Hypersolid, mean [95 % interval], Holm p) |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['claim']} | **{r['scoped']}** | {r.get('familywise', r['verdict']).removesuffix(' here')} | "
+        f"{r['evidence']} |"
+        for r in rows
+    ]
     return lines
 
 

@@ -89,3 +89,57 @@ def paired_differences(
         rows[metric] = (t_interval([x - y for x, y in zip(a, b)], confidence), t, p)
     adjusted = holm({k: p for k, (_i, _t, p) in rows.items()})
     return {k: PairedDifference(i, t, p, adjusted[k]) for k, (i, t, p) in rows.items()}
+
+
+@dataclass(frozen=True)
+class MarginTest:
+    """One metric of one method against the reference, judged against an equivalence margin ``delta``: the two
+    one-sided tests of TOST on the paired difference d = method − reference. ``p_within``: H0 d ≥ delta rejected
+    (the method is not ahead by the margin or more: the reference is non-inferior); ``p_beyond``: H0 d ≤ delta
+    rejected (the method is ahead by more than the margin); ``p_equivalent``: TOST's p, both bounds (|d| < delta).
+    The ``_holm`` fields are Holm-adjusted over the metrics tested together."""
+
+    diff: Interval
+    delta: float
+    p_within: float
+    p_beyond: float
+    p_equivalent: float
+    p_within_holm: float = 1.0
+    p_beyond_holm: float = 1.0
+
+
+def _one_sided(d: np.ndarray, shift: float, greater: bool) -> float:
+    """p of the one-sided t-test of mean(d) − shift > 0 (``greater``) or < 0, on the paired differences ``d``;
+    zero variance gives 0 or 1 by the sign, as paired_t's does."""
+    x = d - shift
+    mean, sd = float(x.mean()), float(x.std(ddof=1))
+    if sd == 0.0:
+        return 0.0 if (mean > 0 if greater else mean < 0) else 1.0
+    t = mean / (sd / math.sqrt(x.size))
+    return float(stats.t.sf(t, x.size - 1) if greater else stats.t.cdf(t, x.size - 1))
+
+
+def margin_tests(
+    method: Mapping[str, Mapping[int, float]], reference: Mapping[str, Mapping[int, float]], delta: float
+) -> dict[str, MarginTest]:
+    """TOST's one-sided tests of every metric of ``method`` − ``reference`` (paired by seed, metrics with at
+    least two common seeds) against the margin ±``delta``, Holm-corrected over the metrics for each direction."""
+    if delta <= 0:
+        raise ValueError(f"an equivalence margin must be positive, got {delta}")
+    rows: dict[str, MarginTest] = {}
+    for metric, values in method.items():
+        seeds = sorted(set(values) & set(reference.get(metric, {})))
+        if len(seeds) < 2:
+            continue
+        d = np.array([values[s] - reference[metric][s] for s in seeds], np.float64)
+        within = _one_sided(d, delta, greater=False)  # d < delta
+        below = _one_sided(d, -delta, greater=True)  # d > -delta
+        rows[metric] = MarginTest(
+            t_interval(d.tolist()), delta, within, _one_sided(d, delta, greater=True), max(within, below)
+        )
+    within_holm = holm({k: r.p_within for k, r in rows.items()})
+    beyond_holm = holm({k: r.p_beyond for k, r in rows.items()})
+    return {
+        k: MarginTest(r.diff, delta, r.p_within, r.p_beyond, r.p_equivalent, within_holm[k], beyond_holm[k])
+        for k, r in rows.items()
+    }
