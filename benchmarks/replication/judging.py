@@ -297,45 +297,13 @@ def _basis(signs: dict[str, list[int | None]], labels: Sequence[str], verdict: s
     return "; ".join(said)
 
 
-# Claims whose runs amendment 3 planned on the CPU (plan.py parts ``l2`` and ``batch``): not testable until they
-# have run; how each is judged is fixed in docs/replication.md (amendment 3) before they start.
-LATER_CLAIMS = (
-    (
-        "The weak L2 term lowers anisotropy and raises sparsity",
-        "l2",
-        "Hypersolid λ 1e-6 (part long) against λ 0 (part l2), α 0.9, 20 epochs, 3 paired seeds",
-    ),
-    (
-        "Batch 128 is the best global batch",
-        "batch",
-        "global batch 64 / 128 / 256, equal-epochs and equal-steps arms, 3 seeds (part batch)",
-    ),
-)
-
-
-def verdicts(scopes: Sequence[Scope], done: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    """One row per claim of the paper and scope (budget and tuning); then the claims whose runs amendment 3
-    added (``done``: the runs that have results), not testable until their part has run."""
+def verdicts(scopes: Sequence[Scope]) -> list[dict[str, str]]:
+    """One row per claim of the paper and scope (budget and tuning), with the family-wise verdict beside each;
+    the claims about Hypersolid's own settings are ablations.py's."""
     rows = []
     for sc in scopes:
         # The family-wise factor: the Holm families of the claims that can be judged at this scope (a family shared
         # by several claims, geometry, is already corrected within; a claim not tested there adds no test).
         n = len({c.family for c in CLAIMS if judge(c, sc)["verdict"] != "not testable here"})
         rows += [judge(c, sc, max(1, n)) for c in CLAIMS]
-    have = {r["part"] for r in done}
-    for claim, part, why in LATER_CLAIMS:
-        state = "running" if part in have else "not run"
-        rows.append(
-            {
-                "claim": claim,
-                "family": "–",
-                "paper": why,
-                "scope": f"CPU part {part}",
-                "short": "amendment 3 parts",
-                "verdict": "not testable here",
-                "familywise": "not testable here",
-                "scoped": f"not testable here (part {part}: {state})",
-                "evidence": f"the runs of part {part} have not finished",
-            }
-        )
     return rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from benchmarks.replication.ablations import SCOPE as OWN_SETTINGS
 from benchmarks.replication.claims import BB, METHOD_NAMES, REFERENCE
 from benchmarks.replication.judging import Comparison, Scope
 from benchmarks.replication.tables import _cell
@@ -84,13 +85,13 @@ def readme_block(
         ("random init", floor),
     ):
         lines.append(f"| {name} | " + " | ".join(_cell(values.get(k), "–") for k, _ in README_METRICS) + " |")
-    mine = [r for r in rows if r["scope"] == scope.label]
+    # The scope's claims, and those about Hypersolid's own settings (judged between its own runs, each at its budget).
+    mine = [r for r in rows if r["scope"] == scope.label or r["short"] == OWN_SETTINGS]
     said = {
         "Holds": [r for r in mine if r["verdict"] == "holds here"],
         "Does not hold": [r for r in mine if r["verdict"] == "does not hold here"],
         "Cannot be judged here": [r for r in mine if r["verdict"] in ("not comparable here", "not testable here")],
     }
-    said["Cannot be judged here"] += [r for r in rows if r["short"] == "amendment 3 parts"]
     inconclusive = [r for r in mine if r["verdict"] == "inconclusive here"]
     lines.append("")
     for head, rs in said.items():
@@ -98,7 +99,7 @@ def readme_block(
         lines.append(f"* **{head}**{why}: " + ("; ".join(_said(r) for r in rs) or "none") + ".")
     if inconclusive:
         lines[-1] += " Inconclusive at this budget: " + "; ".join(_short(r["claim"]) for r in inconclusive) + "."
-    judged = [r for r in mine if r["verdict"] not in ("not testable here", "not comparable here")]
+    judged = [r for r in mine if r["verdict"] != "not testable here" and r["short"] != OWN_SETTINGS]
     fw_holds = [_short(r["claim"]) for r in judged if r["familywise"] == "holds here"]
     fw_not = [_short(r["claim"]) for r in judged if r["familywise"] == "does not hold here"]
     families = len({r["family"] for r in judged})

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT
+from benchmarks.replication.ablations import ablation_rows
 from benchmarks.replication.claims import (
     ACCURACY_MARGIN,
     FAMILIES,
@@ -167,7 +168,7 @@ def render(
     """(the doc's Results section, {path: text} of each group's all-metrics table, the summary, the README
     block); ``doc_dir`` is where the doc lives (its links are relative to it)."""
     cpu_all, gpu = load(results / "cpu"), load(results / "gpu")
-    parts = ("cpu", "steps", "random", "tune", "views", "budget", "long")
+    parts = ("cpu", "steps", "random", "tune", "views", "budget", "long", "l2", "batch", "curve100")
     part = {p: [r for r in cpu_all if r["part"] == p] for p in parts}
     cpu, steps, floor = part["cpu"], part["steps"], part["random"]
     by_name = {r["run"]: r for r in cpu_all}
@@ -240,7 +241,7 @@ def render(
             )
         )
     scopes += long_scopes(part["long"], tuned_values)
-    rows = verdicts(scopes, cpu_all)
+    rows = [*verdicts(scopes), *ablation_rows(cpu_all, tuned_values["hypersolid"])]
     skipped_file = results / "gpu" / "_skipped.json"
     if skipped_file.exists():
         skipped = json.loads(skipped_file.read_text())
