@@ -545,3 +545,58 @@ def test_the_claims_about_hypersolids_own_settings_are_judged_between_its_arms()
     assert epochs["verdict"] == "holds here" and "batch 64 − batch 128: kNN@5 -2 [-2, -2] (n = 3)" in epochs["evidence"]
     assert steps["verdict"] == "does not hold here"  # 64 for one epoch is 1 point above 128
     assert steps["claim"].endswith("(equal steps)") and "64 × 1 epoch, 128 × 2 epochs, 256 × 4 epochs" in steps["scope"]
+
+
+def test_the_hdbscan_diagnosis_section_shows_what_hdbscan_did(tmp_path):
+    """Amendment 3: the diagnosed checkpoints' grid rows become the paper-setting table (clusters, noise, largest
+    cluster, AMI per method and feature kind), the sweep over min_cluster_size and an appendix of every row."""
+    from benchmarks.replication import diagnosis
+
+    lines, text = diagnosis.diagnosis_lines([], tmp_path / "d.md", lambda p: p.name)
+    assert "Not run yet" in "\n".join(lines) and text == ""
+
+    def rows(clusters: int, noise: float) -> list[dict]:
+        out = []
+        for pc, norm, metric, sel, mcs in (
+            (50, "raw", "euclidean", "eom", 5),
+            (200, "raw", "cosine", "eom", 10),
+            (200, "centred", "cosine", "eom", 10),
+        ):
+            out.append(
+                {
+                    "per_class": pc,
+                    "n": pc * 10,
+                    "norm": norm,
+                    "metric": metric,
+                    "selection": sel,
+                    "min_cluster_size": mcs,
+                    "min_samples": mcs,
+                    "n_clusters": clusters,
+                    "noise_fraction": noise,
+                    "largest_fraction": 0.5,
+                    "nmi": 0.3,
+                    "ami": 0.2,
+                    "ari": 0.1,
+                    "sizes": [250, 40],
+                    "sizes_rest": 3,
+                }
+            )
+        return out
+
+    runs = []
+    for s in range(2):
+        for name, method, part, clusters in (
+            (f"cpu-diag-long-hypersolid-alpha0.9-s{s}", "hypersolid", "diag", 3),
+            (f"cpu-diag-random-s{s}", "hypersolid", "diag", 6 + s),
+            (f"cpu-long-swav-default-s{s}", "swav", "long", 12),
+        ):
+            grid = {k: {"step": 1, "rows": rows(clusters, 0.2)} for k in ("backbone", "projector")}
+            runs.append({"run": name, "method": method, "part": part, "seed": s, "hdbscan_grid": grid})
+    lines, text = diagnosis.diagnosis_lines(runs, tmp_path / "d.md", lambda p: p.name)
+    body = "\n".join(lines)
+    assert "| backbone | Hypersolid | 3 [3, 3] (n = 2) | 0.200 [0.200, 0.200] (n = 2) |" in body
+    assert "| backbone | random init | 6.500 [0.147, 12.85] (n = 2) |" in body and "| projector | SwAV | 12" in body
+    assert "| features | method | mcs 10 |" in body  # the sweep's settings only
+    assert "| backbone centred | Hypersolid | 3.0 / 0.20 / 0.200 |" in body
+    assert "[d.md](d.md)" in body and text.count("| cpu-") == 2 * 3 * 2 * 3  # runs x kinds x rows
+    assert "| 250, 40 + 3 |" in text

@@ -70,8 +70,11 @@ def test_cpu_plan_parts_order_and_tuning() -> None:
     # Priority order: the first pass, then the floor, the tuning, 2 views, the extra seeds, the 5-epoch runs;
     # the 20-epoch runs wait for the whole (widened) tuning grid.
     order = [part for part, _ in itertools.groupby(r.part for r in runs)]
-    # Amendment 3's parts that need no tuned value come last: the 20-epoch baselines, then the batch arms.
-    assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget", "long", "batch"]
+    # Amendment 3's parts that need no tuned value come last: the 20-epoch baselines (diagnosed), the diagnosis
+    # of the random inits, then the batch arms.
+    assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget", "long", "diag", "batch"]
+    assert all(r.diagnose for r in runs if r.part == "long")
+    assert [r.name for r in runs if r.part == "diag"] == [f"cpu-diag-random-s{s}" for s in range(5)]
     # The widened grid's values (amendment 2) run after the first grid's, each seed-major.
     first = [(r.method, r.overrides[0]) for r in parts["tune"][:12]]
     assert sorted(set(first)) == sorted(
@@ -123,7 +126,13 @@ def test_tuned_values_follow_held_out_knn() -> None:
     assert all(r.overrides == () and r.eval_epochs == (1, 2, 5, 10, 20) for r in long[6:])  # at their defaults
     # Amendment 3, in order: lambda 0 at the tuned alpha, the 20-epoch baselines, the batch arms, the 100-epoch curve.
     order = [part for part, _ in itertools.groupby(r.part for r in plan("cpu", results=results))]
-    assert order[-4:] == ["l2", "long", "batch", "curve100"]
+    assert order[-5:] == ["l2", "long", "diag", "batch", "curve100"]
+    diag = [r for r in plan("cpu", results=results) if r.part == "diag"]
+    # The 20-epoch runs of part long retrained for the diagnosis: the same settings, no protocol evaluation.
+    assert [(r.name, r.overrides, r.epochs, r.diagnose_only) for r in diag[5:7]] == [
+        ("cpu-diag-long-hypersolid-alpha0.75-s0", ("method.hypersolid.alpha=0.75",), 20, True),
+        ("cpu-diag-long-simclr-temperature0.05-s0", ("method.simclr.temperature=0.05",), 20, True),
+    ]
     l2 = [r for r in plan("cpu", results=results) if r.part == "l2"]
     assert [r.overrides for r in l2] == [("method.hypersolid.alpha=0.75", "method.hypersolid.norm_weight=0")] * 3
     batch = [r for r in plan("cpu", results=results) if r.part == "batch"]
@@ -162,7 +171,7 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     a time. A second invocation runs nothing again; a third resumes a training stopped after its step-2
     checkpoint from that step, not from 0."""
     one_epoch = "cpu-simclr-s0"
-    runs = f"cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,cpu-hypersolid-s0-steps,{one_epoch}"
+    runs = f"cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,cpu-hypersolid-s0-steps,{one_epoch},cpu-diag-random-s0"
     drive = lambda: _drive(tmp_path, "--group", "cpu", "--runs", runs, "--parallel", "2")  # noqa: E731
     drive()
     out = tmp_path / "out" / "cpu"
@@ -172,6 +181,12 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     ckpts = tmp_path / "scratch" / "cpu" / "cpu-random-s0" / "run" / "checkpoints"
     assert [p.name for p in ckpts.glob("step_*.pt")] == ["step_00000000.pt"]
     assert "random_init.py" in init["command"] and "max_steps=1" in init["command"]
+    # Amendment 3's diagnosis of the same initial weights: the HDBSCAN grid on both feature kinds, no protocol.
+    diag = json.loads((out / "cpu-diag-random-s0.json").read_text())
+    assert diag["per_epoch"] == [] and set(diag["hdbscan_grid"]) == {"backbone", "projector"}
+    rows = diag["hdbscan_grid"]["projector"]["rows"]
+    assert diag["hdbscan_grid"]["backbone"]["step"] == 0 and {r["norm"] for r in rows} == {"raw", "centred"}
+    assert all(0 <= r["noise_fraction"] <= 1 and sum(r["sizes"]) + r["sizes_rest"] <= r["n"] for r in rows)
     budget = json.loads((out / "cpu-budget-hypersolid-alpha0.9-s0.json").read_text())
     assert [(e["epoch"], e["step"]) for e in budget["per_epoch"]] == [(1, 4), (2, 8)]
     # The training's own epoch means (epochs.jsonl) beside each evaluation and for every epoch.

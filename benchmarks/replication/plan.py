@@ -21,10 +21,12 @@ Groups:
   to bracket its optimum, and these runs wait for it). Part (d) runs before (g), and (g) before any budget
   run that a moved tuned value adds to (f). Amendment 3 adds, in this order: (h) ``l2``: Hypersolid at the
   tuned alpha with lambda 0, 20 epochs, seeds 0-2 (the L2 claim's other arm); (i) ``long`` grows SwAV and
-  Barlow Twins at their defaults, 20 epochs, seeds 0-2; (j) ``batch``: global batch 64 / 128 / 256 at equal
-  epochs (2 each) and at equal steps (~936: 1, 2 and 4 epochs), square-root learning-rate scaling from 128,
-  seeds 0-2; (k) ``curve100``: Hypersolid and SimCLR at their tuned values, 100 epochs, the protocol after
-  epochs 20, 50 and 100, seeds 0-2.
+  Barlow Twins at their defaults, 20 epochs, seeds 0-2 ((h) and (i) with the HDBSCAN diagnosis of their final
+  checkpoint); ``diag``: the diagnosis of the random inits (seeds 0-4) and of the 20-epoch Hypersolid and SimCLR
+  runs of (g), retrained (their checkpoints are not kept; the runs are seeded); (j) ``batch``: global batch
+  64 / 128 / 256 at equal epochs (2 each) and at equal steps (~936: 1, 2 and 4 epochs), square-root
+  learning-rate scaling from 128, seeds 0-2; (k) ``curve100``: Hypersolid and SimCLR at their tuned values,
+  100 epochs, the protocol after epochs 20, 50 and 100, seeds 0-2.
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -187,12 +189,44 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
             )
             for s in range(LONG_SEEDS)
         ]
+    out = [replace(r, diagnose=True) for r in out]
     out += [
         Run(
-            f"cpu-long-{m}-default-s{s}", m, CONFIGS[m], (), s, "cpu", "long", LONG_EPOCHS, eval_epochs=LONG_EVAL_EPOCHS
+            f"cpu-long-{m}-default-s{s}",
+            m,
+            CONFIGS[m],
+            (),
+            s,
+            "cpu",
+            "long",
+            LONG_EPOCHS,
+            eval_epochs=LONG_EVAL_EPOCHS,
+            diagnose=True,
         )
         for s in range(LONG_SEEDS)
         for m in LONG_BASELINES
+    ]
+    # The diagnosis of what (g) and the floor trained: the same commands again (seeded), the grid only.
+    out += [
+        Run(
+            f"cpu-diag-random-s{s}",
+            "hypersolid",
+            HYPERSOLID,
+            (),
+            s,
+            "cpu",
+            "diag",
+            1,
+            random_init=True,
+            diagnose_only=True,
+        )
+        for s in range(RANDOM_SEEDS)
+    ]
+    out += [
+        replace(
+            r, name=r.name.replace("cpu-long-", "cpu-diag-long-", 1), part="diag", eval_epochs=(), diagnose_only=True
+        )
+        for r in long_runs(results)
     ]
     # Equal epochs: every size for BATCH_EPOCHS; equal steps: the sizes other than 128 for as many steps as 128's.
     arms = [(b, BATCH_EPOCHS, "epochs") for b in BATCH_SIZES]

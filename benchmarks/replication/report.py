@@ -32,6 +32,7 @@ from benchmarks.replication.claims import (
     T3,
     methods_in,
 )
+from benchmarks.replication.diagnosis import diagnosis_lines
 from benchmarks.replication.judging import Comparison, Scope, compare, verdicts
 from benchmarks.replication.long_run import long_lines, long_scopes
 from benchmarks.replication.plan import (
@@ -168,7 +169,7 @@ def render(
     """(the doc's Results section, {path: text} of each group's all-metrics table, the summary, the README
     block); ``doc_dir`` is where the doc lives (its links are relative to it)."""
     cpu_all, gpu = load(results / "cpu"), load(results / "gpu")
-    parts = ("cpu", "steps", "random", "tune", "views", "budget", "long", "l2", "batch", "curve100")
+    parts = ("cpu", "steps", "random", "tune", "views", "budget", "long", "l2", "diag", "batch", "curve100")
     part = {p: [r for r in cpu_all if r["part"] == p] for p in parts}
     cpu, steps, floor = part["cpu"], part["steps"], part["random"]
     by_name = {r["run"]: r for r in cpu_all}
@@ -242,6 +243,10 @@ def render(
         )
     scopes += long_scopes(part["long"], tuned_values)
     rows = [*verdicts(scopes), *ablation_rows(cpu_all, tuned_values["hypersolid"])]
+    diag_appendix = fig_dir / "hdbscan_diagnosis.md"
+    diag_lines, diag_text = diagnosis_lines(
+        [*part["diag"], *part["long"], *part["l2"]], diag_appendix, lambda path: _rel(path, doc_dir)
+    )
     skipped_file = results / "gpu" / "_skipped.json"
     if skipped_file.exists():
         skipped = json.loads(skipped_file.read_text())
@@ -289,6 +294,7 @@ def render(
             *tuning_lines(part["tune"], tuned_values, first_tuned),
             *budget_lines(part["budget"], settings, first_tuned, floor),
             *long_lines(part["long"], tuned_values, figs_long, lambda path: _rel(path, doc_dir)),
+            *diag_lines,
             *steps_lines(steps, cpu),
             *gpu_lines,
             *sweep_lines(gpu_rest),
@@ -305,6 +311,8 @@ def render(
     for cmp, title, name in ((cpu_cmp, cpu_title, "cpu"), (gpu_cmp, gpu_title, "gpu_curve")):
         if cmp is not None:
             files[fig_dir / f"{name}_all_metrics.md"] = all_metrics(cmp, title)
+    if diag_text:
+        files[diag_appendix] = diag_text
     block = readme_block(longest(scopes), cpu_cmp.floor if cpu_cmp else {}, rows, reruns)
     return text.rstrip() + "\n", files, summary, block
 

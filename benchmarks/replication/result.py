@@ -27,6 +27,8 @@ class State:
     eval_s: float = 0.0
     pending: int = 0
     entries: list[dict[str, Any]] = field(default_factory=list)
+    # The HDBSCAN diagnosis by feature kind: {"step", "eval_s", "rows" (eval/hdbscan_grid.py's), "skipped"}
+    diagnosis: dict[str, dict[str, Any]] = field(default_factory=dict)
     eval_cmd: list[str] = field(default_factory=list)
 
 
@@ -63,6 +65,7 @@ def run_result(st: State, facts: tuple[str, str, str]) -> dict[str, Any]:
         "per_epoch": per_epoch,
         "final": per_epoch[-1] if per_epoch else {},
         "train_per_epoch": list(trained.values()),
+        **({"hdbscan_grid": st.diagnosis} if st.diagnosis else {}),
     }
 
 

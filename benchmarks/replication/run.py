@@ -48,6 +48,9 @@ FALLBACK_EVAL_ARGS = ["--suite", "knn,linear,cluster,geometry"]
 # Curves: kNN only (k = 5, 20; the protocol's 10,000-image bank) at intermediate epochs, the full protocol at the
 # quarter point (5 of 20) and the end: a full protocol per epoch would cost the clustering and probe 20 times.
 CURVE_EVAL_ARGS = ["--suite", "knn", "eval.knn_k=[5,20]", "eval.max_train_samples=10000"]
+# The HDBSCAN diagnosis (Run.diagnose): the hdbscan_grid suite, centred with the protocol's 10,000-image bank.
+DIAG_EVAL_ARGS = ["--suite", "hdbscan_grid", "eval.max_train_samples=10000"]
+DIAG_FEATURES = ("backbone", "projector")
 PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0, 5.0, 20.0)}  # before measures:
 # (start-up s, s per epoch, s per evaluation) for the budget
 OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
@@ -191,6 +194,8 @@ class Driver:
         if run.eval_every_steps:  # fractional epochs: the step's position in the run
             every = sorted({*range(run.eval_every_steps, final + 1, run.eval_every_steps), final})
             points = [(round(s / per_epoch, 3), s) for s in every]
+        if run.diagnose_only:
+            points = []
         for epoch, step in points:
             if step not in ckpts:
                 self.skip(run, f"no checkpoint for epoch {epoch} (step {step})")
@@ -205,20 +210,46 @@ class Driver:
                 self.eval_done(task, 0.0)
             else:
                 self.evals.append(task)
+        if run.diagnose or run.diagnose_only:  # after the evaluations: a cached one may finish the run
+            self.queue_diagnosis(st, 0 if run.random_init else final, ckpts)
         if st.pending == 0:
             self.finish(st)
+
+    def queue_diagnosis(self, st: State, step: int, ckpts: dict[int, Path]) -> None:
+        """The hdbscan_grid evaluations of the checkpoint at ``step``, one per feature kind (DIAG_FEATURES)."""
+        if step not in ckpts:
+            self.skip(st.run, f"no checkpoint for the diagnosis (step {step})")
+            return
+        for kind in DIAG_FEATURES:
+            out = st.home / "eval" / f"step_{step:08d}_hdbscan_grid_{kind}"
+            args = [*DIAG_EVAL_ARGS, "--features", kind]
+            cmd = eval_command(self.py, ckpts[step], out, self.args.device, args, self.args.quick)
+            task = Task(st.run, "eval", cmd, out / "eval.log", step, 0, f"hdbscan_grid.{kind}")
+            st.pending += 1
+            if read_json(out / "report.json") is not None:
+                self.eval_done(task, 0.0)
+            else:
+                self.evals.append(task)
 
     def eval_done(self, task: Task, seconds: float) -> None:
         st = self.states[task.run.name]
         report = read_json(task.log.parent / "report.json") or {}
         st.eval_s += seconds
+        if task.protocol.startswith("hdbscan_grid."):  # the diagnosis: its rows, kept apart from the evaluations
+            kind = task.protocol.split(".", 1)[1]
+            st.diagnosis[kind] = {"step": task.step, "eval_s": round(seconds, 2), "rows": report.get("hdbscan_grid")}
+            st.diagnosis[kind]["skipped"] = report.get("skipped", {})
+        else:
+            self._entry(st, task, report, seconds)
+        st.pending -= 1
+        if st.pending == 0 and not any(s["run"] == task.run.name for s in self.skipped):
+            self.finish(st)
+
+    def _entry(self, st: State, task: Task, report: dict[str, Any], seconds: float) -> None:
         st.eval_cmd = st.eval_cmd or task.cmd
         entry = {"epoch": task.epoch, "step": task.step, "protocol": task.protocol, "eval_s": round(seconds, 2)}
         entry["bank"] = (report.get("eval_config") or {}).get("max_train_samples")  # kNN's memory bank (None: all)
         st.entries.append({**entry, **report.get("metrics", {}), "skipped_metrics": report.get("skipped", [])})
-        st.pending -= 1
-        if st.pending == 0 and not any(s["run"] == task.run.name for s in self.skipped):
-            self.finish(st)
 
     def finish(self, st: State) -> None:
         result = run_result(st, self.facts)

@@ -52,6 +52,11 @@ class Run:
     # Evaluate the run's initial weights (step 0) instead of trained ones: one step is trained only to write
     # a checkpoint with the run's config, then replaced by the initial weights (random_init.py).
     random_init: bool = False
+    # Amendment 3's HDBSCAN diagnosis: the final checkpoint also gets the hdbscan_grid suite on the backbone and
+    # the projector features (DIAG_EVAL_ARGS); ``diagnose_only``: that and nothing else (a retraining of a run
+    # whose protocol results are committed under its own name, or a random init).
+    diagnose: bool = False
+    diagnose_only: bool = False
 
     def train_overrides(self, device: str, quick: bool) -> list[str]:
         """Everything after ``--config``: the study's settings, then what the driver needs to run it."""
@@ -60,7 +65,7 @@ class Run:
             # Curves keep every epoch's checkpoint for evaluation; the gpu group's runs are short enough
             # to restart an epoch, the cpu group's (5 min/epoch here) save every 100 steps to resume.
             ["checkpoint.keep_last=0", "checkpoint.every_n_steps=0"]
-            if self.curve or self.random_init
+            if self.curve or self.random_init or self.diagnose_only
             else ["checkpoint.keep_last=0", f"checkpoint.every_n_steps={self.eval_every_steps}"]
             if self.eval_every_steps
             else ["checkpoint.keep_last=0", f"checkpoint.every_n_steps={every}"]

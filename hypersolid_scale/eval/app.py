@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset
 
-from hypersolid_scale.eval.config import FEATURE_SUITES, FEATURES, SUITES, EvalConfig
+from hypersolid_scale.eval.config import EMBEDDING_SUITES, FEATURES, SUITES, EvalConfig
 from hypersolid_scale.eval.embed import cached_embeddings, embedding_fingerprint
 from hypersolid_scale.eval.inputs import capped, eval_datasets, sample_images
 from hypersolid_scale.eval.mlflow_log import log_to_mlflow
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None, *, on_output_dir: Callable[[Path], N
         kinds = [k for k in proto.features if k == "backbone" or _has_projector(src)] if proto else [ev.features]
         t0 = time.perf_counter()
         by_kind: dict[str, dict[str, Split]] = {}
-        if proto or any(s in FEATURE_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
+        if proto or any(s in EMBEDDING_SUITES for s in ev.suites):  # the qualitative suite alone needs no embeddings
             by_kind = {k: _embed(src, data, full, ev, device, verbose=info.rank == 0, which=k) for k in kinds}
         embed_s = time.perf_counter() - t0
         if info.rank != 0:

@@ -19,9 +19,13 @@ from hypersolid_scale.safety.errors import ConfigError
 
 # Suites computed on the cached embeddings of the train and test splits.
 FEATURE_SUITES: tuple[str, ...] = ("knn", "linear", "cluster", "geometry", "plots")
+# Diagnostics on the same features, run only when named (eval/hdbscan_grid.py: HDBSCAN over its settings).
+DIAGNOSTIC_SUITES: tuple[str, ...] = ("hdbscan_grid",)
 # Suites that run the model itself on a few images.
 IMAGE_SUITES: tuple[str, ...] = ("qualitative",)
-SUITES: tuple[str, ...] = FEATURE_SUITES + IMAGE_SUITES
+SUITES: tuple[str, ...] = FEATURE_SUITES + DIAGNOSTIC_SUITES + IMAGE_SUITES
+# The suites that need the train and test features.
+EMBEDDING_SUITES: tuple[str, ...] = FEATURE_SUITES + DIAGNOSTIC_SUITES
 # What runs without --suite / eval.suites: every feature suite (the image suites are slow).
 DEFAULT_SUITES: tuple[str, ...] = FEATURE_SUITES
 FEATURES: tuple[str, ...] = ("backbone", "projector")
@@ -86,6 +90,10 @@ class EvalConfig:
     hdbscan_min_samples: int | None = None  # None: hdbscan_min_cluster_size (the hdbscan package's default)
     hdbscan_max_samples: int | None = None  # None: the whole split
     cluster_max_samples: int | None = None  # None: the whole split (the paper's protocol)
+    # The hdbscan_grid suite: min_cluster_size values and class-balanced subsample sizes (images per class; 50:
+    # the paper's ImageNet-1k validation split)
+    hdbscan_grid_sizes: list[int] = field(default_factory=lambda: [5, 10, 25, 50, 100])
+    hdbscan_grid_per_class: list[int] = field(default_factory=lambda: [50, 200])
     # geometry and plots
     max_pairs: int = 2_000_000
     selectivity_z: float = 1.0
@@ -126,6 +134,10 @@ class EvalConfig:
             )
         if not self.dbscan_eps_quantiles or any(not 0.0 < q < 1.0 for q in self.dbscan_eps_quantiles):
             raise ConfigError("eval.dbscan_eps_quantiles must be a non-empty list of fractions in (0, 1)")
+        for name in ("hdbscan_grid_sizes", "hdbscan_grid_per_class"):
+            values = getattr(self, name)
+            if not values or any(int(v) < 2 for v in values):
+                raise ConfigError(f"eval.{name}={list(values)} must be a non-empty list of integers >= 2")
         if self.kmeans_k is not None and self.kmeans_k < 2:
             raise ConfigError(f"eval.kmeans_k={self.kmeans_k} must be >= 2 (or null for #classes)")
         for name in (

@@ -19,7 +19,7 @@ from typing import Any, cast
 import torch
 
 from hypersolid_scale.eval import geometry, neighborhood
-from hypersolid_scale.eval.config import FEATURE_SUITES, EvalConfig
+from hypersolid_scale.eval.config import EMBEDDING_SUITES, EvalConfig
 from hypersolid_scale.eval.knn import knn_accuracy
 from hypersolid_scale.eval.linear import linear_probe
 from hypersolid_scale.eval.sampling import subsample
@@ -59,15 +59,16 @@ def run_suites(
     ``images`` through ``model`` into PNGs in ``out_dir``; the splits may be None when only it runs.
 
     Returns ``{"metrics": {name: value}, "timings_s": {suite: s}, "plots": [paths], "skipped": {name: reason},
-    "dbscan": [sweep rows] (cluster suite), "interpolation": profile (geometry/plots suites),
+    "dbscan": [sweep rows] (cluster suite), "hdbscan_grid": [one row per setting] (hdbscan_grid suite),
+    "interpolation": profile (geometry/plots suites),
     "qualitative": {figure: path} (qualitative suite)}``.
     """
     out_dir = Path(out_dir)
     suites = list(ev.suites)
     if "qualitative" in suites and (model is None or images is None):
         raise ValueError("the qualitative suite needs the model and the images to render: pass model= and images=")
-    if any(s in FEATURE_SUITES for s in suites) and (train is None or test is None):
-        raise ValueError(f"the suites {[s for s in suites if s in FEATURE_SUITES]} need the train and test features")
+    if any(s in EMBEDDING_SUITES for s in suites) and (train is None or test is None):
+        raise ValueError(f"the suites {[s for s in suites if s in EMBEDDING_SUITES]} need the train and test features")
     # None only when no feature suite runs (checked above), so every use below has its tensors.
     (x_tr, y_tr), (x_te, y_te) = cast(Split, train or (None, None)), cast(Split, test or (None, None))
     metrics: dict[str, Any] = {}
@@ -104,6 +105,15 @@ def run_suites(
             )
     if "cluster" in suites:
         _cluster(x_te, y_te, ev, report, skips, timed, device)
+    if "hdbscan_grid" in suites:
+        with timed("hdbscan_grid"), skips.guard("hdbscan_grid"):
+            from hypersolid_scale.eval.hdbscan_grid import grid_metrics, hdbscan_grid  # scikit-learn: only here
+
+            rows = hdbscan_grid(
+                x_tr, x_te, y_te, sizes=ev.hdbscan_grid_sizes, per_class=ev.hdbscan_grid_per_class, seed=ev.seed
+            )
+            report["hdbscan_grid"] = rows
+            metrics.update(grid_metrics(rows))
     if "geometry" in suites or "plots" in suites:
         with timed("geometry"):
             if "geometry" in suites:
