@@ -171,7 +171,8 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     a time. A second invocation runs nothing again; a third resumes a training stopped after its step-2
     checkpoint from that step, not from 0."""
     one_epoch = "cpu-simclr-s0"
-    runs = f"cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,cpu-hypersolid-s0-steps,{one_epoch},cpu-diag-random-s0"
+    staged = "cpu-curve100-hypersolid-alpha0.9-s0"  # quick: 2 epochs, paused after the first
+    runs = f"cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,cpu-hypersolid-s0-steps,{one_epoch},cpu-diag-random-s0,{staged}"
     drive = lambda: _drive(tmp_path, "--group", "cpu", "--runs", runs, "--parallel", "2")  # noqa: E731
     drive()
     out = tmp_path / "out" / "cpu"
@@ -186,6 +187,12 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     assert diag["per_epoch"] == [] and set(diag["hdbscan_grid"]) == {"backbone", "projector"}
     rows = diag["hdbscan_grid"]["projector"]["rows"]
     assert diag["hdbscan_grid"]["backbone"]["step"] == 0 and {r["norm"] for r in rows} == {"raw", "centred"}
+    # The staged run paused after epoch 1 (SIGTERM at its checkpoint), was evaluated there, then trained to the end
+    # after the other runs: one entry per evaluated epoch, its training time summed over both attempts.
+    curve = json.loads((out / f"{staged}.json").read_text())
+    assert curve["complete"] and [(e["epoch"], e["step"]) for e in curve["per_epoch"]] == [(1, 4), (2, 8)]
+    assert json.loads((tmp_path / "scratch" / "cpu" / staged / "stage.json").read_text()) == {"trained_to_epoch": 1}
+    assert curve["train_s_attempts"] > curve["train_s_total"] and curve["final_step"] == 8
     assert all(0 <= r["noise_fraction"] <= 1 and sum(r["sizes"]) + r["sizes_rest"] <= r["n"] for r in rows)
     budget = json.loads((out / "cpu-budget-hypersolid-alpha0.9-s0.json").read_text())
     assert [(e["epoch"], e["step"]) for e in budget["per_epoch"]] == [(1, 4), (2, 8)]

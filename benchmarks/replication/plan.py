@@ -26,7 +26,7 @@ Groups:
   runs of (g), retrained (their checkpoints are not kept; the runs are seeded); (j) ``batch``: global batch
   64 / 128 / 256 at equal epochs (2 each) and at equal steps (~936: 1, 2 and 4 epochs), square-root
   learning-rate scaling from 128, seeds 0-2; (k) ``curve100``: Hypersolid and SimCLR at their tuned values,
-  100 epochs, the protocol after epochs 20, 50 and 100, seeds 0-2.
+  100 epochs, the protocol after epochs 20, 50 and 100, seeds 0-2, in two stages: all six to epoch 50 first.
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -84,6 +84,8 @@ BATCH_LR = ("optim.lr_scaling=sqrt", "optim.reference_batch_size=128")
 CURVE100_EPOCHS = 100
 CURVE100_EVAL_EPOCHS = (20, 50, 100)
 CURVE100_SEEDS = 3
+# Every seed of both methods reaches epoch 50 (and its evaluation) before any goes on to 100 (Run.pause_epochs).
+CURVE100_PAUSE = (50,)
 RANDOM_SEEDS = 5
 VIEWS_SEEDS = 5
 # The views each method trains on in the cpu group (its quickstart config's data.num_local_views; the
@@ -257,6 +259,7 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
                 "curve100",
                 CURVE100_EPOCHS,
                 eval_epochs=CURVE100_EVAL_EPOCHS,
+                pause_epochs=CURVE100_PAUSE,
             )
             for s in range(CURVE100_SEEDS)
             for m, v in (("hypersolid", alpha), ("simclr", temp))
@@ -356,8 +359,8 @@ def plan(
 def quick_run(run: Run) -> Run:
     """One epoch of QUICK's 4 steps, a step evaluation (if any) at its checkpoint every 2 steps; a run with
     epoch evaluations keeps two epochs (both evaluated)."""
-    if run.eval_epochs:
-        return replace(run, epochs=2, eval_epochs=(1, 2))
+    if run.eval_epochs:  # a staged run pauses after its first epoch
+        return replace(run, epochs=2, eval_epochs=(1, 2), pause_epochs=(1,) if run.pause_epochs else ())
     return replace(run, epochs=1, eval_every_steps=2 if run.eval_every_steps else 0)
 
 

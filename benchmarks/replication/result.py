@@ -29,6 +29,7 @@ class State:
     entries: list[dict[str, Any]] = field(default_factory=list)
     # The HDBSCAN diagnosis by feature kind: {"step", "eval_s", "rows" (eval/hdbscan_grid.py's), "skipped"}
     diagnosis: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stage_epoch: int = 0  # a staged run paused after this epoch (its result so far); 0: trained to the end
     eval_cmd: list[str] = field(default_factory=list)
 
 
@@ -49,6 +50,9 @@ def run_result(st: State, facts: tuple[str, str, str]) -> dict[str, Any]:
     )
     return {
         "run": st.run.name,
+        # False for a staged run's result so far (paused after ``trained_to_epoch``): the driver trains it on.
+        "complete": not st.stage_epoch,
+        **({"trained_to_epoch": st.stage_epoch} if st.stage_epoch else {}),
         **{k: getattr(st.run, k) for k in ("method", "seed", "group", "part", "epochs", "config")},
         "overrides": list(st.run.overrides),
         "command": shlex.join(st.train_cmd),

@@ -56,6 +56,8 @@ PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0
 OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
 SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
+STEPS_PER_EPOCH = re.compile(r"(\d+) steps/epoch")  # the trainer's first line
+STAGE = "stage.json"  # a staged run's progress: {"trained_to_epoch": E} (Run.pause_epochs)
 # A training's seconds over its attempts (<run>/attempts.json): the finished attempts' and the running one's so far.
 ATTEMPTS = "attempts.json"
 ATTEMPT_TICK_S = 30.0
@@ -84,6 +86,9 @@ class Task:
     epoch: float = 0  # whole for epoch ends, fractional for a step evaluation (Run.eval_every_steps)
     protocol: str = ""
     t0: float = 0.0
+    pause_epoch: int = 0  # a staged training stops at this epoch's end (0: runs to the end)
+    pause_step: int = 0  # its step, once the trainer has said its steps per epoch
+    pausing: bool = False  # SIGTERM sent at the pause
 
 
 class Driver:
@@ -102,6 +107,7 @@ class Driver:
         self.failed = 0
         self.active: dict[subprocess.Popen, Task] = {}
         self.evals: deque[Task] = deque()
+        self.trains: deque[Task] = deque()
         self.states: dict[str, State] = {}
         threads = max(1, (os.cpu_count() or 1) // args.parallel)  # N processes must not each take every core
         self.env = {
@@ -177,16 +183,47 @@ class Driver:
         script = "benchmarks/replication/random_init.py" if run.random_init else "launch/train.py"
         cmd = [self.py, script, *where, *run.train_overrides(self.args.device, self.args.quick)]
         self.states[run.name] = State(run, home, cmd)
-        return Task(run, "train", cmd, home / "train.log")
+        return Task(run, "train", cmd, home / "train.log", pause_epoch=self._next_pause(run, home))
 
-    def queue_evals(self, st: State) -> None:
+    @staticmethod
+    def _next_pause(run: Run, home: Path) -> int:
+        trained_to = int((read_json(home / STAGE) or {}).get("trained_to_epoch", 0))
+        return next((e for e in run.pause_epochs if trained_to < e < run.epochs), 0)
+
+    def watch_pauses(self) -> None:
+        """SIGTERM a staged training once its pause epoch's checkpoint exists (it checkpoints and exits 75)."""
+        for proc, task in self.active.items():
+            if task.kind != "train" or not task.pause_epoch or task.pausing:
+                continue
+            if not task.pause_step:
+                found = STEPS_PER_EPOCH.search(task.log.read_text(errors="replace")) if task.log.exists() else None
+                task.pause_step = int(found.group(1)) * task.pause_epoch if found else 0
+            if task.pause_step and task.pause_step in checkpoints(task.log.parent / "run"):
+                proc.terminate()
+                task.pausing = True
+
+    def paused(self, task: Task, seconds: float) -> None:
+        """A staged training stopped at its pause: record the stage, evaluate what it reached, queue the rest."""
+        st = self.states[task.run.name]
+        write_json(task.log.parent / STAGE, {"trained_to_epoch": task.pause_epoch})
+        self.say(f"paused {task.run.name} after epoch {task.pause_epoch} ({seconds:.0f}s); it resumes later")
+        st.stage_epoch = task.pause_epoch
+        self.queue_evals(st, final=task.pause_step, upto=task.pause_epoch)
+        # The next stage, after every training queued now (the same state: its evaluations so far stay).
+        nxt = self._next_pause(task.run, task.log.parent)
+        self.trains.append(Task(task.run, "train", st.train_cmd, task.log, pause_epoch=nxt))
+
+    def queue_evals(self, st: State, final: int | None = None, upto: int | None = None) -> None:
         """Queue the evaluations of a finished training: the steps at epoch ends (steps per epoch = final
-        step / epochs: the plan trains whole epochs), every epoch for a curve, else the last."""
-        run, done = st.run, read_json(st.home / "train_done.json")
-        final = int(done["final_step"])
-        per_epoch = final // run.epochs
+        step / epochs: the plan trains whole epochs), every epoch for a curve, else the last. A staged training
+        paused at epoch ``upto`` (its step ``final``): the eval_epochs up to it."""
+        run = st.run
+        final = int(read_json(st.home / "train_done.json")["final_step"]) if final is None else final
+        per_epoch = final // (upto or run.epochs)
         ckpts = checkpoints(st.home / "run")
         epochs = range(1, run.epochs + 1) if run.curve else run.eval_epochs or [run.epochs]
+        if upto is not None:
+            epochs = [e for e in epochs if e <= upto]
         full = {run.epochs, max(1, round(run.epochs / 4))}
         points: list[tuple[float, int]] = [(e, e * per_epoch) for e in epochs]
         if run.random_init:  # the initial weights only (random_init.py left no other checkpoint)
@@ -196,6 +233,7 @@ class Driver:
             points = [(round(s / per_epoch, 3), s) for s in every]
         if run.diagnose_only:
             points = []
+        tasks = []
         for epoch, step in points:
             if step not in ckpts:
                 self.skip(run, f"no checkpoint for epoch {epoch} (step {step})")
@@ -204,32 +242,31 @@ class Driver:
             protocol = "paper" if args == EVAL_ARGS else args[1]
             out = st.home / "eval" / f"step_{step:08d}_{protocol.replace(',', '+')}"
             cmd = eval_command(self.py, ckpts[step], out, self.args.device, args, self.args.quick)
-            task = Task(run, "eval", cmd, out / "eval.log", step, epoch, protocol)
-            st.pending += 1
-            if read_json(out / "report.json") is not None:
+            tasks.append(Task(run, "eval", cmd, out / "eval.log", step, epoch, protocol))
+        if (run.diagnose or run.diagnose_only) and upto is None:
+            tasks += self.diagnosis_tasks(st, 0 if run.random_init else final, ckpts)
+        # Every evaluation is counted before a cached one is taken: the run is finished once, with all of them.
+        st.pending += len(tasks)
+        for task in tasks:
+            if read_json(task.log.parent / "report.json") is not None:
                 self.eval_done(task, 0.0)
             else:
                 self.evals.append(task)
-        if run.diagnose or run.diagnose_only:  # after the evaluations: a cached one may finish the run
-            self.queue_diagnosis(st, 0 if run.random_init else final, ckpts)
         if st.pending == 0:
             self.finish(st)
 
-    def queue_diagnosis(self, st: State, step: int, ckpts: dict[int, Path]) -> None:
+    def diagnosis_tasks(self, st: State, step: int, ckpts: dict[int, Path]) -> list[Task]:
         """The hdbscan_grid evaluations of the checkpoint at ``step``, one per feature kind (DIAG_FEATURES)."""
         if step not in ckpts:
             self.skip(st.run, f"no checkpoint for the diagnosis (step {step})")
-            return
+            return []
+        tasks = []
         for kind in DIAG_FEATURES:
             out = st.home / "eval" / f"step_{step:08d}_hdbscan_grid_{kind}"
             args = [*DIAG_EVAL_ARGS, "--features", kind]
             cmd = eval_command(self.py, ckpts[step], out, self.args.device, args, self.args.quick)
-            task = Task(st.run, "eval", cmd, out / "eval.log", step, 0, f"hdbscan_grid.{kind}")
-            st.pending += 1
-            if read_json(out / "report.json") is not None:
-                self.eval_done(task, 0.0)
-            else:
-                self.evals.append(task)
+            tasks.append(Task(st.run, "eval", cmd, out / "eval.log", step, 0, f"hdbscan_grid.{kind}"))
+        return tasks
 
     def eval_done(self, task: Task, seconds: float) -> None:
         st = self.states[task.run.name]
@@ -249,6 +286,8 @@ class Driver:
         st.eval_cmd = st.eval_cmd or task.cmd
         entry = {"epoch": task.epoch, "step": task.step, "protocol": task.protocol, "eval_s": round(seconds, 2)}
         entry["bank"] = (report.get("eval_config") or {}).get("max_train_samples")  # kNN's memory bank (None: all)
+        # A staged run evaluated at a pause meets those evaluations again (cached) at its end: one entry each.
+        st.entries = [e for e in st.entries if (e["step"], e["protocol"]) != (task.step, task.protocol)]
         st.entries.append({**entry, **report.get("metrics", {}), "skipped_metrics": report.get("skipped", [])})
 
     def finish(self, st: State) -> None:
@@ -274,6 +313,10 @@ class Driver:
             self.eval_done(task, seconds)
             return
         st.train_s = seconds
+        if task.pausing and rc in (0, 75):
+            self.paused(task, seconds)
+            return
+        st.stage_epoch = 0
         if rc != 0:
             self.failed += 1
             self.skip(task.run, f"training failed (rc {rc}, log {task.log})")
@@ -301,9 +344,10 @@ class Driver:
 
     # ---- the loop ----------------------------------------------------------------------------------------
     def run(self, runs: list[Run]) -> int:
-        trains: deque[Task] = deque()
+        trains = self.trains
         for run in runs:
-            if (self.out / f"{run.name}.json").exists():
+            result = read_json(self.out / f"{run.name}.json")
+            if result is not None and result.get("complete", True):  # a staged run's result so far is not
                 self.say(f"skip {run.name}: result exists")
                 continue
             task = self.train_task(run)
@@ -329,6 +373,7 @@ class Driver:
                     else:
                         self.skip(t.run, f"budget: needs ~{need:.0f}s, {self.left():.0f}s left")
                 self.tick_attempts()
+                self.watch_pauses()
                 time.sleep(0.2)
         finally:
             self.stop_children()

@@ -57,6 +57,10 @@ class Run:
     # whose protocol results are committed under its own name, or a random init).
     diagnose: bool = False
     diagnose_only: bool = False
+    # Train in stages: stop (SIGTERM, a checkpoint) at the end of each of these epochs, evaluate the eval_epochs
+    # reached, write the result so far ("complete": false), and resume after every other run has reached the same
+    # stage (the 100-epoch curve: every seed at 50 epochs before any goes on to 100).
+    pause_epochs: tuple[int, ...] = ()
 
     def train_overrides(self, device: str, quick: bool) -> list[str]:
         """Everything after ``--config``: the study's settings, then what the driver needs to run it."""
