@@ -600,3 +600,30 @@ def test_the_hdbscan_diagnosis_section_shows_what_hdbscan_did(tmp_path):
     assert "| backbone centred | Hypersolid | 3.0 / 0.20 / 0.200 |" in body
     assert "[d.md](d.md)" in body and text.count("| cpu-") == 2 * 3 * 2 * 3  # runs x kinds x rows
     assert "| 250, 40 + 3 |" in text
+
+
+def test_the_100_epoch_part_judges_each_stage_once_two_seeds_reach_it():
+    """Amendment 3: the 100-epoch runs' rows and verdict scopes (after 50 and after 100 epochs); a run paused at
+    epoch 50 counts there and nowhere later; a scope is judged once both methods have two seeds at its epoch."""
+    from benchmarks.replication import curve100
+
+    tuned = {"hypersolid": 0.9, "simclr": 0.1}
+    runs = []
+    for r in _study({"simclr": -0.05}, seeds=3):
+        if r["method"] not in ("hypersolid", "simclr"):
+            continue
+        knob = "method.hypersolid.alpha=0.9" if r["method"] == "hypersolid" else "method.simclr.temperature=0.1"
+        epochs = (20, 50) if r["seed"] < 2 else (20,)  # seeds 0-1 paused at 50, seed 2 not there yet
+        per_epoch = [{**r["final"], "epoch": e} for e in epochs]
+        runs.append(
+            {**r, "part": "curve100", "overrides": [knob], "epochs": 100, "complete": False, "per_epoch": per_epoch}
+        )
+    fifty, hundred = curve100.curve100_scopes(runs, tuned)
+    assert fifty.cmp is not None and set(fifty.cmp.values["simclr"][f"{BB}kmeans.ami"]) == {0, 1}
+    assert hundred.cmp is None and "reached epoch 100" in hundred.missing
+    rows = judging.verdicts([fifty, hundred])
+    km = [r["verdict"] for r in rows if r["claim"] == KMEANS]
+    assert km == ["holds here", "not testable here"]  # SimCLR 0.05 below at both paired seeds
+    text = "\n".join(curve100.curve100_lines(runs, tuned))
+    assert "* Hypersolid α 0.9 (the paper's, also the tuned one): 3 at epoch 20, 2 at epoch 50, 0 at epoch 100" in text
+    assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| SimCLR")] == ["20", "50"]

@@ -32,6 +32,7 @@ from benchmarks.replication.claims import (
     T3,
     methods_in,
 )
+from benchmarks.replication.curve100 import curve100_lines, curve100_scopes
 from benchmarks.replication.diagnosis import diagnosis_lines
 from benchmarks.replication.judging import Comparison, Scope, compare, verdicts
 from benchmarks.replication.long_run import long_lines, long_scopes
@@ -242,6 +243,7 @@ def render(
             )
         )
     scopes += long_scopes(part["long"], tuned_values)
+    scopes += curve100_scopes(part["curve100"], tuned_values)
     rows = [*verdicts(scopes), *ablation_rows(cpu_all, tuned_values["hypersolid"])]
     diag_appendix = fig_dir / "hdbscan_diagnosis.md"
     diag_lines, diag_text = diagnosis_lines(
@@ -295,6 +297,7 @@ def render(
             *budget_lines(part["budget"], settings, first_tuned, floor),
             *long_lines(part["long"], tuned_values, figs_long, lambda path: _rel(path, doc_dir)),
             *diag_lines,
+            *curve100_lines(part["curve100"], tuned_values),
             *steps_lines(steps, cpu),
             *gpu_lines,
             *sweep_lines(gpu_rest),
