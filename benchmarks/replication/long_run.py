@@ -103,6 +103,10 @@ def long_lines(
         rs = _mine(runs, m, v)
         out.append(f"* {budget_label(m, v, v)}: {len(rs)} of {LONG_SEEDS} seeds done.")
         rows += [epoch_row(budget_label(m, v, v), rs, e, LONG_METRICS) for e in LONG_EVAL_EPOCHS]
+    for m in LONG_BASELINES:  # amendment 3: at their defaults
+        rs = [r for r in runs if r["method"] == m and _setting(r) == "default"]
+        out.append(f"* {METHOD_NAMES[m]} at its defaults (amendment 3): {len(rs)} of {LONG_SEEDS} seeds done.")
+        rows += [epoch_row(f"{METHOD_NAMES[m]} (defaults)", rs, e, LONG_METRICS) for e in LONG_EVAL_EPOCHS if rs]
     if rows:
         out += ["", "| setting | epoch | " + " | ".join(lb for _, lb in LONG_METRICS) + " |"]
         out += ["|---|---|" + "---|" * len(LONG_METRICS), *rows]
