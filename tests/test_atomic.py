@@ -102,8 +102,7 @@ def test_a_checkpoint_write_that_fails_keeps_the_previous_checkpoint(tmp_path: P
 # Who may rename a file, and why it is not a write of a result.
 RENAMERS = {
     "hypersolid_scale/safety/atomic.py": "the helper itself",
-    "hypersolid_scale/tracking/spool.py": "the outbox moves its own open file (and its watermark, rewritten after "
-    "every send and fsync'ed only when durable) to the run's name",
+    "hypersolid_scale/tracking/spool.py": "the outbox moves its own open file and its watermark to the run's name",
     "hypersolid_scale/tracking/runs.py": "calls the spool's rename above",
     "hypersolid_scale/checkpoint/resume.py": "checkpoint.resume=never moves a whole finished folder aside",
 }
@@ -132,3 +131,18 @@ def test_no_module_renames_or_writes_a_result_by_hand() -> None:
             if _PLAIN.search(code) and rel not in PLAIN_WRITERS and "/proc/" not in code:
                 found.append(f"{rel}:{n}: {line.strip()}")
     assert not found, "write through hypersolid_scale.safety.atomic instead:\n" + "\n".join(found)
+
+
+def test_a_write_that_need_not_survive_a_power_cut_skips_the_fsyncs(tmp_path, monkeypatch):
+    """durable=False (the tracking spool's watermark at every sync): still renamed whole, never fsync'ed."""
+    import os
+
+    from hypersolid_scale.safety import atomic
+
+    calls: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append(fd))
+    atomic.write_json(tmp_path / "mark.json", {"offset": 7}, indent=None, newline=False, durable=False)
+    assert (tmp_path / "mark.json").read_text() == '{"offset": 7}' and calls == []
+    atomic.write_json(tmp_path / "mark.json", {"offset": 8}, indent=None, newline=False)
+    assert (tmp_path / "mark.json").read_text() == '{"offset": 8}' and len(calls) == 2  # the file and its folder
+    assert not list(tmp_path.glob("*.tmp"))

@@ -71,6 +71,7 @@ from benchmarks.replication.tables import (
     steps_lines,
     verdict_table,
 )
+from hypersolid_scale.safety import atomic
 
 RESULTS = ROOT / "benchmarks" / "results" / "replication"
 DOC = ROOT / "docs" / "replication.md"
@@ -373,9 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for path, text in new.items():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        atomic.write_text(path, text)
     (results / "report").mkdir(parents=True, exist_ok=True)
-    (results / "report" / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    atomic.write_json(results / "report" / "summary.json", summary, indent=1)
     print(f"wrote {doc} ({summary['runs']['cpu']} cpu and {summary['runs']['gpu']} gpu runs)")
     return 0
 

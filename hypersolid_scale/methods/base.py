@@ -98,7 +98,6 @@ class Method(nn.Module):
             by :func:`~hypersolid_scale.methods.params.check_section`; a ``validate()`` method is called too).
         order: where it is listed among the methods (``method_names``).
         uses_local_views: the method consumes local (multi-crop) views; the others use the two global views.
-        separate_views: run each view alone through backbone and heads (their papers' implementations).
         tells_views_by_size: a view smaller than the first is local (DINO, SwaV): local crops must be smaller.
         stats_reduced: ``forward``'s statistics already hold the global batch's values (the trainer does not
             average them over ranks again).
@@ -119,7 +118,6 @@ class Method(nn.Module):
     Config: ClassVar[type]
     order: ClassVar[int] = 100
     uses_local_views: ClassVar[bool] = False
-    separate_views: ClassVar[bool] = False
     tells_views_by_size: ClassVar[bool] = False
     stats_reduced: ClassVar[bool] = False
     projection_head: ClassVar[str] = ""

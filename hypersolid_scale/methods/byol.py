@@ -33,7 +33,6 @@ class BYOL(EMAMethod):
     display_name = "BYOL"
     projection_head = "projector"
 
-    separate_views = True
     target_keys = ("teacher",)
 
     @classmethod

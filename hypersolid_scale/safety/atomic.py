@@ -50,20 +50,25 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """fsync the finished ``tmp``, rename it over ``path``, fsync the directory; returns ``path``."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def commit(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: bool = True) -> Path:
+    """fsync the finished ``tmp``, rename it over ``path``, fsync the directory; returns ``path``.
+
+    ``durable=False`` skips both fsyncs: the rename is still atomic for a killed process (a reader sees the old
+    file or the new one), not for a power cut; for small, frequent bookkeeping whose loss costs a redo."""
+    if durable:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(Path(path).parent)
+    if durable:
+        fsync_dir(Path(path).parent)
     return Path(path)
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Path]:
     """Yield the temporary path to write ``path`` through; committed when the block ends without an error.
 
     The destination's directory is created when missing. On an error (or a KeyboardInterrupt) the temporary
@@ -74,31 +79,39 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
-        commit(tmp, path)
+        commit(tmp, path, durable=durable)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def write_with(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> Path:
+def write_with(path: str | os.PathLike, write: Callable[[IO[bytes]], Any], *, durable: bool = True) -> Path:
     """Call ``write`` with a binary file open for writing, then commit it as ``path``."""
-    with atomic_path(path) as tmp:
+    with atomic_path(path, durable=durable) as tmp:
         with open(tmp, "wb") as f:
             write(f)
     return Path(path)
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    return write_with(path, lambda f: f.write(data))
+def write_bytes(path: str | os.PathLike, data: bytes, *, durable: bool = True) -> Path:
+    return write_with(path, lambda f: f.write(data), durable=durable)
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
+def write_text(path: str | os.PathLike, text: str, *, durable: bool = True) -> Path:
     """``text`` as UTF-8 (as ``Path.write_text`` on Linux)."""
-    return write_bytes(path, text.encode("utf-8"))
+    return write_bytes(path, text.encode("utf-8"), durable=durable)
 
 
-def write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 1, newline: bool = True, **kw: Any) -> Path:
+def write_json(
+    path: str | os.PathLike,
+    obj: Any,
+    *,
+    indent: int | None = 1,
+    newline: bool = True,
+    durable: bool = True,
+    **kw: Any,
+) -> Path:
     """``json.dumps(obj, indent=indent, **kw)`` (plus a final newline unless ``newline=False``).
 
     The text is made before the file is opened, so a value that cannot be serialised raises with nothing
     written."""
-    return write_text(path, json.dumps(obj, indent=indent, **kw) + ("\n" if newline else ""))
+    return write_text(path, json.dumps(obj, indent=indent, **kw) + ("\n" if newline else ""), durable=durable)

@@ -21,6 +21,7 @@ from array import array
 from collections import deque
 from pathlib import Path
 
+from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.run_lock import close_in_forked_children, forget_fd
 from hypersolid_scale.tracking.records import TERMINAL_STATUSES, now_ms
 
@@ -146,13 +147,8 @@ class Spool:
         self.pending.append(record)
 
     def mark_synced(self, offset: int, durable: bool = False) -> None:
-        tmp = self._mark_path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            json.dump({"offset": offset}, f)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self._mark_path)
+        # fsync'ed only when the caller asks (the spool's close): the rename alone survives a killed process.
+        atomic.write_json(self._mark_path, {"offset": offset}, indent=None, newline=False, durable=durable)
 
     def rename(self, run_id: str) -> None:
         """Name the spool and its watermark after ``run_id`` (the run created for its local id). The open file
