@@ -48,7 +48,6 @@ class BarlowTwins(Method):
     display_name = "Barlow Twins"
     projection_head = "head"
 
-
     def __init__(self, feature_dim: int, cfg: BarlowTwinsConfig, steps_per_epoch: int = 1) -> None:
         super().__init__(steps_per_epoch)
         self.head = BarlowTwinsProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim)

@@ -45,7 +45,6 @@ class VICReg(Method):
     display_name = "VICReg"
     projection_head = "head"
 
-
     def __init__(self, feature_dim: int, cfg: VICRegConfig, steps_per_epoch: int = 1) -> None:
         super().__init__(steps_per_epoch)
         self.head = VICRegProjectionHead(feature_dim, cfg.hidden_dim, cfg.out_dim, cfg.num_layers)

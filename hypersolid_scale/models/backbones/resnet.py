@@ -25,14 +25,15 @@ def describe_resnet(model: Mapping[str, Any]) -> dict[str, Any]:
     return {"stem": stem, "constructor": f"torchvision.models.{arch}(weights=None); fc = nn.Identity(){replaced}"}
 
 
-def build_torchvision_resnet(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
-    """torchvision's ResNet as export.json describes it (stem, channels), without ``fc``."""
+def _resnet(arch: str, channels: int, small_stem: bool) -> tuple[nn.Module, int]:
+    """torchvision's ``arch`` (fresh weights) with the stem for ``channels`` input channels, without ``fc``."""
     import torchvision
 
-    ctor = {"resnet18": torchvision.models.resnet18, "resnet50": torchvision.models.resnet50}[meta["arch"]]
+    ctor = {"resnet18": torchvision.models.resnet18, "resnet50": torchvision.models.resnet50}[arch]
     net = ctor(weights=None)
-    channels = int(meta["in_channels"])
-    if meta.get("stem") == "small":
+    if small_stem:
+        # CIFAR variant (as in SimCLR's CIFAR experiments): a 7x7/2 conv + 3x3/2 max-pool would reduce 32 px to
+        # 8 px before layer1, leaving a 1x1 map at layer4.
         net.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
         net.maxpool = nn.Identity()
     elif channels != 3:
@@ -40,6 +41,11 @@ def build_torchvision_resnet(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
     dim = int(net.fc.in_features)
     net.fc = nn.Identity()
     return net, dim
+
+
+def build_torchvision_resnet(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
+    """torchvision's ResNet as export.json describes it (stem, channels), without ``fc``."""
+    return _resnet(str(meta["arch"]), int(meta["in_channels"]), meta.get("stem") == "small")
 
 
 def _export(arch: str) -> ExportLayout:
@@ -52,20 +58,8 @@ def _export(arch: str) -> ExportLayout:
 def build_resnet(cfg: ModelConfig) -> tuple[nn.Module, int]:
     """torchvision's ``cfg.arch`` without its classifier; ``cfg.small_stem`` and ``cfg.in_channels`` set the
     stem."""
-    import torchvision
-
-    ctor = {"resnet18": torchvision.models.resnet18, "resnet50": torchvision.models.resnet50}[cfg.arch]
-    net = ctor(weights=None)
-    if cfg.small_stem:
-        # CIFAR variant (as in SimCLR's CIFAR experiments): a 7x7/2 conv + 3x3/2 max-pool would reduce 32 px to
-        # 8 px before layer1, leaving a 1x1 map at layer4.
-        net.conv1 = nn.Conv2d(cfg.in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
-        net.maxpool = nn.Identity()
-    elif cfg.in_channels != 3:
-        net.conv1 = nn.Conv2d(cfg.in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    net, feature_dim = _resnet(cfg.arch, cfg.in_channels, cfg.small_stem)
     if isinstance(net.conv1, nn.Conv2d):
         # Same init torchvision applies to its own convs, so a replaced stem is not the odd one out.
         nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
-    feature_dim = net.fc.in_features
-    net.fc = nn.Identity()
     return net, feature_dim
