@@ -28,9 +28,9 @@ class LossConfig:
     repel: str = "all"  # which pairs are repelled: "all" (paper) | "negatives" | "positives"
     # a registered backend (losses/backends/): "dense" (reference) | "tiled" (exact, bounded memory) |
     # "neighbors" (candidate search) | "auto" (tiled or neighbors per step, from the previous step's
-    # saturated-row fraction; docs/design.md §3c)
+    # saturated-row fraction; docs/design.md §3c) | "ring" (tiled, rows passed round the ranks; §3f)
     backend: str = "dense"
-    tile_size: int = 4096  # tiled, and the torch search: rows/columns per block
+    tile_size: int = 4096  # tiled, ring, and the torch search: rows/columns per block
     index: str = "flat"  # neighbors: "flat" | "torch" (exact) | "ivf" | "hnsw" (approximate)
     k: int = 64  # neighbors: candidates searched per row
     nprobe: int = 16  # neighbors/ivf: inverted lists visited per query
