@@ -20,6 +20,8 @@ BACKENDS = [
     ("neighbors-torch", {"index": "torch", "k": 4, "tile_size": 5}),  # the device search, run on the CPU
     ("auto", {"k": 4, "tile_size": 5}),  # first call: tiled (a fresh switch starts there)
     ("ring", {"tile_size": 5}),  # one process: its own block only (P ranks: tests/test_ring.py)
+    ("ring-bf16", {"tile_size": 5, "screen": "bf16"}),
+    ("tiled-bf16", {"tile_size": 5, "screen": "bf16"}),
 ]
 
 
@@ -265,6 +267,7 @@ def _largest_allocation(fn, feats) -> int:
         ("neighbors-torch", {"index": "torch", "k": 8, "tile_size": 128, "recall_every": 0}),
         ("auto", {"k": 8, "tile_size": 128, "recall_every": 0}),
         ("ring", {"tile_size": 128}),
+        ("ring-bf16", {"tile_size": 128, "screen": "bf16"}),
     ],
 )
 def test_memory_bounded_backends_never_allocate_an_m_by_m_matrix(backend, opts):

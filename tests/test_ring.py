@@ -1,11 +1,12 @@
-"""``backend=ring`` on P = 2, 3, 4, 8 real gloo ranks: equal to single-process ``tiled``.
+"""``backend=ring`` and ``screen=bf16`` on P = 2, 3, 4, 8 real gloo ranks: equal to single-process ``tiled``.
 
 One spawn of 8 processes serves every P: ranks below P join a P-rank group (a port of its own), run every case,
 and leave it. Each rank holds a different, uneven slice of a fixed float64 batch; on every rank the loss must be
 the single-process ``tiled`` loss of the concatenated batch, the gradient P x its rows of the single-process
 gradient (docs/design.md §3), and every statistic the same. The rows must never be all-gathered by ``ring``
-(only 1-D vectors: the row counts and the packed statistics). ``placed`` puts cross-rank pairs just above and
-below α.
+(only 1-D vectors: the row counts and the packed statistics), and with ``screen=bf16`` the bytes a rank sends
+must halve on spread embeddings. ``placed`` puts cross-rank pairs at α ± the screening bound δ and just above
+and below α: a screen that dropped one pair it cannot decide (a threshold of α, or α − δ/2) changes the loss.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from test_dist_loss import join_gloo_group
 
 from hypersolid_scale.distributed import cleanup
 from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.losses.screening import screening_bound
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +31,12 @@ WORLDS = (2, 3, 4, 8)
 V, D, ALPHA = 3, 32, 0.9
 CASES = {  # name: loss options (float64 features; tile_size 4 splits every rank's rows into several tiles)
     "ring": {"backend": "ring", "tile_size": 4},
+    "ring-bf16": {"backend": "ring", "tile_size": 4, "screen": "bf16"},
+    "tiled-bf16": {"backend": "tiled", "tile_size": 4, "screen": "bf16"},
     "ring-negatives": {"backend": "ring", "tile_size": 5, "repel": "negatives", "alpha": 0.5},
 }
 REGIMES = ("spread", "collapsed", "placed")
-OFFSETS = (1.0, 0.5, 1e-9, -1e-9, -0.5, -1.0, -2.0)  # placed pairs at α + t·DELTA: active for t > 0
-DELTA = 0.0079  # about the bf16 rounding of a cosine
+OFFSETS = (1.0, 0.5, 1e-9, -1e-9, -0.5, -1.0, -2.0)  # placed pairs at α + t·δ: active for t > 0
 STATS = ("loss", "alignment", "repulsion", "normalization", "active_pairs", "active_pos", "active_neg", "max_cos")
 
 
@@ -43,10 +46,10 @@ def split(world: int) -> list[int]:
 
 
 def placed_feats(images: list[int]) -> torch.Tensor:
-    """Spread images, and views of other ranks' images placed at cosine α + t·DELTA from views of rank 0's first."""
+    """Spread images, and views of other ranks' images placed at cosine α + t·δ(D) from views of rank 0's first."""
     feats = make_feats(sum(images), V, D, regime="spread", seed=3)
     x = feats / feats.norm(dim=-1, keepdim=True)
-    delta = DELTA
+    delta = screening_bound(D, torch.float64)
     g = torch.Generator().manual_seed(4)
     slots = [(img, v) for img in range(images[0], sum(images)) for v in range(V)]  # rows of ranks 1, 2, ...
     for n, t in enumerate(OFFSETS):
@@ -79,7 +82,7 @@ def _worker(rank: int, ports: list[int], out_dir: str) -> None:
         sent[0] += sum(op.tensor.nbytes for op in ops if op.op is dist.isend)
         return batch_send(ops)
 
-    dist.all_gather, dist.batch_isend_irecv = spy_gather, spy_send  # restored with the process
+    dist.all_gather, dist.batch_isend_irecv = spy_gather, spy_send
     results = {}
     for world, port in zip(WORLDS, ports):
         if rank >= world:
@@ -143,10 +146,24 @@ def test_every_rank_gets_tiled_single_process_loss_gradients_and_stats(ranks, wo
                     assert got["stats"][stat] == pytest.approx(stats[stat], rel=1e-12, abs=1e-14), (key, stat)
                 if name.startswith("ring"):  # no row is all-gathered: only the counts and the statistics
                     assert all(dim == 1 for dim, _ in got["gathered"]), (key, got["gathered"])
+                if name == "tiled-bf16":  # the rows are gathered in bf16 first
+                    assert (2, torch.bfloat16) in got["gathered"], got["gathered"]
 
 
-def test_ring_trains_through_launch_train_on_two_processes_and_resumes(tmp_path):
-    """``method.hypersolid.backend=ring`` under torchrun: 2 steps, a checkpoint, and a resume
+@pytest.mark.parametrize("world", WORLDS)
+def test_bf16_columns_halve_the_bytes_sent_once_the_embeddings_spread(ranks, world):
+    for rank in range(world):
+        fp32, bf16 = (ranks[rank][(world, "spread", name, False)] for name in ("ring", "ring-bf16"))
+        assert fp32["sent"] > 0 and bf16["sent"] <= 0.55 * fp32["sent"], (rank, fp32["sent"], bf16["sent"])
+        assert bf16["stats"]["exact_fraction"] < 0.1
+        collapsed = ranks[rank][(world, "collapsed", "ring-bf16", False)]
+        assert collapsed["stats"]["exact_fraction"] == 1.0  # near collapse every row is needed exactly
+        # the placed pairs are sent again: the screen let none of them through undecided
+        assert ranks[rank][(world, "placed", "ring-bf16", False)]["stats"]["exact_fraction"] > 0
+
+
+def test_ring_with_bf16_columns_trains_through_launch_train_on_two_processes_and_resumes(tmp_path):
+    """``method.hypersolid.backend=ring`` (with ``screen=bf16``) under torchrun: 2 steps, a checkpoint, and a resume
     that continues to step 4 from it with the same loss as an uninterrupted run of 4 steps."""
     from _warm_python import run_processes
 
@@ -156,7 +173,7 @@ def test_ring_trains_through_launch_train_on_two_processes_and_resumes(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     args = [
         str(repo / "launch" / "train.py"), "--config", str(repo / "configs" / "quickstart.yaml"),
-        "method.hypersolid.backend=ring", "method.hypersolid.tile_size=64",
+        "method.hypersolid.backend=ring", "method.hypersolid.screen=bf16", "method.hypersolid.tile_size=64",
         "method.hypersolid.out_dim=64", "method.hypersolid.hidden_dim=64", "data.num_local_views=2",
         "data.global_batch_size=32", "data.max_pretrain_samples=256", "data.num_workers=0", "optim.name=sgd",
         "optim.lr=0.05", "eval.every_n_epochs=0", "tracking.enabled=false", "checkpoint.every_n_steps=2",

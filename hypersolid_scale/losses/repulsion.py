@@ -64,10 +64,11 @@ class RepulsionStats:
     recall_hits: torch.Tensor  # neighbors, on a measuring call: sampled active pairs the search found
     recall_total: torch.Tensor  # ... and all sampled active pairs
     recall_measured: torch.Tensor  # 1 on a call that measured recall, else 0
+    exact_rows: torch.Tensor  # screen=bf16: this rank's rows sent again in full precision (docs/design.md §2)
 
     @classmethod
     def zeros(cls, device: torch.device) -> RepulsionStats:
-        z = torch.zeros(8, dtype=torch.float64, device=device)
+        z = torch.zeros(9, dtype=torch.float64, device=device)
         z.narrow(0, 2, 1).fill_(-1.0)  # max_cos. (``z[2] = -1.0`` would copy a host scalar: a CUDA sync)
         return cls(*z.unbind(0))
 
@@ -145,8 +146,8 @@ def blockwise_rows(
     are then recognised from host integers and skip those masks. ``row_counts`` (m,), if given, receives
     each row's number of active pairs (self excluded, positives included, whatever the repel mode).
     ``remote=True``: the columns are another rank's rows (a rank owns whole images), so no pair is a self pair
-    or a positive and the column ids are not needed: every block is treated as disjoint (the ``ring`` backend,
-    docs/design.md §3f). Statistics are added into ``st``.
+    or a positive and the column ids are not needed: every block is treated as disjoint (the ``ring`` backend
+    and the screened exchange, docs/design.md §2). Statistics are added into ``st``.
     """
     m, n, v = x_rows.shape[0], x_all.shape[0], layout.views
     dev = x_rows.device
@@ -207,7 +208,7 @@ def own_block(
     x_rows: torch.Tensor, layout: PairLayout, alpha: float, tile: int, st: RepulsionStats
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`blockwise_rows` of this rank's rows against themselves (value, Y), for the backends that exchange
-    the rows block by block (``ring``). Images never straddle ranks and every rank's
+    the rows block by block (``ring``, the screened exchange). Images never straddle ranks and every rank's
     offset is a multiple of V, so local indices give the same pairs as global ones."""
     ids = torch.arange(x_rows.shape[0], device=x_rows.device)
     return blockwise_rows(x_rows, ids, x_rows, PairLayout(0, layout.views, layout.mode), alpha, tile, st, first_row=0)

@@ -14,7 +14,7 @@ asks its backend for:
 1. :meth:`Backend.exchange`: ``(rep_sum, RepulsionStats, M_g)`` for this rank's rows against every rank's. By
    default it all-gathers the detached rows once and calls :meth:`Backend.repulsion` with the gathered global
    batch (the contract of :mod:`hypersolid_scale.losses.repulsion`); a backend that moves the rows itself
-   (``ring``'s point-to-point pass) overrides it (docs/design.md §3f);
+   (``ring``'s point-to-point pass, the bf16 screening of ``screen=bf16``) overrides it (docs/design.md §3f);
 2. :meth:`Backend.derive`: its extra statistics (named by :attr:`Backend.stat_names`, packed after the
    loss's own) from the sums reduced across ranks;
 3. :meth:`Backend.observe`: a look at the packed statistics of the call, e.g. to decide the next one.
@@ -44,6 +44,9 @@ class Backend:
     # Why dist.compile=true must not compile the loss with this backend (a host read or a data-dependent shape
     # that changes the graph between steps; training/compile_scope.py); empty: it may.
     compile_refusal: str = ""
+    # It offers method.hypersolid.screen=bf16 (columns exchanged and screened in bfloat16, docs/design.md §2):
+    # its exchange() reads cfg.screen. LossConfig.validate refuses the option for the others.
+    screens: bool = False
 
     def __init__(self, cfg: LossConfig) -> None:
         self.cfg = cfg

@@ -5,10 +5,19 @@ Each rank's detached rows travel round the ranks in P − 1 point-to-point hops
 (:func:`~hypersolid_scale.distributed.ring_pass`), the next block in flight while the current one is computed;
 no rank ever holds more than two other ranks' blocks, so the loss's memory per rank is O(m·D + tile²) whatever P.
 The result is ``tiled``'s: the same value, gradient rows and statistics (the §3 contract; nothing crosses ranks
-in backward). Host reads: the row counts when the ranks' sizes are not promised equal.
+in backward). With ``screen=bf16`` the blocks travel in bfloat16 and are screened, the rows bf16 cannot rule out sent
+again in full precision (:mod:`hypersolid_scale.losses.screening`). Host reads: the row counts when the ranks'
+sizes are not promised equal; with ``screen=bf16``, the needed rows' sizes.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from hypersolid_scale.losses.config import LossConfig
 
 import torch
 
@@ -22,21 +31,30 @@ from hypersolid_scale.losses.repulsion import (
     remote_block,
     tiled_repulsion,
 )
+from hypersolid_scale.losses.screening import SCREEN_STATS, screen_stats, screened_exchange
 
 
 @register_backend
 class RingBackend(Backend):
     name = "ring"
     order = 4
+    screens = True
     compile_refusal = (
         "its point-to-point sends (batch_isend_irecv) and the generator that overlaps them with the blocks' "
         "computation are not traced into a graph"
     )
 
+    def __init__(self, cfg: LossConfig) -> None:
+        super().__init__(cfg)
+        self.stat_names = SCREEN_STATS if cfg.screen == "bf16" else ()
+
     def exchange(
         self, x_rows: torch.Tensor, views: int, repel: str, alpha: float, *, same_rows_per_rank: bool
     ) -> tuple[torch.Tensor, RepulsionStats, int]:
-        tile, xr = self.cfg.tile_size, x_rows.detach()
+        tile = self.cfg.tile_size
+        if self.cfg.screen == "bf16":
+            return screened_exchange(x_rows, views, repel, alpha, tile, route="ring", same_size=same_rows_per_rank)
+        xr = x_rows.detach()
         counts = row_counts(xr.shape[0], xr.device, same_size=same_rows_per_rank)
         layout, st = PairLayout(sum(counts[: get_rank()]), views, repel), RepulsionStats.zeros(xr.device)
         value = torch.zeros((), dtype=torch.float64, device=xr.device)
@@ -56,3 +74,6 @@ class RingBackend(Backend):
     ) -> tuple[torch.Tensor, RepulsionStats]:
         """Against rows already gathered (a caller of the plain backend interface): ``tiled``'s computation."""
         return tiled_repulsion(x_rows, x_all, layout, alpha, self.cfg.tile_size)
+
+    def derive(self, sums: Mapping[str, torch.Tensor], rows: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+        return screen_stats(sums, rows) if self.stat_names else {}
