@@ -124,6 +124,8 @@ def _screened_rows(
     """(value, Y) of this rank's rows against every rank's, screened in bf16 (steps 1-4 above). Adds into ``st``
     (``exact_rows``: this rank's rows sent again)."""
     rank, m, dev = get_rank(), x_rows.shape[0], x_rows.device
+    if len(counts) == 1:  # one process: no other rank's rows to screen, nothing read on the host
+        return own_block(x_rows, layout, alpha, tile, st)
     offset, total = sum(counts[:rank]), sum(counts)
     bound = screening_bound(x_rows.shape[1], x_rows.dtype)
     low = x_rows.to(torch.bfloat16)
