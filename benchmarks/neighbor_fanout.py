@@ -63,14 +63,16 @@ def spherical_kmeans(x: torch.Tensor, cells: int, iters: int, seed: int = 0) -> 
     return mu, assign
 
 
-def fanout(x: torch.Tensor, mu: torch.Tensor, assign: torch.Tensor, alpha: float) -> torch.Tensor:
-    """(M, C) bool: the cells each row's cap {cos > α} can reach by the centroid-plus-radius bound."""
-    cos_rc = x @ mu.T  # (M, C)
-    own = cos_rc.gather(1, assign[:, None]).squeeze(1)
-    angle = torch.acos(own.clamp(-1, 1))
-    radius = torch.zeros(mu.shape[0]).scatter_reduce(0, assign, angle, "amax", include_self=False)  # θ_c
+def fanout(
+    x: torch.Tensor, mu: torch.Tensor, assign: torch.Tensor, alpha: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(reach (M, C) bool: the cells each row's cap {cos > α} can reach by the centroid-plus-radius bound;
+    θ_c (C,) the cells' angular radii; the angle (M, C) from each row to each centroid), in radians."""
+    angles = torch.acos((x @ mu.T).clamp(-1, 1))  # (M, D) @ (D, C)
+    own = angles.gather(1, assign[:, None]).squeeze(1)
+    radius = torch.zeros(mu.shape[0]).scatter_reduce(0, assign, own, "amax", include_self=False)  # θ_c
     reach = math.acos(alpha) + radius  # (C,): angle(x, μ_c) must be below this
-    return torch.acos(cos_rc.clamp(-1, 1)) < reach.clamp(max=math.pi)[None, :]
+    return angles < reach.clamp(max=math.pi)[None, :], radius, angles
 
 
 def owners(reach: torch.Tensor, world: int) -> torch.Tensor:
@@ -100,7 +102,8 @@ def measure(name: str, x: torch.Tensor, alpha: float, cells: list[int], iters: i
     out = []
     for c in cells:
         mu, assign = spherical_kmeans(x, c, iters)
-        reach = fanout(x, mu, assign, alpha)
+        reach, radius, angles = fanout(x, mu, assign, alpha)
+        filled = torch.bincount(assign, minlength=c) > 0
         row = {
             "checkpoint": name,
             "rows": m,
@@ -109,6 +112,10 @@ def measure(name: str, x: torch.Tensor, alpha: float, cells: list[int], iters: i
             "cells": c,
             "fanout": summarize(reach.sum(dim=1)),
             "fanout_fraction_median": float(reach.sum(dim=1).double().median()) / c,
+            # what the bound adds to the cap's half-angle arccos α, and how far the other cells' centroids are
+            "cap_half_angle_deg": math.degrees(math.acos(alpha)),
+            "cell_radius_deg": summarize(torch.rad2deg(radius[filled])),
+            "angle_to_centroids_deg": summarize(torch.rad2deg(angles[:, filled]).flatten()[:: max(1, c // 16)]),
         }
         for world in WORLDS:
             if world <= c:
