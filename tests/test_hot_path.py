@@ -73,6 +73,7 @@ def tiny_run(tmp_path: Path, device: str, extra: list[str]) -> tuple[train_mod.R
 BACKENDS = [["method.hypersolid.backend=dense"], ["method.hypersolid.backend=tiled", "method.hypersolid.tile_size=50"],
             ["method.hypersolid.backend=neighbors", "method.hypersolid.index=torch", "method.hypersolid.k=8", "method.hypersolid.recall_every=2"],
             ["method.hypersolid.backend=auto", "method.hypersolid.k=8"], ["method.hypersolid.backend=neighbors", "method.hypersolid.k=8"],
+            ["method.hypersolid.backend=ring", "method.hypersolid.tile_size=50"],
             ["method.hypersolid.backend=dense", "optim.accumulate_steps=2"]]  # the accumulated step (docs/design.md §3d)
 
 
@@ -222,6 +223,7 @@ def sync_debug(mode: str):
 SYNC_FREE = [["method.hypersolid.backend=dense"], ["method.hypersolid.backend=tiled", "method.hypersolid.tile_size=50"],
              # auto's decision machinery, held on tiled (the threshold 0 is never undercut)
              ["method.hypersolid.backend=auto", "method.hypersolid.k=8", "method.hypersolid.auto_to_neighbors=0.0"],
+             ["method.hypersolid.backend=ring", "method.hypersolid.tile_size=50"],
              ["method.hypersolid.backend=tiled", "optim.accumulate_steps=2"]]  # random state capture and replay
 
 

@@ -19,6 +19,9 @@ BACKENDS = [
     ("neighbors", {"index": "flat", "k": 4}),  # small k: the saturation fallback is exercised
     ("neighbors-torch", {"index": "torch", "k": 4, "tile_size": 5}),  # the device search, run on the CPU
     ("auto", {"k": 4, "tile_size": 5}),  # first call: tiled (a fresh switch starts there)
+    ("ring", {"tile_size": 5}),  # one process: its own block only (P ranks: tests/test_ring.py)
+    ("ring-bf16", {"tile_size": 5, "screen": "bf16"}),
+    ("tiled-bf16", {"tile_size": 5, "screen": "bf16"}),
 ]
 
 
@@ -178,7 +181,7 @@ def test_pair_exactly_at_alpha_is_inactive(backend, opts):
         ({"alpha": 1.5}, r"^method\.hypersolid\.alpha must be in the open interval \(-1, 1\), got 1\.5$"),
         ({"alpha": -1.0}, r"^method\.hypersolid\.alpha must be in the open interval"),
         ({"backend": "sparse"}, r"^method\.hypersolid\.backend='sparse' is not valid; choose one of dense, tiled, "
-                                r"neighbors, auto$"),
+                                r"neighbors, auto, ring$"),
         ({"pooling": "min"}, r"^method\.hypersolid\.pooling='min' is not valid; choose one of max, mean$"),
         ({"repel": "some"}, r"^method\.hypersolid\.repel='some' .* all, negatives, positives$"),
         ({"backend": "neighbors", "index": "lsh"}, r"^method\.hypersolid\.index='lsh' .* flat, ivf, hnsw, torch$"),
@@ -224,7 +227,7 @@ def test_bf16_input_decides_thresholds_in_fp32():
     feats32 = make_feats(16, 4, 32, regime="spread", seed=7, dtype=torch.float32)
     feats16 = feats32.bfloat16()
     ref = HypersolidLoss()(feats16.float())
-    for backend in ("dense", "tiled", "neighbors", "neighbors-torch", "auto"):
+    for backend in ("dense", "tiled", "neighbors", "neighbors-torch", "auto", "ring"):
         fn = make_loss(backend, **({"index": "torch"} if backend == "neighbors-torch" else {}))
         out = fn(feats16)
         assert out.dtype == torch.float32
@@ -263,6 +266,8 @@ def _largest_allocation(fn, feats) -> int:
         ("neighbors", {"k": 8, "tile_size": 128, "recall_every": 0}),
         ("neighbors-torch", {"index": "torch", "k": 8, "tile_size": 128, "recall_every": 0}),
         ("auto", {"k": 8, "tile_size": 128, "recall_every": 0}),
+        ("ring", {"tile_size": 128}),
+        ("ring-bf16", {"tile_size": 128, "screen": "bf16"}),
     ],
 )
 def test_memory_bounded_backends_never_allocate_an_m_by_m_matrix(backend, opts):

@@ -4,6 +4,7 @@ Model, loss and data code call these functions and never import ``torch.distribu
 every collective works without a process group (world size 1).
 
 Modules: ``process_group`` (launcher environment, device, transport, the default group), ``collectives``,
+``ring`` (the point-to-point ring pass of the ``ring`` repulsion backend),
 ``batchnorm`` (BatchNorm over the global batch), ``engine`` (the ``Engine`` interface and ``build_engine``),
 ``ddp`` and ``deepspeed_engine`` (the two engines).
 """
@@ -27,6 +28,7 @@ from hypersolid_scale.distributed.collectives import (
     get_rank,
     get_world_size,
     is_distributed,
+    row_counts,
 )
 from hypersolid_scale.distributed.deepspeed_engine import deepspeed_config
 from hypersolid_scale.distributed.engine import ENGINES, Engine, build_engine
@@ -44,6 +46,7 @@ from hypersolid_scale.distributed.process_group import (
     resolve_transport,
     world_info_from_env,
 )
+from hypersolid_scale.distributed.ring import ring_pass
 
 __all__ = [
     "ENGINES",
@@ -77,5 +80,7 @@ __all__ = [
     "is_distributed",
     "resolve_device",
     "resolve_transport",
+    "ring_pass",
+    "row_counts",
     "world_info_from_env",
 ]

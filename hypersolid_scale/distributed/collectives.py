@@ -40,6 +40,21 @@ def barrier() -> None:
         dist.barrier()
 
 
+def row_counts(n: int, device: torch.device, *, same_size: bool = False) -> list[int]:
+    """Every rank's row count, in rank order (``[n]`` without a process group).
+
+    ``same_size=True`` promises that every rank holds ``n`` rows (a trainer's fixed per-rank batch): nothing is
+    exchanged. Otherwise the counts are all-gathered and read on the host (a synchronisation on CUDA).
+    """
+    world = get_world_size()
+    if world == 1 or same_size:
+        return [n] * world
+    count = torch.tensor([n], device=device, dtype=torch.long)
+    sizes = [torch.zeros_like(count) for _ in range(world)]
+    dist.all_gather(sizes, count)
+    return [int(s.item()) for s in sizes]
+
+
 def all_gather_detached(x: torch.Tensor, *, same_size: bool = False) -> tuple[torch.Tensor, int]:
     """Concatenate ``x`` (detached) from every rank along dim 0.
 
@@ -61,10 +76,7 @@ def all_gather_detached(x: torch.Tensor, *, same_size: bool = False) -> tuple[to
         parts = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=0), dist.get_rank() * x.shape[0]
-    n = torch.tensor([x.shape[0]], device=x.device, dtype=torch.long)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    counts = [int(s.item()) for s in sizes]
+    counts = row_counts(x.shape[0], x.device)
     n_max = max(counts)
     if x.shape[0] < n_max:
         pad = x.new_zeros((n_max - x.shape[0], *x.shape[1:]))

@@ -13,6 +13,9 @@ REPEL_MODES = ("all", "negatives", "positives")
 # ivf / hnsw: approximate FAISS indexes (ivf runs on the GPU when faiss-gpu is installed).
 INDEXES = ("flat", "ivf", "hnsw", "torch")
 EXACT_INDEXES = ("flat", "torch")
+# off: columns exchanged and compared in the input's precision; bf16: exchanged and screened in bfloat16, every
+# pair the proven rounding bound cannot decide recomputed in full precision (exact; docs/design.md §2, screening).
+SCREENS = ("off", "bf16")
 
 
 @dataclass
@@ -28,9 +31,10 @@ class LossConfig:
     repel: str = "all"  # which pairs are repelled: "all" (paper) | "negatives" | "positives"
     # a registered backend (losses/backends/): "dense" (reference) | "tiled" (exact, bounded memory) |
     # "neighbors" (candidate search) | "auto" (tiled or neighbors per step, from the previous step's
-    # saturated-row fraction; docs/design.md §3c)
+    # saturated-row fraction; docs/design.md §3c) | "ring" (tiled, rows passed round the ranks; §3f)
     backend: str = "dense"
-    tile_size: int = 4096  # tiled, and the torch search: rows/columns per block
+    tile_size: int = 4096  # tiled, ring, and the torch search: rows/columns per block
+    screen: str = "off"  # tiled, ring: "off" | "bf16" (columns sent and screened in bf16, decisions exact; §2)
     index: str = "flat"  # neighbors: "flat" | "torch" (exact) | "ivf" | "hnsw" (approximate)
     k: int = 64  # neighbors: candidates searched per row
     nprobe: int = 16  # neighbors/ivf: inverted lists visited per query
@@ -50,6 +54,7 @@ class LossConfig:
             ("repel", self.repel, REPEL_MODES),
             ("backend", self.backend, backend_names()),
             ("index", self.index, INDEXES),
+            ("screen", self.screen, SCREENS),
         ):
             if value not in allowed:
                 raise ValueError(f"{SECTION}.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
@@ -63,5 +68,12 @@ class LossConfig:
                 f"{SECTION}.auto_to_neighbors={self.auto_to_neighbors} and "
                 f"{SECTION}.auto_to_tiled={self.auto_to_tiled} must satisfy 0 <= auto_to_neighbors < "
                 "auto_to_tiled <= 1 (the gap between them is the hysteresis)"
+            )
+        if self.screen != "off" and not get_backend(self.backend).screens:
+            offer = [name for name in backend_names() if get_backend(name).screens]
+            raise ValueError(
+                f"{SECTION}.screen={self.screen!r} needs a backend that screens its columns "
+                f"({', '.join(offer)}), not {SECTION}.backend={self.backend!r}; set {SECTION}.screen=off or "
+                f"{SECTION}.backend={offer[0]}"
             )
         get_backend(self.backend).check_config(self)  # what only this backend requires

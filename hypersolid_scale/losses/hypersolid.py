@@ -8,11 +8,12 @@
                  diagonal, as the paper's mean over the (M × M) matrix does;
 * normalization: λ (mean ‖feats‖₂ − 1)² over the global batch, on the un-normalised feats.
 
-Across ranks (docs/design.md §3): the detached embeddings are all-gathered once; each rank differentiates only its
-own rows. The similarity matrix is symmetric, so the gradient of the global repulsion w.r.t. row i is twice
-its row part. The returned tensor carries the true global loss as its value and P × (the gradient of the
-global loss w.r.t. the local rows) as its gradient, so DDP's or DeepSpeed's averaging over P ranks yields
-exactly the single-process gradient of the concatenated batch. No collective runs in backward.
+Across ranks (docs/design.md §3): the detached embeddings are all-gathered once (or passed round the ranks by the
+``ring`` backend, §3f); each rank differentiates only its own rows. The similarity matrix is symmetric, so the
+gradient of the global repulsion w.r.t. row i is twice its row part. The returned tensor carries the true global
+loss as its value and P × (the gradient of the global loss w.r.t. the local rows) as its gradient, so DDP's or
+DeepSpeed's averaging over P ranks yields exactly the single-process gradient of the concatenated batch. No
+collective runs in backward.
 
 Telemetry stays on the device: every scalar the global loss and the statistics need goes into one vector,
 reduced across ranks in one collective; the result, with the derived statistics, is :attr:`packed_stats`
@@ -32,10 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hypersolid_scale.distributed import all_gather_detached, all_reduce_packed, get_world_size
+from hypersolid_scale.distributed import all_reduce_packed, get_world_size
 from hypersolid_scale.losses.backends import Backend, get_backend
 from hypersolid_scale.losses.config import LossConfig
-from hypersolid_scale.losses.repulsion import PairLayout, RepulsionStats
+from hypersolid_scale.losses.repulsion import RepulsionStats
 from hypersolid_scale.losses.stats import PackedStats
 
 _OBJECTIVE = ("alpha", "norm_weight", "pooling", "repel", "backend")  # the other LossConfig fields: backend options
@@ -67,7 +68,8 @@ class HypersolidLoss(nn.Module):
         repel: which pairs are repelled: "all" (paper), "negatives" or "positives".
         backend: how the repulsion is computed: a name registered in :mod:`hypersolid_scale.losses.backends`
             (built in: "dense", the reference; "tiled", exact with O(tile²) memory; "neighbors", candidate
-            search; "auto", tiled or neighbors per step, docs/design.md §3c).
+            search; "auto", tiled or neighbors per step, docs/design.md §3c; "ring", tiled with a point-to-point
+            exchange instead of the all_gather, §3f).
         check_finite: raise ``ValueError`` on NaN/inf input. That check reads a device value on the host
             (a GPU synchronisation); the trainer turns it off and reads the ``nonfinite`` statistic instead.
         same_rows_per_rank: every rank holds as many rows as this one (the trainer's fixed per-rank batch),
@@ -175,11 +177,12 @@ class HypersolidLoss(nn.Module):
             # Normalization: sum of norms here; the global mean needs every rank's sum first.
             norm_sum = f.norm(dim=-1).sum()
 
-            # Repulsion: local rows against the gathered (detached) global batch.
+            # Repulsion: local rows against every rank's (detached) rows; the backend moves them (by default one
+            # all_gather, docs/design.md §3; ring: a point-to-point pass, §3f).
             x_rows = x.reshape(b * v, d)
-            x_all, offset = all_gather_detached(x_rows, same_size=self.same_rows_per_rank)
-            m_g = x_all.shape[0]
-            rep_sum, st = self.backend.repulsion(x_rows, x_all, PairLayout(offset, v, self.cfg.repel), self.alpha)
+            rep_sum, st, m_g = self.backend.exchange(
+                x_rows, v, self.cfg.repel, self.alpha, same_rows_per_rank=self.same_rows_per_rank
+            )
 
             # One collective for every scalar the global loss and the telemetry need (sums, and max_cos).
             nonfinite = (~torch.isfinite(f.detach())).sum()

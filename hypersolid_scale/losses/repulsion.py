@@ -64,10 +64,11 @@ class RepulsionStats:
     recall_hits: torch.Tensor  # neighbors, on a measuring call: sampled active pairs the search found
     recall_total: torch.Tensor  # ... and all sampled active pairs
     recall_measured: torch.Tensor  # 1 on a call that measured recall, else 0
+    exact_rows: torch.Tensor  # screen=bf16: this rank's rows sent again in full precision (docs/design.md §2)
 
     @classmethod
     def zeros(cls, device: torch.device) -> RepulsionStats:
-        z = torch.zeros(8, dtype=torch.float64, device=device)
+        z = torch.zeros(9, dtype=torch.float64, device=device)
         z.narrow(0, 2, 1).fill_(-1.0)  # max_cos. (``z[2] = -1.0`` would copy a host scalar: a CUDA sync)
         return cls(*z.unbind(0))
 
@@ -132,6 +133,7 @@ def blockwise_rows(
     *,
     first_row: int | None = None,
     row_counts: torch.Tensor | None = None,
+    remote: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact row part for arbitrary rows, one (tile × tile) block at a time.
 
@@ -143,7 +145,9 @@ def blockwise_rows(
     blocks that cannot contain the diagonal or a same-image pair (most of them: images are contiguous rows)
     are then recognised from host integers and skip those masks. ``row_counts`` (m,), if given, receives
     each row's number of active pairs (self excluded, positives included, whatever the repel mode).
-    Statistics are added into ``st``.
+    ``remote=True``: the columns are another rank's rows (a rank owns whole images), so no pair is a self pair
+    or a positive and the column ids are not needed: every block is treated as disjoint (the ``ring`` backend
+    and the screened exchange, docs/design.md §2). Statistics are added into ``st``.
     """
     m, n, v = x_rows.shape[0], x_all.shape[0], layout.views
     dev = x_rows.device
@@ -162,8 +166,10 @@ def blockwise_rows(
             xc, cid = x_all[c0:c1], col_ids[c0:c1]
             sim = xr @ xc.T  # (tile, D) @ (D, tile) -> (tile, tile)
             active = sim > alpha
-            disjoint = first_row is not None and (
-                (first_row + r1 - 1) // v < c0 // v or (c1 - 1) // v < (first_row + r0) // v
+            disjoint = (
+                remote
+                or first_row is not None
+                and ((first_row + r1 - 1) // v < c0 // v or (c1 - 1) // v < (first_row + r0) // v)
             )
             if disjoint:  # no image in common: no self pair, no positive
                 act_total += active.sum()
@@ -196,6 +202,25 @@ def blockwise_rows(
     st.active_neg = st.active_neg + (act_total - pos)
     st.max_cos = max_cos
     return value, y
+
+
+def own_block(
+    x_rows: torch.Tensor, layout: PairLayout, alpha: float, tile: int, st: RepulsionStats
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`blockwise_rows` of this rank's rows against themselves (value, Y), for the backends that exchange
+    the rows block by block (``ring``, the screened exchange). Images never straddle ranks and every rank's
+    offset is a multiple of V, so local indices give the same pairs as global ones."""
+    ids = torch.arange(x_rows.shape[0], device=x_rows.device)
+    return blockwise_rows(x_rows, ids, x_rows, PairLayout(0, layout.views, layout.mode), alpha, tile, st, first_row=0)
+
+
+def remote_block(
+    x_rows: torch.Tensor, cols: torch.Tensor, layout: PairLayout, alpha: float, tile: int, st: RepulsionStats
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`blockwise_rows` of this rank's rows against rows of another rank (``cols``): no self pair, no
+    positive (value, Y)."""
+    ids = torch.arange(x_rows.shape[0], device=x_rows.device)
+    return blockwise_rows(x_rows, ids, cols, layout, alpha, tile, st, remote=True)
 
 
 class LinearizedRowSum(torch.autograd.Function):

@@ -11,8 +11,10 @@ A loss builds its own backend instance from its :class:`~hypersolid_scale.losses
 across calls (the neighbors search's call counter, auto's switch) belongs to that loss. Per call the loss
 asks its backend for:
 
-1. :meth:`Backend.repulsion`: ``(rep_sum, RepulsionStats)`` for this rank's rows against the gathered global
-   batch (the contract of :mod:`hypersolid_scale.losses.repulsion`);
+1. :meth:`Backend.exchange`: ``(rep_sum, RepulsionStats, M_g)`` for this rank's rows against every rank's. By
+   default it all-gathers the detached rows once and calls :meth:`Backend.repulsion` with the gathered global
+   batch (the contract of :mod:`hypersolid_scale.losses.repulsion`); a backend that moves the rows itself
+   (``ring``'s point-to-point pass, the bf16 screening of ``screen=bf16``) overrides it (docs/design.md §3f);
 2. :meth:`Backend.derive`: its extra statistics (named by :attr:`Backend.stat_names`, packed after the
    loss's own) from the sums reduced across ranks;
 3. :meth:`Backend.observe`: a look at the packed statistics of the call, e.g. to decide the next one.
@@ -42,6 +44,9 @@ class Backend:
     # Why dist.compile=true must not compile the loss with this backend (a host read or a data-dependent shape
     # that changes the graph between steps; training/compile_scope.py); empty: it may.
     compile_refusal: str = ""
+    # It offers method.hypersolid.screen=bf16 (columns exchanged and screened in bfloat16, docs/design.md §2):
+    # its exchange() reads cfg.screen. LossConfig.validate refuses the option for the others.
+    screens: bool = False
 
     def __init__(self, cfg: LossConfig) -> None:
         self.cfg = cfg
@@ -50,6 +55,22 @@ class Backend:
     def check_config(cls, cfg: LossConfig) -> None:
         """Raise ``ValueError`` if ``cfg`` asks for something this backend cannot do (LossConfig.validate calls
         it last, after the checks of every field)."""
+
+    def exchange(
+        self, x_rows: torch.Tensor, views: int, repel: str, alpha: float, *, same_rows_per_rank: bool
+    ) -> tuple[torch.Tensor, RepulsionStats, int]:
+        """The row part L_r of this rank's rows against every rank's, its statistics, and M_g (the global rows).
+
+        Where the rows cross ranks: the default all-gathers the detached rows once (docs/design.md §3) and calls
+        :meth:`repulsion` with them. ``views``: V; ``repel``: the repel mode; ``same_rows_per_rank``: every rank
+        holds as many rows as this one (no row-count exchange, no host synchronisation).
+        """
+        from hypersolid_scale.distributed import all_gather_detached
+        from hypersolid_scale.losses.repulsion import PairLayout
+
+        x_all, offset = all_gather_detached(x_rows, same_size=same_rows_per_rank)
+        rep_sum, st = self.repulsion(x_rows, x_all, PairLayout(offset, views, repel), alpha)
+        return rep_sum, st, x_all.shape[0]
 
     def repulsion(
         self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
