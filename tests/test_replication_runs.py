@@ -16,7 +16,7 @@ from _warm_python import run_python
 from benchmarks.replication import plan as planmod
 from benchmarks.replication import runspec
 from benchmarks.replication.plan import plan
-from benchmarks.replication.run import EVAL_ARGS, eval_command
+from benchmarks.replication.commands import EVAL_ARGS, eval_command
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.methods.registry import method_names
 from hypersolid_scale.training.epoch_records import read_epochs, record_epoch

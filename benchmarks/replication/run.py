@@ -31,26 +31,24 @@ import subprocess
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import common
 from benchmarks.common import ROOT
+from benchmarks.replication.commands import CURVE_EVAL_ARGS, Task, eval_arguments, eval_tasks
 from benchmarks.replication.plan import plan, quick_run
 from benchmarks.replication.result import State, best_knn, run_result
-from benchmarks.replication.runfiles import checkpoints, read_json, write_json
-from benchmarks.replication.runspec import QUICK_EVAL, Run
+from benchmarks.replication.runfiles import (
+    attempts_total,
+    checkpoints,
+    read_json,
+    record_attempt,
+    start_attempt,
+    write_json,
+)
+from benchmarks.replication.runspec import Run
 
-# The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
-EVAL_ARGS = ["--protocol", "paper"]
-FALLBACK_EVAL_ARGS = ["--suite", "knn,linear,cluster,geometry"]
-# Curves: kNN only (k = 5, 20; the protocol's 10,000-image bank) at intermediate epochs, the full protocol at the
-# quarter point (5 of 20) and the end: a full protocol per epoch would cost the clustering and probe 20 times.
-CURVE_EVAL_ARGS = ["--suite", "knn", "eval.knn_k=[5,20]", "eval.max_train_samples=10000"]
-# The HDBSCAN diagnosis (Run.diagnose): the hdbscan_grid suite, centred with the protocol's 10,000-image bank.
-DIAG_EVAL_ARGS = ["--suite", "hdbscan_grid", "eval.max_train_samples=10000"]
-DIAG_FEATURES = ("backbone", "projector")
 PRIORS = {"cuda": (20.0, 6.0, 30.0), "cpu": (15.0, 600.0, 180.0), "quick": (15.0, 5.0, 20.0)}  # before measures:
 # (start-up s, s per epoch, s per evaluation) for the budget
 OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
@@ -58,37 +56,7 @@ SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 STEPS_PER_EPOCH = re.compile(r"(\d+) steps/epoch")  # the trainer's first line
 STAGE = "stage.json"  # a staged run's progress: {"trained_to_epoch": E} (Run.pause_epochs)
-# A training's seconds over its attempts (<run>/attempts.json): the finished attempts' and the running one's so far.
-ATTEMPTS = "attempts.json"
-ATTEMPT_TICK_S = 30.0
-
-
-def eval_arguments(py: str) -> list[str]:
-    """EVAL_ARGS when launch/eval.py knows ``--protocol``, else FALLBACK_EVAL_ARGS."""
-    out = subprocess.run([py, "launch/eval.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    return EVAL_ARGS if "--protocol" in out.stdout else FALLBACK_EVAL_ARGS
-
-
-def eval_command(py: str, checkpoint: Path, out: Path, device: str, args: list[str], quick: bool) -> list[str]:
-    """The evaluation command of one checkpoint: ``args`` are EVAL_ARGS (the paper's protocol), a fallback or
-    CURVE_EVAL_ARGS; ``quick`` caps the evaluation sets (QUICK_EVAL)."""
-    where = ["--checkpoint", str(checkpoint), "--output-dir", str(out), "--device", device]
-    return [py, "launch/eval.py", *where, "--no-mlflow", *args, *(QUICK_EVAL if quick else ())]
-
-
-@dataclass
-class Task:
-    run: Run
-    kind: str  # train | eval
-    cmd: list[str]
-    log: Path
-    step: int = 0
-    epoch: float = 0  # whole for epoch ends, fractional for a step evaluation (Run.eval_every_steps)
-    protocol: str = ""
-    t0: float = 0.0
-    pause_epoch: int = 0  # a staged training stops at this epoch's end (0: runs to the end)
-    pause_step: int = 0  # its step, once the trainer has said its steps per epoch
-    pausing: bool = False  # SIGTERM sent at the pause
+ATTEMPT_TICK_S = 30.0  # how often a running training's seconds are recorded (runfiles.ATTEMPTS)
 
 
 class Driver:
@@ -150,15 +118,11 @@ class Driver:
     def launch(self, task: Task) -> None:
         task.log.parent.mkdir(parents=True, exist_ok=True)
         task.t0 = time.monotonic()
-        if task.kind == "train":  # an earlier attempt's seconds join the finished ones (ATTEMPTS)
-            spent = read_json(task.log.parent / ATTEMPTS) or {}
-            self._attempts(task, float(spent.get("done_s", 0.0)) + float(spent.get("current_s", 0.0)), 0.0)
+        if task.kind == "train":
+            start_attempt(task.log.parent)
         with task.log.open("w") as log:
             proc = subprocess.Popen(task.cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         self.active[proc] = task
-
-    def _attempts(self, task: Task, done_s: float, current_s: float) -> None:
-        write_json(task.log.parent / ATTEMPTS, {"done_s": round(done_s, 2), "current_s": round(current_s, 2)})
 
     def tick_attempts(self) -> None:
         """Record every running training's seconds so far (every ATTEMPT_TICK_S): a driver killed with its
@@ -169,8 +133,7 @@ class Driver:
         self._last_tick = now
         for task in self.active.values():
             if task.kind == "train":
-                spent = read_json(task.log.parent / ATTEMPTS) or {}
-                self._attempts(task, float(spent.get("done_s", 0.0)), now - task.t0)
+                record_attempt(task.log.parent, now - task.t0)
 
     def skip(self, run: Run, reason: str) -> None:
         self.skipped.append({"run": run.name, "part": run.part, "reason": reason})
@@ -214,37 +177,14 @@ class Driver:
         self.trains.append(Task(task.run, "train", st.train_cmd, task.log, pause_epoch=nxt))
 
     def queue_evals(self, st: State, final: int | None = None, upto: int | None = None) -> None:
-        """Queue the evaluations of a finished training: the steps at epoch ends (steps per epoch = final
-        step / epochs: the plan trains whole epochs), every epoch for a curve, else the last. A staged training
-        paused at epoch ``upto`` (its step ``final``): the eval_epochs up to it."""
-        run = st.run
+        """Queue the evaluations of a finished training (commands.eval_tasks), or of a staged one paused at epoch
+        ``upto`` (its step ``final``)."""
         final = int(read_json(st.home / "train_done.json")["final_step"]) if final is None else final
-        per_epoch = final // (upto or run.epochs)
-        ckpts = checkpoints(st.home / "run")
-        epochs = range(1, run.epochs + 1) if run.curve else run.eval_epochs or [run.epochs]
-        if upto is not None:
-            epochs = [e for e in epochs if e <= upto]
-        full = {run.epochs, max(1, round(run.epochs / 4))}
-        points: list[tuple[float, int]] = [(e, e * per_epoch) for e in epochs]
-        if run.random_init:  # the initial weights only (random_init.py left no other checkpoint)
-            points = [(0, 0)]
-        if run.eval_every_steps:  # fractional epochs: the step's position in the run
-            every = sorted({*range(run.eval_every_steps, final + 1, run.eval_every_steps), final})
-            points = [(round(s / per_epoch, 3), s) for s in every]
-        if run.diagnose_only:
-            points = []
-        tasks = []
-        for epoch, step in points:
-            if step not in ckpts:
-                self.skip(run, f"no checkpoint for epoch {epoch} (step {step})")
-                continue
-            args = self.full_args if (epoch in full or not run.curve) else CURVE_EVAL_ARGS
-            protocol = "paper" if args == EVAL_ARGS else args[1]
-            out = st.home / "eval" / f"step_{step:08d}_{protocol.replace(',', '+')}"
-            cmd = eval_command(self.py, ckpts[step], out, self.args.device, args, self.args.quick)
-            tasks.append(Task(run, "eval", cmd, out / "eval.log", step, epoch, protocol))
-        if (run.diagnose or run.diagnose_only) and upto is None:
-            tasks += self.diagnosis_tasks(st, 0 if run.random_init else final, ckpts)
+        tasks, missing = eval_tasks(
+            st.run, st.home, final, upto, self.full_args, self.py, self.args.device, self.args.quick
+        )
+        for why in missing:
+            self.skip(st.run, why)
         # Every evaluation is counted before a cached one is taken: the run is finished once, with all of them.
         st.pending += len(tasks)
         for task in tasks:
@@ -254,19 +194,6 @@ class Driver:
                 self.evals.append(task)
         if st.pending == 0:
             self.finish(st)
-
-    def diagnosis_tasks(self, st: State, step: int, ckpts: dict[int, Path]) -> list[Task]:
-        """The hdbscan_grid evaluations of the checkpoint at ``step``, one per feature kind (DIAG_FEATURES)."""
-        if step not in ckpts:
-            self.skip(st.run, f"no checkpoint for the diagnosis (step {step})")
-            return []
-        tasks = []
-        for kind in DIAG_FEATURES:
-            out = st.home / "eval" / f"step_{step:08d}_hdbscan_grid_{kind}"
-            args = [*DIAG_EVAL_ARGS, "--features", kind]
-            cmd = eval_command(self.py, ckpts[step], out, self.args.device, args, self.args.quick)
-            tasks.append(Task(st.run, "eval", cmd, out / "eval.log", step, 0, f"hdbscan_grid.{kind}"))
-        return tasks
 
     def eval_done(self, task: Task, seconds: float) -> None:
         st = self.states[task.run.name]
@@ -330,13 +257,12 @@ class Driver:
             per_epoch_s = max(0.0, seconds - self.startup_s) * final / max(1, (final - start)) / task.run.epochs
             self.epoch_s = max(self.epoch_s, per_epoch_s) if self.measured["train"] else per_epoch_s
             self.measured["train"] = True
-        spent = read_json(st.home / ATTEMPTS) or {}
         write_json(
             st.home / "train_done.json",
             {
                 "final_step": final,
                 "train_s": round(seconds, 2),
-                "train_s_attempts": round(float(spent.get("done_s", 0.0)) + seconds, 2),
+                "train_s_attempts": round(attempts_total(st.home, seconds), 2),
                 "resumed_from_step": start if resumed else None,
             },
         )

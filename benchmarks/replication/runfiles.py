@@ -24,3 +24,28 @@ def read_json(path: Path) -> Any:
 def checkpoints(run_dir: Path) -> dict[int, Path]:
     """{step: file} of the run's saved checkpoints (the trainer names them step_<8 digits>.pt)."""
     return {int(p.stem.split("_")[1]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
+
+
+# A training's seconds over its attempts (<run home>/attempts.json): the finished attempts' and the running one's
+# so far, recorded by the driver while it trains.
+ATTEMPTS = "attempts.json"
+
+
+def _spent(home: Path) -> tuple[float, float]:
+    got = read_json(home / ATTEMPTS) or {}
+    return float(got.get("done_s", 0.0)), float(got.get("current_s", 0.0))
+
+
+def start_attempt(home: Path) -> None:
+    """A new attempt: the last one's seconds join the finished ones."""
+    done, current = _spent(home)
+    write_json(home / ATTEMPTS, {"done_s": round(done + current, 2), "current_s": 0.0})
+
+
+def record_attempt(home: Path, current_s: float) -> None:
+    write_json(home / ATTEMPTS, {"done_s": round(_spent(home)[0], 2), "current_s": round(current_s, 2)})
+
+
+def attempts_total(home: Path, last_s: float) -> float:
+    """The training's seconds over every attempt, the last one (just finished) taking ``last_s``."""
+    return _spent(home)[0] + last_s
