@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hypersolid_scale.losses import HypersolidLoss, LossConfig
-from hypersolid_scale.losses.auto import BackendSwitch
-from hypersolid_scale.losses.neighbors import NeighborRepulsion
+from hypersolid_scale.losses.backend_switch import BackendSwitch
+from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from hypersolid_scale.losses.repulsion import PairLayout, tiled_repulsion
 from loss_reference import make_feats
 

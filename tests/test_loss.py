@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from hypersolid_scale.losses import HypersolidLoss, LossConfig
-from hypersolid_scale.losses.neighbors import NeighborRepulsion
+from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from hypersolid_scale.losses.repulsion import PairLayout, dense_repulsion, tiled_repulsion
 from loss_reference import make_feats, reference_loss
 

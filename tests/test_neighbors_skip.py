@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hypersolid_scale.losses.neighbors import NeighborRepulsion
+from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from hypersolid_scale.losses.repulsion import PairLayout
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from hypersolid_scale.losses import HypersolidLoss, topk_inner_product
 from hypersolid_scale.losses.candidates import faiss_gpu_available
-from hypersolid_scale.losses.neighbors import NeighborRepulsion
+from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from loss_reference import make_feats
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -1,5 +1,5 @@
 """``auto``: ``tiled`` or ``neighbors`` for each call, from the previous call's global saturated-row fraction,
-with hysteresis (:class:`~hypersolid_scale.losses.auto.BackendSwitch`, docs/design.md §3c).
+with hysteresis (:class:`~hypersolid_scale.losses.backend_switch.BackendSwitch`, docs/design.md §3c).
 
 Both sides are exact (``auto`` requires an exact index), so the choice changes the cost of a call, never its
 loss or gradient. ``tiled`` runs counting the rows with at least k active pairs, so both sides report the
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 import torch
 
-from hypersolid_scale.losses.auto import BackendSwitch
+from hypersolid_scale.losses.backend_switch import BackendSwitch
 from hypersolid_scale.losses.backends import Backend, register_backend
 from hypersolid_scale.losses.backends.neighbors import SEARCH_STATS, NeighborsBackend, search_stats
 from hypersolid_scale.losses.backends.tiled import TiledBackend

@@ -1,5 +1,5 @@
 """``neighbors``: the repulsion over the candidate pairs of a k-nearest-neighbour search, exact with an exact
-index (``flat`` or ``torch``); see :mod:`hypersolid_scale.losses.neighbors`.
+index (``flat`` or ``torch``); see :mod:`hypersolid_scale.losses.neighbor_search`.
 
 Its one host read is which rows saturated (it sizes the exact fallback); a FAISS search on the host copies
 the embeddings too. Extra statistics (:data:`SEARCH_STATS`): candidates, saturated_rows, saturated_fraction,
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 import torch
 
 from hypersolid_scale.losses.backends import Backend, register_backend
-from hypersolid_scale.losses.neighbors import NeighborRepulsion
+from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 
 SEARCH_STATS = ("candidates", "saturated_rows", "saturated_fraction", "recall", "recall_measured")
 

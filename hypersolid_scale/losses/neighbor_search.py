@@ -1,4 +1,5 @@
-"""``neighbors`` backend: the repulsion over candidate pairs found by a k-nearest-neighbour search.
+"""The neighbour search behind the ``neighbors`` backend (losses/backends/neighbors.py): the repulsion over the
+candidate pairs of a k-nearest-neighbour search.
 
 Only pairs with cosine > α carry loss or gradient, and after the first few hundred steps each embedding has
 few such neighbours. So a search (inner product on unit vectors = cosine) proposes k candidates per row,
