@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pytest
 from _netns import DEV, Node
 from _warm_python import run_processes
 from test_fp64_invariance import TOLERANCE, method_argv, update_gap
-from test_torchrun_restart import _assert_bitwise
+from test_torchrun_restart import RESTART_LINE, _assert_bitwise
 from test_train import TINY
 
 from hypersolid_scale import checkpoint as ck
@@ -41,7 +42,8 @@ RUNS_WORKER = str(REPO / "tests" / "_runs_worker.py")  # trains a list of runs, 
 class Job:
     """One torchrun agent per node, each in its node's namespace, its output in ``<log_dir>/node<i>.log``."""
 
-    def __init__(self, nodes: Sequence[Node], nproc: int, argv: Sequence[str], log_dir: Path, *, rdzv_id: str) -> None:
+    def __init__(self, nodes: Sequence[Node], nproc: int, argv: Sequence[str], log_dir: Path, *, rdzv_id: str,
+                 torchrun: Sequence[str] = ()) -> None:
         self.nodes, self.logs = list(nodes), [log_dir / f"node{n.index}.log" for n in nodes]
         log_dir.mkdir(parents=True, exist_ok=True)
         self.procs = []
@@ -49,7 +51,7 @@ class Job:
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(nodes)}",
                    f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes[0].addr}:{RDZV_PORT}",
                    f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(node.index == 0)}", f"--local-addr={node.addr}",
-                   *argv]
+                   *torchrun, *argv]
             with log.open("w") as out:
                 self.procs.append(node.popen(cmd, env={**ENV, "GLOO_SOCKET_IFNAME": DEV}, stdout=out,
                                              stderr=subprocess.STDOUT, cwd=REPO))
@@ -200,8 +202,9 @@ def _lose_node(job: Job, run_dir: Path, how: str) -> dict:
 @pytest.fixture(scope="module")
 def lost_node(two_nodes: list[Node], tmp_path_factory: pytest.TempPathFactory) -> dict:
     """One run on 2 nodes x 1 process: node 1 cut off after a checkpoint; rerun, node 1 killed after the next
-    one; rerun to the end. And the same training uninterrupted on one node of 2 processes. (One process per node:
-    with 4 ranks a resumed DDP run is not bit-identical even on one node, see docs/cluster.md.)"""
+    one; rerun to the end, with one of its workers killed on the way (torchrun restarts the group). And the same
+    training uninterrupted on one node of 2 processes. (One process per node: with 4 ranks a resumed DDP run is not
+    bit-identical even on one node, see docs/cluster.md.)"""
     root = tmp_path_factory.mktemp("lost_node")
     run_dir = root / "run"
     ref = run_processes([TRAIN, *LOST_ARGS, f"run_dir={root / 'ref'}"], nproc=2, env=ENV, timeout=300)
@@ -210,7 +213,17 @@ def lost_node(two_nodes: list[Node], tmp_path_factory: pytest.TempPathFactory) -
     for how in ("cut", "killed"):
         job = Job(two_nodes, 1, [TRAIN, *LOST_ARGS, f"run_dir={run_dir}"], root / how, rdzv_id=how)
         found[how] = _lose_node(job, run_dir, how)
-    rerun = Job(two_nodes, 1, [TRAIN, *LOST_ARGS, f"run_dir={run_dir}"], root / "rerun", rdzv_id="rerun")
+    # The rerun may restart (--max-restarts=2): its worker on node 1 is killed once it has saved a checkpoint.
+    rerun = Job(two_nodes, 1, [TRAIN, *LOST_ARGS, f"run_dir={run_dir}"], root / "rerun", rdzv_id="rerun",
+                torchrun=["--max-restarts=2"])
+    rerun.wait_for(ck.checkpoint_path(run_dir, max(_saved(run_dir)) + 5))
+    worker = [pid for pid in two_nodes[1].pids() if pid != rerun.procs[1].pid]
+    assert len(worker) == 1, worker
+    os.kill(worker[0], signal.SIGKILL)
+    killed_at, before = time.monotonic(), max(_saved(run_dir))
+    assert before < STEPS, "the rerun finished before its worker was killed: the restart proves nothing"
+    rerun.wait_for(ck.checkpoint_path(run_dir, before + 5))
+    found["restart_s"] = time.monotonic() - killed_at  # the kill to the first checkpoint after it (5 steps on)
     assert rerun.wait(300) == [0, 0], rerun.tails()
     found["rerun"] = rerun.log(0)
     found["final"] = ck.load_checkpoint(ck.list_checkpoints(run_dir)[-1])
@@ -238,10 +251,18 @@ def test_a_lost_node_stops_the_others_within_the_peer_timeout_with_one_line(lost
         assert "[hypersolid] lost the rendezvous store at 10.231.0.1:" in seen["node1_log"], seen["tails"]
 
 
-def test_a_rerun_after_the_lost_nodes_ends_bit_identical_to_the_uninterrupted_run(lost_node: dict) -> None:
-    resumed = [int(part.split(".pt")[0]) for part in lost_node["rerun"].split("resumed from ")[1:] if "step_" in part
+def test_a_rerun_after_the_lost_nodes_restarts_across_nodes_and_ends_bit_identical_to_the_uninterrupted_run(
+    lost_node: dict,
+) -> None:
+    """The rerun resumes from the newest checkpoint; a worker of it killed on node 1 makes both agents restart
+    (torchrun --max-restarts=2: the group meets again, docs/design.md §5), and the run ends bit-identical."""
+    print(f"rerun: a worker killed on node 1; the first checkpoint after it (5 steps on) "
+          f"{lost_node['restart_s']:.1f} s later")
+    log = lost_node["rerun"]
+    resumed = [int(part.split(".pt")[0]) for part in log.split("resumed from ")[1:] if "step_" in part
                for part in [part.split("step_")[1]]]
-    assert resumed and resumed[0] == max(lost_node["killed"]["saved"]), lost_node["rerun"][-3000:]
+    assert len(resumed) == 2 and resumed[0] == max(lost_node["killed"]["saved"]), log[-3000:]
+    assert log.count(RESTART_LINE.format(1)) == 1 and resumed[1] > resumed[0], log[-3000:]
     got, ref = lost_node["final"], lost_node["ref"]
     assert got["step"] == ref["step"] == STEPS and got["world_size"] == ref["world_size"] == 2
     for key in ("model", "method", "optimizer", "loader"):

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from hypersolid_scale.distributed.collectives import broadcast_object, get_rank, get_world_size
-from hypersolid_scale.distributed.process_group import has_process_group
+from hypersolid_scale.distributed.process_group import elastic_restart, has_process_group
 from hypersolid_scale.safety.errors import peer_gone, tell_launcher
 
 EXIT_PEER_LOST = 69  # EX_UNAVAILABLE: a peer (or the rendezvous store) is gone
@@ -174,8 +174,14 @@ class Heartbeat:
 
     def explain(self, err: BaseException) -> None:
         """``err`` from a collective whose peer is gone (a killed node resets its connections at once): wait for
-        the judgement, which names the peer and exits, before the error goes on to be reported as it is."""
-        if peer_gone(err) and not self.stopping.is_set():
+        the judgement, which names the peer and exits, before the error goes on to be reported as it is.
+
+        Not when torchrun will restart the group (``--max-restarts`` left): there this rank must fail at once.
+        Otherwise the other node's agent, restarting after its own worker's failure, asks this node's agent for a
+        new rendezvous while this worker still waits, and that agent restarts without counting a restart: the
+        two nodes' TORCHELASTIC_RESTART_COUNT then differ and the new group never meets (``elastic_store``)."""
+        restart = elastic_restart() or (0, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0))
+        if peer_gone(err) and not self.stopping.is_set() and restart[0] >= restart[1]:
             self.decided.wait(self.timeout + 2 * self.interval)
 
 
