@@ -32,6 +32,7 @@ _RESUMABLE_PREFIXES = (
     "eval.",
     "checkpoint.",
     "dist.timeout_minutes",
+    "dist.peer_timeout_s",
     "dist.transport",
     "dist.backend",
     "dist.device",

@@ -67,6 +67,10 @@ class DistConfig:
     precision: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     timeout_minutes: int = 30  # process-group timeout
+    # A rank or node that vanished (killed, powered off, its link cut) stops the others within about this many
+    # seconds (a heartbeat through the rendezvous store: hypersolid_scale/distributed/heartbeat.py); 0 disables it,
+    # leaving such a run waiting out timeout_minutes in its collective.
+    peer_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         # YAML reads `sync_bn: true` as a boolean, which the str field stores as "True": keep accepting the
@@ -135,6 +139,7 @@ RANGES: list[tuple[str, Any, str]] = [
     ("epochs", lambda v: v >= 1, "an int >= 1"),
     ("max_steps", lambda v: v >= 0, "an int >= 0 (0 = run all epochs)"),
     ("dist.timeout_minutes", lambda v: v >= 1, "an int >= 1"),
+    ("dist.peer_timeout_s", lambda v: v == 0 or v >= 1, "0 (no heartbeat) or seconds >= 1"),
 ]
 
 # ----------------------------------------------------------------------------------------------------------

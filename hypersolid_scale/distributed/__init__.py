@@ -6,7 +6,7 @@ every collective works without a process group (world size 1).
 Modules: ``process_group`` (launcher environment, device, transport, the default group), ``collectives``,
 ``ring`` (the point-to-point ring pass of the ``ring`` repulsion backend),
 ``batchnorm`` (BatchNorm over the global batch), ``engine`` (the ``Engine`` interface and ``build_engine``),
-``ddp`` and ``deepspeed_engine`` (the two engines).
+``ddp`` and ``deepspeed_engine`` (the two engines), ``heartbeat`` (a vanished peer stops the others).
 """
 
 from hypersolid_scale.distributed.batchnorm import (
@@ -32,6 +32,7 @@ from hypersolid_scale.distributed.collectives import (
 )
 from hypersolid_scale.distributed.deepspeed_engine import deepspeed_config
 from hypersolid_scale.distributed.engine import ENGINES, Engine, build_engine
+from hypersolid_scale.distributed.heartbeat import EXIT_PEER_LOST, Heartbeat, start_heartbeat
 from hypersolid_scale.distributed.process_group import (
     TRANSPORTS,
     WorldInfo,
@@ -50,10 +51,12 @@ from hypersolid_scale.distributed.ring import ring_pass
 
 __all__ = [
     "ENGINES",
+    "EXIT_PEER_LOST",
     "SYNC_BN_CHOICES",
     "TRANSPORTS",
     "Engine",
     "GlobalBatchNorm",
+    "Heartbeat",
     "WorldInfo",
     "all_gather_detached",
     "all_reduce_max",
@@ -82,5 +85,6 @@ __all__ = [
     "resolve_transport",
     "ring_pass",
     "row_counts",
+    "start_heartbeat",
     "world_info_from_env",
 ]

@@ -88,14 +88,14 @@ _PEER_GONE = (
 )
 
 
-def _peer_gone(err: BaseException) -> bool:
+def peer_gone(err: BaseException) -> bool:
     """True when ``err`` is a collective failing because another rank stopped (its error is that rank's)."""
     launched_many = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")) or 1) > 1
     names = {cls.__name__ for cls in type(err).__mro__}
     return launched_many and ("DistNetworkError" in names or any(text in str(err) for text in _PEER_GONE))
 
 
-def _tell_launcher(line: str, *, later: int = 0) -> None:
+def tell_launcher(line: str, *, later: int = 0) -> None:
     """Hand our one line to torchrun, which then shows it as the failure's root cause in its own report
     instead of a link to its docs. torchrun names the file in ``TORCHELASTIC_ERROR_FILE`` and shows its
     ``py_callstack``. Written by hand in the library's own layout (``ErrorHandler.record_exception``)
@@ -123,7 +123,7 @@ def report(err: UserError) -> None:
     if not err.reported and (err.per_rank or _rank() == 0):
         prefix = _rank_prefix() if err.per_rank else ""
         print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
-        _tell_launcher(f"{prefix}error: {err}")
+        tell_launcher(f"{prefix}error: {err}")
     err.reported = True
 
 
@@ -155,18 +155,18 @@ def run_cli(
         if isinstance(err, UserError):
             report(err)
             return EXIT_BAD_INPUT
-        if _peer_gone(err):  # not this rank's failure: point at the one that is, and leave torchrun's root cause
+        if peer_gone(err):  # not this rank's failure: point at the one that is, and leave torchrun's root cause
             line = (
                 f"error: stopped because another rank stopped first; its error line above (and the launcher's "
                 f"report) says why{where}"
             )
             print(f"{prefix}{line}", file=sys.stderr)
-            _tell_launcher(f"{prefix}{line}", later=1)
+            tell_launcher(f"{prefix}{line}", later=1)
             return EXIT_INTERNAL
         line = (
             f"error: {type(err).__name__}: {err} (an internal error, not a problem with your input; "
             f"rerun with {DEBUG_ENV}=1 for the traceback{where})"
         )
         print(f"{prefix}{line}", file=sys.stderr)
-        _tell_launcher(f"{prefix}{line}")
+        tell_launcher(f"{prefix}{line}")
         return EXIT_INTERNAL

@@ -28,8 +28,9 @@ with the process, and the newest checkpoint on disk is the last good state.
 
 Exit codes: 0 finished; 75 (EX_TEMPFAIL) preempted by SIGUSR1/SIGTERM after writing a checkpoint, requeue
 me; 2 a problem with the input (run_dir locked by another live training, a bad config, missing data, an
-unusable checkpoint, a full disk, a tracking URI that cannot work: ``UserError``, one line); anything else is
-an error (a non-finite loss raises and leaves the last good checkpoint intact).
+unusable checkpoint, a full disk, a tracking URI that cannot work: ``UserError``, one line); 69 another rank or
+node vanished (``dist.peer_timeout_s``, distributed/heartbeat.py: one line naming it); anything else is an error
+(a non-finite loss raises and leaves the last good checkpoint intact).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from hypersolid_scale.distributed import (
     cleanup,
     elastic_restart,
     init_distributed,
+    start_heartbeat,
 )
 from hypersolid_scale.methods import get_method, method_names
 from hypersolid_scale.methods.config import DEFAULT_METHOD
@@ -126,6 +128,8 @@ def train(cfg: Config, *, early_signals: Sequence[int] = ()) -> int:
         cleanup()
         print("error: the launcher (torchrun / srun) exited while this worker started; exiting", file=sys.stderr)
         return EXIT_ORPHANED
+    # A vanished peer (a node killed, powered off or cut off) stops this rank within dist.peer_timeout_s.
+    heartbeat = start_heartbeat(cfg.dist.peer_timeout_s, lambda: _newest_checkpoint(cfg))
     restart = elastic_restart()
     if restart is not None and info.rank == 0:  # torchrun --max-restarts restarted the group after a failure
         print(
@@ -151,10 +155,22 @@ def train(cfg: Config, *, early_signals: Sequence[int] = ()) -> int:
                 # recorded: after the handlers are restored it would kill this rank before it has printed.
                 report(err)
                 raise
+            except BaseException as err:
+                if heartbeat is not None:  # a collective failed because a peer vanished: name it (and exit)
+                    heartbeat.explain(err)
+                raise
     finally:
+        if heartbeat is not None:
+            heartbeat.stop()
         cleanup()
         if lock is not None:
             lock.release()
+
+
+def _newest_checkpoint(cfg: Config) -> str:
+    """Where a rerun of the run resumes: the last sentence of the line that reports a lost peer."""
+    saved = ckpt_lib.list_checkpoints(cfg.run_dir)
+    return f"Newest checkpoint: {saved[-1]}; a rerun resumes from it." if saved else "No checkpoint yet."
 
 
 def _resume_or_start(cfg: Config, info: WorldInfo, device: torch.device) -> int:
