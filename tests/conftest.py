@@ -45,7 +45,7 @@ def network_nodes():
 # named here keeps its place after them (each under 18 s in all).
 SLOWEST_FILES = (
     "test_compare.py", "test_replication_runs.py", "test_train.py", "test_nodes.py", "test_slurm.py",
-    "test_packaging.py", "test_gpu_suite.py", "test_demo.py", "test_docker.py", "test_data_ffcv.py", "test_run_lock.py",
+    "test_packaging.py", "test_gpu_suite.py", "test_demo.py", "test_ring.py", "test_docker.py", "test_data_ffcv.py", "test_run_lock.py",
     "test_torchrun_restart.py", "test_stage_cost.py", "test_baselines_train.py", "test_compile_step.py",
     "test_baselines_deepspeed.py", "test_accumulation_dist.py", "test_errors_train.py", "test_resume_world_size.py",
     "test_fp64_invariance.py", "test_tracking.py", "test_data_invariance.py", "test_eval_cli.py",

@@ -168,6 +168,7 @@ class Driver:
     def paused(self, task: Task, seconds: float) -> None:
         """A staged training stopped at its pause: record the stage, evaluate what it reached, queue the rest."""
         st = self.states[task.run.name]
+        record_attempt(task.log.parent, seconds)  # this attempt's whole time (the ticks may not have come)
         write_json(task.log.parent / STAGE, {"trained_to_epoch": task.pause_epoch})
         self.say(f"paused {task.run.name} after epoch {task.pause_epoch} ({seconds:.0f}s); it resumes later")
         st.stage_epoch = task.pause_epoch

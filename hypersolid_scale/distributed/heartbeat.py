@@ -174,15 +174,25 @@ class Heartbeat:
 
     def explain(self, err: BaseException) -> None:
         """``err`` from a collective whose peer is gone (a killed node resets its connections at once): wait for
-        the judgement, which names the peer and exits, before the error goes on to be reported as it is.
+        the judgement, which names the peer and exits, before the error goes on to be reported as it is; not
+        when a peer left on purpose (an error of its own, which it has reported).
 
         Not when torchrun will restart the group (``--max-restarts`` left): there this rank must fail at once.
         Otherwise the other node's agent, restarting after its own worker's failure, asks this node's agent for a
         new rendezvous while this worker still waits, and that agent restarts without counting a restart: the
         two nodes' TORCHELASTIC_RESTART_COUNT then differ and the new group never meets (``elastic_store``)."""
         restart = elastic_restart() or (0, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0))
-        if peer_gone(err) and not self.stopping.is_set() and restart[0] >= restart[1]:
+        if peer_gone(err) and not self.stopping.is_set() and restart[0] >= restart[1] and not self._peer_left():
             self.decided.wait(self.timeout + 2 * self.interval)
+
+    def _peer_left(self) -> bool:
+        """Whether another rank has left on purpose (its own error, said by itself): then nothing vanished, and
+        this rank's failed collective is reported at once, not after the judgement's wait."""
+        try:
+            values = self.store.multi_get(self.keys)
+        except Exception:  # noqa: BLE001 - the store is unreachable too: let the judgement decide
+            return False
+        return any(value == LEFT.encode() for r, value in enumerate(values) if r != self.rank)
 
 
 def start_heartbeat(timeout_s: float, newest_checkpoint: Callable[[], str]) -> Heartbeat | None:
