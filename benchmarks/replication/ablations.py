@@ -16,10 +16,10 @@ from typing import Any
 
 from benchmarks.replication.claims import BB
 from benchmarks.replication.formatting import fmt_interval
-from benchmarks.replication.judging import LEVEL, _verdict, by_seed
+from benchmarks.replication.judging import _verdict, by_seed, signs_of
 from benchmarks.replication.plan import BATCH_EPOCHS, BATCH_SIZES, L2_OFF, LONG_EPOCHS
 from benchmarks.replication.sections import _at_epoch
-from hypersolid_scale.eval.stats import PairedDifference, paired_differences
+from hypersolid_scale.eval.stats import paired_differences
 
 SCOPE = "Hypersolid's own settings"  # the rows' short scope (their verdict column)
 L2_CLAIM = "The weak L2 term lowers anisotropy and raises sparsity"
@@ -30,16 +30,6 @@ ARMS = {
     "equal epochs": dict.fromkeys(BATCH_SIZES, BATCH_EPOCHS),
     "equal steps": {b: BATCH_EPOCHS * b // 128 for b in BATCH_SIZES},
 }
-
-
-def _signs(diffs: dict[str, PairedDifference], keys: Sequence[tuple[str, int]]) -> list[int | None]:
-    """One sign per (key, direction): +1 the claimed arm significantly ahead in the claimed direction (``diffs``
-    are other − claimed), -1 behind, 0 not significant, None not tested."""
-    out: list[int | None] = []
-    for key, direction in keys:
-        d = diffs.get(key)
-        out.append(None if d is None else 0 if d.p_holm >= LEVEL else 1 if d.diff.mean * direction < 0 else -1)
-    return out
 
 
 def _row(claim: str, family: str, paper: str, scope: str, verdict: str, evidence: str) -> dict[str, str]:
@@ -76,7 +66,7 @@ def l2_row(long_runs: Sequence[dict[str, Any]], l2_runs: Sequence[dict[str, Any]
     diffs = paired_differences(other, ref)
     if not diffs:
         return _row(L2_CLAIM, "L2", paper, scope, "not testable here", f"part l2: {len(off)} of 3 seeds done")
-    verdict = _verdict({"λ 0": _signs(diffs, [(k, d) for k, _, d in L2_METRICS])})
+    verdict = _verdict({"λ 0": signs_of(diffs, [(k, d) for k, _, d in L2_METRICS])})
     said = "; ".join(
         f"{label} {fmt_interval(diffs[k].diff, signed=True)}, p {diffs[k].p_holm:.2g}"
         for k, label, _ in L2_METRICS
@@ -106,7 +96,7 @@ def batch_rows(batch_runs: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
             done = {b: len(rs) for b, rs in arm_runs.items()}
             rows.append(_row(claim, f"batch, {arm}", paper, scope, "not testable here", f"seeds done per size: {done}"))
             continue
-        verdict = _verdict({name: _signs({BATCH_METRIC: d}, [(BATCH_METRIC, 1)]) for name, d in diffs.items()})
+        verdict = _verdict({name: signs_of({BATCH_METRIC: d}, [(BATCH_METRIC, 1)]) for name, d in diffs.items()})
         said = "; ".join(
             f"{name} − batch 128: kNN@5 {fmt_interval(d.diff, signed=True)}, p {d.p_holm:.2g}"
             for name, d in diffs.items()

@@ -20,6 +20,7 @@ from hypersolid_scale.eval.stats import t_interval
 PAPER_SETTING = {"per_class": 50, "norm": "raw", "metric": "euclidean", "selection": "eom", "mcs": 5, "ms": 5}
 # The protocol's own setting family (cosine, excess of mass, min_samples = min_cluster_size) on the larger sample.
 SWEEP = {"per_class": 200, "metric": "cosine", "selection": "eom"}
+KINDS = ("backbone", "projector")
 SHOWN = (("n_clusters", "clusters"), ("noise_fraction", "noise"), ("largest_fraction", "largest"), ("ami", "AMI"))
 
 
@@ -35,12 +36,16 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["per_class"], row["norm"], row["metric"], row["selection"], row["min_cluster_size"], row["min_samples"])
 
 
+def _rows(run: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """The run's grid rows of one feature kind ([] where that kind was not diagnosed)."""
+    return (run.get("hdbscan_grid", {}).get(kind) or {}).get("rows") or []
+
+
 def _values(runs: Sequence[dict[str, Any]], kind: str) -> dict[str, dict[tuple[Any, ...], dict[str, list[float]]]]:
     """label -> setting -> score -> one value per seed."""
     out: dict[str, dict[tuple[Any, ...], dict[str, list[float]]]] = {}
     for r in runs:
-        rows = (r.get("hdbscan_grid", {}).get(kind) or {}).get("rows") or []
-        for row in rows:
+        for row in _rows(r, kind):
             per = out.setdefault(_label(r), {}).setdefault(_key(row), {})
             for score, _ in SHOWN:
                 per.setdefault(score, []).append(float(row[score]))
@@ -66,6 +71,7 @@ def diagnosis_lines(runs: Sequence[dict[str, Any]], appendix: Path, link: Any) -
             "",
         ]
         return out, ""
+    values = {kind: _values(diagnosed, kind) for kind in KINDS}  # once per kind, for both tables
     p = PAPER_SETTING
     paper = (p["per_class"], p["norm"], p["metric"], p["selection"], p["mcs"], p["ms"])
     out += [
@@ -79,8 +85,8 @@ def diagnosis_lines(runs: Sequence[dict[str, Any]], appendix: Path, link: Any) -
         "| features | method | " + " | ".join(label for _, label in SHOWN) + " |",
         "|---|---|" + "---|" * len(SHOWN),
     ]
-    for kind in ("backbone", "projector"):
-        for label, per in _values(diagnosed, kind).items():
+    for kind in KINDS:
+        for label, per in values[kind].items():
             vals = per.get(paper, {})
             out.append(f"| {kind} | {label} | " + " | ".join(_cell(vals.get(s)) for s, _ in SHOWN) + " |")
     out += [
@@ -91,19 +97,14 @@ def diagnosis_lines(runs: Sequence[dict[str, Any]], appendix: Path, link: Any) -
         ),
         "",
     ]
+    sweep = (SWEEP["per_class"], SWEEP["metric"], SWEEP["selection"])
     sizes = sorted(
-        {
-            k[4]
-            for r in diagnosed
-            for kind in ("backbone", "projector")
-            for k in _keys(r, kind)
-            if (k[0], k[2], k[3]) == (SWEEP["per_class"], SWEEP["metric"], SWEEP["selection"])
-        }
+        {k[4] for kind in KINDS for per in values[kind].values() for k in per if (k[0], k[2], k[3]) == sweep}
     )
     out += ["| features | method | " + " | ".join(f"mcs {m}" for m in sizes) + " |", "|---|---|" + "---|" * len(sizes)]
-    for kind in ("backbone", "projector"):
+    for kind in KINDS:
         for norm in ("raw", "centred"):
-            for label, per in _values(diagnosed, kind).items():
+            for label, per in values[kind].items():
                 cells = []
                 for m in sizes:
                     vals = per.get((SWEEP["per_class"], norm, SWEEP["metric"], SWEEP["selection"], m, m), {})
@@ -120,10 +121,6 @@ def diagnosis_lines(runs: Sequence[dict[str, Any]], appendix: Path, link: Any) -
     return out, _appendix(diagnosed)
 
 
-def _keys(run: dict[str, Any], kind: str) -> list[tuple[Any, ...]]:
-    return [_key(row) for row in (run.get("hdbscan_grid", {}).get(kind) or {}).get("rows") or []]
-
-
 def _appendix(runs: Sequence[dict[str, Any]]) -> str:
     lines = [
         "# HDBSCAN diagnosed: every setting of every diagnosed checkpoint",
@@ -137,8 +134,8 @@ def _appendix(runs: Sequence[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(runs, key=lambda r: r["run"]):
-        for kind, found in sorted(r["hdbscan_grid"].items()):
-            for row in found.get("rows") or []:
+        for kind in sorted(r["hdbscan_grid"]):
+            for row in _rows(r, kind):
                 sizes = ", ".join(map(str, row["sizes"])) + (f" + {row['sizes_rest']}" if row["sizes_rest"] else "")
                 lines.append(
                     f"| {r['run']} | {kind} | {row['per_class']} | {row['norm']} | {row['metric']} | "

@@ -117,25 +117,29 @@ def compare(
     return cmp
 
 
+def signs_of(
+    diffs: dict[str, PairedDifference], keys: Sequence[tuple[str, int]], scale: float = 1.0
+) -> list[int | None]:
+    """One sign per (key, claimed direction), ``diffs`` holding other − claimed: +1 the claimed side significantly
+    ahead in the claimed direction, -1 significantly behind, 0 not significant, None not tested (fewer than two
+    paired seeds); ``scale`` multiplies the Holm-adjusted p (the family-wise verdict's Bonferroni factor)."""
+    out: list[int | None] = []
+    for key, direction in keys:
+        d = diffs.get(key)
+        if d is None:
+            out.append(None)
+        elif d.p_holm * scale >= LEVEL:
+            out.append(0)
+        else:  # the claimed side ahead in the claimed direction when other − claimed has the sign of -direction
+            out.append(1 if d.diff.mean * direction < 0 else -1)
+    return out
+
+
 def _signs(
     cmp: Comparison, family: str, keys: Sequence[tuple[str, int]], scale: float = 1.0
 ) -> dict[str, list[int | None]]:
-    """Per baseline, one sign per metric: +1 Hypersolid significantly ahead in the claimed direction,
-    -1 significantly behind it, 0 not significant, None not tested (fewer than two paired seeds); ``scale``
-    multiplies the Holm-adjusted p (the family-wise verdict's Bonferroni factor)."""
-    out: dict[str, list[int | None]] = {}
-    for m, diffs in cmp.diffs[family].items():
-        signs: list[int | None] = []
-        for key, direction in keys:
-            d = diffs.get(key)
-            if d is None:
-                signs.append(None)
-            elif d.p_holm * scale >= LEVEL:
-                signs.append(0)
-            else:  # diff = baseline - Hypersolid; Hypersolid ahead in the claimed direction when its sign is -direction
-                signs.append(1 if d.diff.mean * direction < 0 else -1)
-        out[m] = signs
-    return out
+    """Per baseline, :func:`signs_of` its differences to Hypersolid in ``family``."""
+    return {m: signs_of(diffs, keys, scale) for m, diffs in cmp.diffs[family].items()}
 
 
 def margins(cmp: Comparison, claim: Claim) -> dict[str, dict[str, MarginTest]]:

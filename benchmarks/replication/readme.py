@@ -90,7 +90,7 @@ def readme_block(
     said = {
         "Holds": [r for r in mine if r["verdict"] == "holds here"],
         "Does not hold": [r for r in mine if r["verdict"] == "does not hold here"],
-        "Cannot be judged here": [r for r in mine if r["verdict"] in ("not comparable here", "not testable here")],
+        "Cannot be judged here": [r for r in mine if r["verdict"] == "not testable here"],
     }
     inconclusive = [r for r in mine if r["verdict"] == "inconclusive here"]
     lines.append("")

@@ -99,9 +99,8 @@ def hdbscan_grid(
     rows: list[dict[str, Any]] = []
     for n_per in per_class:
         sub = balanced_subsample(y, n_per, seed)
-        ys = y[sub]
+        ys, x = y[sub], x_te[sub].double()
         for norm, metric in itertools.product(NORMS, METRICS):
-            x = x_te[sub].double()
             d = _distances((x - mean if norm == "centred" else x).numpy(), metric)
             for mcs in sizes:
                 if mcs >= len(sub):
