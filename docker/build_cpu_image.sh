@@ -27,7 +27,7 @@ steps=${HS_IMAGE_STEPS:-20}
 python=${PYTHON:-$repo/.venv/bin/python}
 fmnist=${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 base=localhost/hs-debian:bookworm-minbase
-need_gb=${HS_IMAGE_NEED_GB:-26}
+need_gb=${HS_IMAGE_NEED_GB:-16}
 torch_pins=$(sed -n 's/^TORCH_VERSION=//p; s/^TORCHVISION_VERSION=//p' "$repo/docker/install.sh" | paste -sd' ')
 read -r torch_version torchvision_version <<<"$torch_pins"
 
@@ -76,9 +76,10 @@ build() {
     local cert=${PIP_CERT:-${REQUESTS_CA_BUNDLE:-}} mounts=(-v "$work/wheels:/wheels:ro")
     [[ -z $cert ]] || mounts+=(-v "$cert:/etc/hs-pip-ca.crt:ro")
     # An earlier build that failed leaves its stage behind (gigabytes, untagged): gone before this one. Committing
-    # a layer holds its files about three times over (the container's files, the archive, the layer): 22 GB at
-    # the peak measured from nothing, for the torch layer, so $need_gb GB free where podman keeps its layers.
-    # Short of that, the image this build replaces goes first.
+    # a layer holds its files about three times over (the container's files, the archive, the layer), and a
+    # stage's working container holds its files beside its layers until the build ends: 13.6 GB at the peak
+    # measured from nothing (the torch stage's last layer; benchmarks/results/image/cpu_image_layers.txt), so
+    # $need_gb GB free where podman keeps its layers. Short of that, the image this build replaces goes first.
     podman image prune -f >/dev/null
     local store
     store=$(podman info --format '{{.Store.GraphRoot}}')
@@ -91,9 +92,14 @@ build() {
         echo "error: $(free_gb "$store") GB free under $store; the image build needs about $need_gb GB (free some, or move podman's storage)" >&2
         exit 1
     fi
-    podman build --network=host --runtime runc "${mounts[@]}" -f "$repo/docker/Dockerfile.cpu" -t "$tag" \
-        --build-arg "BASE_IMAGE=$base" --build-arg TORCH_WHEELS=/wheels \
-        --build-arg "PIP_CERT=${cert:+/etc/hs-pip-ca.crt}" "$repo"
+    local args=(--network=host --runtime runc "${mounts[@]}" -f "$repo/docker/Dockerfile.cpu" --build-arg "BASE_IMAGE=$base"
+                --build-arg TORCH_WHEELS=/wheels --build-arg "PIP_CERT=${cert:+/etc/hs-pip-ca.crt}")
+    # The torch stage first, by a build of its own: when it ends, its working container (the stage's gigabytes a
+    # second time, beside its layers) goes, and the whole build below finds the stage's layers in the cache. In
+    # one build that container stays until the final stage is committed.
+    podman build "${args[@]}" --target torch -t "$tag-torch" "$repo"
+    podman build "${args[@]}" -t "$tag" "$repo"
+    podman untag "$tag-torch"  # the name only: its layers are the image's
     podman image prune -f >/dev/null  # the build stage and earlier builds' layers: gigabytes
 }
 

@@ -18,6 +18,9 @@
 #              HS_WHEELHOUSE    a folder: after the install, a wheel of the package and of every requirement pip
 #                               had to build from source is written there (a build stage's output)
 #              HS_TORCH_ONLY=1  stop after torch/torchvision (an image's layer of its own: the largest one)
+#              HS_TORCH_REQUIRES=REGEX  install only those requirements of the pinned torch whose names match
+#                               (e.g. '^nvidia-'), then stop: an image installs torch's CUDA libraries in
+#                               layers of their own, so that no one layer commits gigabytes at once
 #              HS_FIND_LINKS    a folder HS_WHEELHOUSE filled: install from wheels only (no compiler needed),
 #                               the package from its wheel there (an image's final stage; REPO_DIR unused)
 #              HS_PIP_COMPILE=0 skip compiling .pyc files (quick checks; images keep them for fast start-up)
@@ -30,7 +33,7 @@ case $variant in
     gpu) extras="all" ;;
     *) echo "error: variant must be cpu or gpu, got '$variant'" >&2; exit 2 ;;
 esac
-[[ -n ${HS_FIND_LINKS:-} || ${HS_TORCH_ONLY:-0} == 1 || -f $repo/pyproject.toml ]] || { echo "error: no pyproject.toml in $repo (pass the repository as 2nd argument)" >&2; exit 2; }
+[[ -n ${HS_FIND_LINKS:-} || ${HS_TORCH_ONLY:-0} == 1 || -n ${HS_TORCH_REQUIRES:-} || -f $repo/pyproject.toml ]] || { echo "error: no pyproject.toml in $repo (pass the repository as 2nd argument)" >&2; exit 2; }
 package=$repo  # what is installed: the checkout, or its wheel from the build stage
 if [[ -n ${HS_FIND_LINKS:-} ]]; then
     package=$(compgen -G "$HS_FIND_LINKS/hypersolid_scale-*.whl" | head -n 1) \
@@ -53,6 +56,30 @@ torch_index=()
 
 echo ">> pip, wheel, setuptools"
 pip_install --upgrade pip wheel setuptools
+if [[ -n ${HS_TORCH_REQUIRES:-} ]]; then
+    # torch's own metadata names its requirements (pip reads it without installing anything); those of an
+    # extra are left out, and pip evaluates each one's platform marker.
+    torch_report=$(mktemp)
+    python -m pip install "${pip_opts[@]}" "${torch_index[@]}" --quiet --dry-run --no-deps --ignore-installed \
+        --report "$torch_report" "torch==$TORCH_VERSION"
+    mapfile -t requires < <(python - "$torch_report" "$HS_TORCH_REQUIRES" <<'PY'
+import json
+import re
+import sys
+
+metadata = json.load(open(sys.argv[1]))["install"][0]["metadata"]
+for requirement in metadata.get("requires_dist", []):
+    name = re.match(r"[A-Za-z0-9._-]+", requirement).group(0)
+    if "extra ==" not in requirement and re.search(sys.argv[2], name):
+        print(requirement)
+PY
+)
+    rm -f "$torch_report"
+    ((${#requires[@]})) || { echo "error: no requirement of torch $TORCH_VERSION matches HS_TORCH_REQUIRES=$HS_TORCH_REQUIRES" >&2; exit 2; }
+    echo ">> torch $TORCH_VERSION's requirements: ${requires[*]}"
+    pip_install "${torch_index[@]}" "${requires[@]}"
+    exit 0
+fi
 # torch first and pinned, so that no later dependency resolves to another build.
 echo ">> torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION"
 pip_install "${torch_index[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"

@@ -123,6 +123,15 @@ def test_cpu_image_install_steps_succeed_in_a_fresh_venv(tmp_path: Path) -> None
         seed_pinned_torch(site)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
         env.update(VIRTUAL_ENV=str(venv), PATH=f"{venv / 'bin'}:{env['PATH']}", TORCH_INDEX_URL="", HS_PIP_COMPILE="0")
+        # The image's CUDA-library layers: only the requirements of the pinned torch that the pattern names.
+        layer = subprocess.run(["bash", str(DOCKER / "install.sh"), "cpu"], capture_output=True, text=True,
+                               env={**env, "HS_TORCH_REQUIRES": "^(filelock|jinja2)$"}, timeout=600)
+        asked = [ln for ln in layer.stdout.splitlines() if ln.startswith(">> torch ")]
+        want = f">> torch {pins['TORCH_VERSION']}'s requirements: filelock jinja2"
+        assert layer.returncode == 0 and asked == [want], layer.stdout[-2000:] + layer.stderr[-2000:]
+        none = subprocess.run(["bash", str(DOCKER / "install.sh"), "cpu"], capture_output=True, text=True,
+                              env={**env, "HS_TORCH_REQUIRES": "^no-such-package$"}, timeout=600)
+        assert none.returncode == 2 and "no requirement of torch" in none.stderr, none.stderr[-2000:]
         out = subprocess.run(["bash", str(DOCKER / "install.sh"), "cpu", str(REPO)], env=env, capture_output=True,
                              text=True, timeout=1200)
         # pip's error lines come first, so that a report cut after its first lines still carries them.
