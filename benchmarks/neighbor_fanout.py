@@ -50,6 +50,26 @@ def embed_rows(ckpt: dict[str, Any], batches: list[list[torch.Tensor]]) -> torch
     return torch.cat(rows)
 
 
+def training_batches(ckpt: dict[str, Any], n: int) -> tuple[list[list[torch.Tensor]], float]:
+    """The first ``n`` global batches (every view) of the training loader of ``ckpt``'s run, epoch 0, and the
+    run's α."""
+    from hypersolid_scale.config.schema import from_dict
+    from hypersolid_scale.distributed import WorldInfo
+    from hypersolid_scale.training import trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = from_dict({**ckpt["config"], "run_dir": tmp})
+        cfg.tracking.enabled, cfg.data.num_workers = False, 0
+        run = trainer.build(cfg, WorldInfo(0, 1, 0, "single"), torch.device("cpu"))
+        run.loader.set_epoch(0)
+        batches = []
+        for views, _ in run.loader:
+            batches.append([v.float() for v in views])
+            if len(batches) == n:
+                break
+    return batches, float(cfg.method.section().alpha)
+
+
 def spherical_kmeans(x: torch.Tensor, cells: int, iters: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(centroids (C, D) unit, assignment (M,)): Lloyd's iterations on the sphere from ``cells`` random rows."""
     g = torch.Generator().manual_seed(seed)
@@ -136,23 +156,10 @@ def main() -> None:
 
     from hypersolid_scale.checkpoint import load_checkpoint
     from hypersolid_scale.checkpoint.eval_model import random_init_checkpoint
-    from hypersolid_scale.config.schema import from_dict
-    from hypersolid_scale.distributed import WorldInfo
-    from hypersolid_scale.training import trainer
 
     torch.manual_seed(0)
     first = load_checkpoint(args.checkpoints[0])
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = from_dict({**first["config"], "run_dir": tmp})
-        cfg.tracking.enabled, cfg.data.num_workers = False, 0
-        run = trainer.build(cfg, WorldInfo(0, 1, 0, "single"), torch.device("cpu"))
-        run.loader.set_epoch(0)
-        batches = []
-        for views, _ in run.loader:
-            batches.append([v.float() for v in views])
-            if len(batches) == args.batches:
-                break
-    alpha = float(cfg.method.section().alpha)
+    batches, alpha = training_batches(first, args.batches)
     sources = [("init", random_init_checkpoint(first))]
     for path in args.checkpoints:
         ckpt = load_checkpoint(path)

@@ -1,15 +1,17 @@
 """The ``neighbors`` backend: exactness of ``flat`` and of the torch search, recall and bounded error of
-``ivf``/``hnsw``; the torch blockwise top-k against a dense top-k; the CUDA paths (skipped without CUDA)."""
+``ivf``/``hnsw``, the IVF quantizer kept between calls; the torch blockwise top-k against a dense top-k; the CUDA
+paths (skipped without CUDA)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 import torch.nn.functional as F
 
 from hypersolid_scale.losses import HypersolidLoss, topk_inner_product
-from hypersolid_scale.losses.candidates import faiss_gpu_available
+from hypersolid_scale.losses.candidates import ReusedIVF, faiss_gpu_available, faiss_search, ivf_lists
 from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from loss_reference import make_feats
 
@@ -99,6 +101,42 @@ def test_recall_measurement_sees_a_poor_index(feats):
 
 
 # ----------------------------------------------------------------------------------------- torch search
+def _drifting(feats: torch.Tensor, steps: int) -> list[np.ndarray]:
+    """The rows of ``feats`` at ``steps`` training steps: unit vectors moved a little further each step."""
+    g = torch.Generator().manual_seed(1)
+    x, noise = feats.flatten(0, 1), torch.randn(feats.flatten(0, 1).shape, generator=g)
+    return [np.ascontiguousarray(F.normalize(x + 0.03 * i * noise, dim=-1).numpy()) for i in range(steps)]
+
+
+def test_the_kept_ivf_quantizer_is_retrained_when_due_and_searches_as_a_fresh_index_otherwise(feats):
+    """ivf_retrain_every=1 is the index trained at every call (the same sample, the same result); every 3 calls
+    trains at calls 1 and 4 of 6; a kept quantizer with every list probed searches exhaustively: flat's result."""
+    every_call, kept = ReusedIVF(1), ReusedIVF(3)
+    for x in _drifting(feats, 6):
+        want = faiss_search(x, x, 9, "ivf", nprobe=4)
+        got = every_call.search(x, x, 9, nprobe=4)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+        scores, _ = kept.search(x, x, 9, nprobe=ivf_lists(x.shape[0]))
+        np.testing.assert_allclose(scores, faiss_search(x, x, 9, "flat")[0], rtol=0, atol=1e-5)
+    assert (every_call.trainings, kept.trainings) == (6, 2)
+    with pytest.raises(ValueError, match="retrain_every=0 must be >= 1"):
+        ReusedIVF(0)
+
+
+def test_a_kept_ivf_quantizer_with_every_list_probed_gives_the_dense_loss_and_gradient(feats, exact):
+    """The quantizer trained on other rows (a drifted batch), kept for the next call: with nprobe covering every
+    list the search is exhaustive, so the loss and gradient are dense's, whatever the centroids."""
+    fn = HypersolidLoss(backend="neighbors", index="ivf", k=64, nprobe=10**6, ivf_retrain_every=100, recall_every=1)
+    older = torch.from_numpy(_drifting(feats, 4)[3]).reshape(feats.shape)
+    fn(older)
+    loss, grad, stats = run(fn, feats)
+    assert fn.backend.neighbors.ivf.trainings == 1  # type: ignore[attr-defined]
+    assert loss == pytest.approx(exact[0], rel=1e-6)
+    torch.testing.assert_close(grad, exact[1], rtol=1e-4, atol=1e-7)
+    assert stats["recall"] == 1.0
+
+
 @pytest.mark.parametrize("m,n,k,tile", [(37, 53, 5, 8), (10, 10, 10, 3), (64, 40, 1, 64), (5, 200, 17, 7)])
 def test_topk_inner_product_equals_a_dense_topk(m, n, k, tile):
     g = torch.Generator().manual_seed(m * n)
@@ -191,3 +229,17 @@ def test_cuda_faiss_gpu_ivf_recall_floor(feats, exact):
     loss, grad, stats = run(fn, feats.cuda())
     assert stats["recall"] >= 0.9, stats
     assert abs(loss - exact[0]) <= 0.01 * exact[0]
+
+
+def test_the_ivf_reuse_benchmark_measures_a_kept_and_a_fresh_quantizer_against_flat(feats):
+    """benchmarks/ivf_reuse.py's measurement: the kept quantizer is the older rows' (trained once), both
+    searches' recalls are against flat's top-k; with every list probed both find exactly flat's."""
+    from benchmarks.ivf_reuse import measure
+
+    older, newer = _drifting(feats, 6)[::5]
+    lists = ivf_lists(newer.shape[0])
+    row = measure(older, newer, 9, 4, 0.9, 1)
+    assert row["lists"] == lists and row["fresh_s"] > 0 and row["reused_s"] > 0
+    assert 0.5 < row["reused"]["topk_recall"] <= 1 and 0.5 < row["fresh"]["topk_recall"] <= 1
+    every = measure(older, newer, 9, lists, 0.9, 1)
+    assert every["fresh"]["topk_recall"] == every["reused"]["topk_recall"] == pytest.approx(1.0, abs=1e-3)

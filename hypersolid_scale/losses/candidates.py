@@ -2,7 +2,8 @@
 
 * :func:`topk_inner_product`: exact, blockwise matmul + top-k in torch, on whatever device the inputs live
   (what a flat GPU index does, with no extra package); nothing leaves the device.
-* :func:`faiss_search`: FAISS ``flat`` / ``ivf`` / ``hnsw`` on host (NumPy) arrays.
+* :func:`faiss_search`: FAISS ``flat`` / ``ivf`` / ``hnsw`` on host (NumPy) arrays; :class:`ReusedIVF`: the
+  ``ivf`` one with its coarse quantizer kept across searches.
 * :func:`faiss_gpu_ivf_search`: FAISS GPU IVF on CUDA tensors through ``faiss.contrib.torch_utils`` (no
   host copy; FAISS runs on torch's current stream), when faiss-gpu is installed.
 
@@ -91,6 +92,18 @@ def ivf_lists(n: int) -> int:
     return max(1, min(int(4 * math.sqrt(n)), n // 39))
 
 
+def _trained_ivf(xb: np.ndarray, nlist: int) -> Any:
+    """A FAISS IVF-Flat index (inner product) with ``nlist`` lists, its coarse quantizer trained (10 k-means
+    iterations) on a fixed sample of ``xb`` (64 points per list), holding no vectors yet."""
+    faiss = _faiss()
+    n, d = xb.shape
+    idx = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
+    idx.cp.niter = 10
+    rng = np.random.default_rng(0)
+    idx.train(xb[rng.choice(n, size=min(n, 64 * nlist), replace=False)])
+    return idx
+
+
 def faiss_search(
     xq: np.ndarray, xb: np.ndarray, k: int, index: str, *, nprobe: int = 16, ef_search: int = 64
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -104,15 +117,46 @@ def faiss_search(
         idx = faiss.IndexFlatIP(d)
     elif index == "ivf":
         nlist = ivf_lists(n)
-        idx = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-        idx.cp.niter = 10
-        rng = np.random.default_rng(0)
-        idx.train(xb[rng.choice(n, size=min(n, 64 * nlist), replace=False)])
+        idx = _trained_ivf(xb, nlist)
         idx.nprobe = min(nprobe, nlist)
     else:
         raise ValueError(f"FAISS index {index!r} is not valid; choose flat, ivf or hnsw")
     idx.add(xb)
     return idx.search(xq, k)
+
+
+class ReusedIVF:
+    """A FAISS IVF-Flat index (inner product, on the host) whose coarse quantizer is trained once and kept for
+    ``retrain_every`` searches: a search then only assigns the base vectors to the kept lists (``reset`` +
+    ``add``: O(n · nlist · D)) instead of running k-means over a sample of them first (10 iterations over
+    64 · nlist points: about 10x that). Embeddings drift slowly between steps, so centroids of a few steps ago
+    still split them into lists of similar sizes; the search stays as exact as its nprobe makes it (with
+    nprobe = nlist it is exhaustive, whatever the centroids) and its recall is what ``recall_every`` measures.
+    ``retrain_every=1`` trains at every search, as :func:`faiss_search` does, with the same sample and result.
+    A change of D or of the list count (another number of base vectors) retrains at once."""
+
+    def __init__(self, retrain_every: int) -> None:
+        if retrain_every < 1:
+            raise ValueError(f"retrain_every={retrain_every} must be >= 1")
+        self.retrain_every = int(retrain_every)
+        self.index: Any = None
+        self.age = 0  # searches since the last training
+        self.trainings = 0
+
+    def search(self, xq: np.ndarray, xb: np.ndarray, k: int, *, nprobe: int = 16) -> tuple[np.ndarray, np.ndarray]:
+        """Like ``faiss_search(xq, xb, k, "ivf", nprobe=nprobe)``, the quantizer trained only when due."""
+        n, d = xb.shape
+        nlist = ivf_lists(n)
+        stale = self.index is None or self.age >= self.retrain_every
+        if stale or self.index.d != d or self.index.nlist != nlist:
+            self.index = _trained_ivf(xb, nlist)
+            self.age, self.trainings = 0, self.trainings + 1
+        else:
+            self.index.reset()  # the vectors go; the trained centroids stay
+        self.index.nprobe = min(nprobe, nlist)
+        self.index.add(xb)
+        self.age += 1
+        return self.index.search(xq, k)
 
 
 def faiss_gpu_ivf_search(

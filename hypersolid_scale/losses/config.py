@@ -16,6 +16,9 @@ EXACT_INDEXES = ("flat", "torch")
 # off: columns exchanged and compared in the input's precision; bf16: exchanged and screened in bfloat16, every
 # pair the proven rounding bound cannot decide recomputed in full precision (exact; docs/design.md §2, screening).
 SCREENS = ("off", "bf16")
+# The IVF quantizer's life in calls: kept for 100 calls, a search on 24,576 rows took 0.57x the time of one
+# that trains it, its recall 0.919 against 0.937 (benchmarks/ivf_reuse.py, docs/design.md §2 neighbors).
+IVF_RETRAIN_EVERY = 100
 
 
 @dataclass
@@ -40,6 +43,8 @@ class LossConfig:
     nprobe: int = 16  # neighbors/ivf: inverted lists visited per query
     ef_search: int = 64  # neighbors/hnsw: search breadth
     recall_every: int = 100  # neighbors: measure recall against exact search every N calls (0: never)
+    # neighbors/ivf on the host: train the coarse quantizer every N calls and keep it between them (1: every call)
+    ivf_retrain_every: int = IVF_RETRAIN_EVERY
     auto_to_neighbors: float = 0.05  # auto: switch tiled -> neighbors when the saturated fraction drops below
     auto_to_tiled: float = 0.20  # auto: switch neighbors -> tiled when the saturated fraction rises above
 
@@ -58,7 +63,7 @@ class LossConfig:
         ):
             if value not in allowed:
                 raise ValueError(f"{SECTION}.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
-        for name in ("tile_size", "k", "nprobe", "ef_search"):
+        for name in ("tile_size", "k", "nprobe", "ef_search", "ivf_retrain_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{SECTION}.{name} must be a positive integer, got {getattr(self, name)}")
         if self.recall_every < 0:

@@ -9,7 +9,9 @@ accumulated from the candidates only (O(m · k · D) work, O(m · D) memory).
 Where the search runs (``index``, see :mod:`hypersolid_scale.losses.candidates`):
 * ``flat``: exact. On CUDA the torch blockwise top-k, on the device; on the CPU FAISS ``IndexFlatIP``.
 * ``torch``: the torch blockwise top-k on any device (exact).
-* ``ivf``: approximate. FAISS GPU IVF on CUDA tensors when faiss-gpu is installed, else FAISS on the host.
+* ``ivf``: approximate. FAISS GPU IVF on CUDA tensors when faiss-gpu is installed, else FAISS on the host,
+  whose coarse quantizer is trained every ``ivf_retrain_every`` calls and kept between them (candidates.ReusedIVF;
+  the GPU index is trained at every call).
 * ``hnsw``: approximate, FAISS on the host (FAISS has no GPU HNSW).
 
 Exactness (docs/design.md §2):
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 
 from hypersolid_scale.losses.candidates import (
+    ReusedIVF,
     faiss_gpu_available,
     faiss_gpu_ivf_search,
     faiss_search,
@@ -59,6 +62,7 @@ class NeighborRepulsion:
         ef_search: int = 64,
         recall_every: int = 100,
         tile_size: int = 4096,
+        ivf_retrain_every: int = 1,
     ) -> None:
         if index not in INDEXES:
             raise ValueError(f"neighbors index {index!r} is not valid; choose one of {', '.join(INDEXES)}")
@@ -68,6 +72,7 @@ class NeighborRepulsion:
         self.recall_every, self.tile_size = int(recall_every), int(tile_size)
         self.calls = 0
         self._warned = False
+        self.ivf = ReusedIVF(ivf_retrain_every)  # index=ivf on the host: its quantizer, kept between calls
 
     # ------------------------------------------------------------------ search
     def where(self, device: torch.device) -> str:
@@ -100,14 +105,11 @@ class NeighborRepulsion:
                 "on the GPU.",
                 stacklevel=3,
             )
-        scores, ids = faiss_search(
-            np.ascontiguousarray(xq.cpu().numpy()),
-            np.ascontiguousarray(xb.cpu().numpy()),
-            k,
-            self.index_kind,
-            nprobe=self.nprobe,
-            ef_search=self.ef_search,
-        )
+        hq, hb = (np.ascontiguousarray(t.cpu().numpy()) for t in (xq, xb))
+        if self.index_kind == "ivf":
+            scores, ids = self.ivf.search(hq, hb, k, nprobe=self.nprobe)
+        else:
+            scores, ids = faiss_search(hq, hb, k, self.index_kind, nprobe=self.nprobe, ef_search=self.ef_search)
         return torch.from_numpy(scores).to(x_rows.device), torch.from_numpy(ids).to(x_rows.device)
 
     # ------------------------------------------------------------------ loss

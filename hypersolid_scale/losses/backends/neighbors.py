@@ -57,6 +57,7 @@ class NeighborsBackend(Backend):
             ef_search=c.ef_search,
             recall_every=c.recall_every,
             tile_size=c.tile_size,
+            ivf_retrain_every=c.ivf_retrain_every,
         )
 
     def repulsion(
