@@ -308,3 +308,27 @@ def test_epoch_records_combine_a_resumed_epoch_and_skip_a_torn_line(tmp_path: Pa
     assert (got[2]["steps"], got[2]["step"], got[2]["loss"]) == (4, 8, pytest.approx((3 * 2.0 + 6.0) / 4))
     assert (got[3]["steps"], got[3]["loss"]) == (4, 5.0)
     assert read_epochs(tmp_path / "missing.jsonl") == {}
+
+
+def test_the_driver_deletes_the_checkpoints_that_nothing_will_read(tmp_path: Path) -> None:
+    """A 100-epoch run checkpoints every 100 steps and keeps them (checkpoint.keep_last=0); while it trains, the
+    driver deletes all but its evaluated epochs' ends (20, 50, 100), its pause's and the newest two. A run evaluated
+    every N steps keeps every one."""
+    from benchmarks.replication.commands import Task
+    from benchmarks.replication.run import Driver, parse_args
+
+    driver = Driver(parse_args(["--group", "cpu", "--quick", "--scratch", str(tmp_path), "--out", str(tmp_path)]))
+    runs = {r.part: r for r in plan("cpu")}
+    per_epoch, steps = 10, [*range(100, 601, 100), 200, 500, 610]  # 10 steps an epoch: epoch 20 is step 200
+    for name, run in (("staged", runs["curve100"]), ("steps", runs["steps"])):
+        home = tmp_path / name
+        (home / "run" / "checkpoints").mkdir(parents=True)
+        (home / "train.log").write_text(f"[hypersolid] {per_epoch} steps/epoch, ...\n")
+        for step in steps:
+            (home / "run" / "checkpoints" / f"step_{step:08d}.pt").write_bytes(b"")
+        driver.active[object()] = Task(run, "train", [], home / "train.log")  # type: ignore[index]
+    assert runs["curve100"].eval_epochs == (20, 50, 100) and runs["curve100"].pause_epochs == (50,)
+    driver.prune()
+    left = lambda name: sorted(int(p.stem[5:]) for p in (tmp_path / name / "run" / "checkpoints").glob("*.pt"))  # noqa: E731
+    assert left("staged") == [200, 500, 600, 610]  # epochs 20 and 50, the newest two (600, 610)
+    assert runs["steps"].eval_every_steps and left("steps") == sorted(set(steps))

@@ -47,6 +47,7 @@ class Task:
     t0: float = 0.0
     pause_epoch: int = 0  # a staged training stops at this epoch's end (0: runs to the end)
     pause_step: int = 0  # its step, once the trainer has said its steps per epoch
+    per_epoch: int = 0  # a training's steps per epoch, once the trainer has said it (0: not yet)
     pausing: bool = False  # SIGTERM sent at the pause
 
 

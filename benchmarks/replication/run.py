@@ -42,6 +42,7 @@ from benchmarks.replication.result import State, best_knn, run_result
 from benchmarks.replication.runfiles import (
     attempts_total,
     checkpoints,
+    prune_checkpoints,
     read_json,
     record_attempt,
     start_attempt,
@@ -56,6 +57,7 @@ SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
 RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 STEPS_PER_EPOCH = re.compile(r"(\d+) steps/epoch")  # the trainer's first line
 STAGE = "stage.json"  # a staged run's progress: {"trained_to_epoch": E} (Run.pause_epochs)
+PRUNE_EVERY_S = 30.0  # how often unneeded checkpoints of a running training are deleted (Driver.prune)
 ATTEMPT_TICK_S = 30.0  # how often a running training's seconds are recorded (runfiles.ATTEMPTS)
 
 
@@ -87,7 +89,7 @@ class Driver:
             "MPLBACKEND": "Agg",
         }
         self._full_args: list[str] | None = None
-        self._last_tick = 0.0
+        self._last_tick = self._last_prune = 0.0
         self._facts: tuple[str, str, str] | None = None
 
     # Both cost a Python start with torch: asked for only when a run needs them, so that a rerun over
@@ -153,17 +155,39 @@ class Driver:
         trained_to = int((read_json(home / STAGE) or {}).get("trained_to_epoch", 0))
         return next((e for e in run.pause_epochs if trained_to < e < run.epochs), 0)
 
+    @staticmethod
+    def steps_per_epoch(task: Task) -> int:
+        """A training's steps per epoch, from the trainer's first line (0 until it is written)."""
+        if not task.per_epoch and task.log.exists():
+            found = STEPS_PER_EPOCH.search(task.log.read_text(errors="replace"))
+            task.per_epoch = int(found.group(1)) if found else 0
+        return task.per_epoch
+
     def watch_pauses(self) -> None:
         """SIGTERM a staged training once its pause epoch's checkpoint exists (it checkpoints and exits 75)."""
         for proc, task in self.active.items():
             if task.kind != "train" or not task.pause_epoch or task.pausing:
                 continue
-            if not task.pause_step:
-                found = STEPS_PER_EPOCH.search(task.log.read_text(errors="replace")) if task.log.exists() else None
-                task.pause_step = int(found.group(1)) * task.pause_epoch if found else 0
+            task.pause_step = self.steps_per_epoch(task) * task.pause_epoch
             if task.pause_step and task.pause_step in checkpoints(task.log.parent / "run"):
                 proc.terminate()
                 task.pausing = True
+
+    def prune(self) -> None:
+        """Every PRUNE_EVERY_S, delete a running training's checkpoints that nothing will read: those of a run
+        evaluated at chosen epochs (Run.eval_epochs) that are neither those epochs' ends, nor a pause's, nor the
+        newest two (runfiles.prune_checkpoints). The trainer keeps them all (checkpoint.keep_last=0)."""
+        now = time.monotonic()
+        if now - self._last_prune < PRUNE_EVERY_S:
+            return
+        self._last_prune = now
+        for task in self.active.values():
+            run = task.run
+            if task.kind != "train" or not run.eval_epochs or run.curve or run.eval_every_steps:
+                continue
+            if per_epoch := self.steps_per_epoch(task):
+                keep = {e * per_epoch for e in (*run.eval_epochs, *run.pause_epochs, run.epochs)}
+                prune_checkpoints(task.log.parent / "run", keep)
 
     def paused(self, task: Task, seconds: float) -> None:
         """A staged training stopped at its pause: record the stage, evaluate what it reached, queue the rest."""
@@ -301,6 +325,7 @@ class Driver:
                         self.skip(t.run, f"budget: needs ~{need:.0f}s, {self.left():.0f}s left")
                 self.tick_attempts()
                 self.watch_pauses()
+                self.prune()
                 time.sleep(0.2)
         finally:
             self.stop_children()

@@ -26,6 +26,18 @@ def checkpoints(run_dir: Path) -> dict[int, Path]:
     return {int(p.stem.split("_")[1]): p for p in (run_dir / "checkpoints").glob("step_*.pt")}
 
 
+def prune_checkpoints(run_dir: Path, keep_steps: set[int], newest: int = 2) -> list[int]:
+    """Delete the run's checkpoints that are neither at ``keep_steps`` (the ones to be evaluated) nor among the
+    ``newest`` (the one a resume reads, and the one before it in case the newest is cut short); the steps deleted.
+    A 100-epoch run that checkpoints every 100 steps would otherwise keep ~470 files of 17 MB."""
+    ckpts = checkpoints(run_dir)
+    kept = set(sorted(ckpts)[-newest:]) | keep_steps
+    gone = sorted(step for step in ckpts if step not in kept)
+    for step in gone:
+        ckpts[step].unlink(missing_ok=True)
+    return gone
+
+
 # A training's seconds over its attempts (<run home>/attempts.json): the finished attempts' and the running one's
 # so far, recorded by the driver while it trains.
 ATTEMPTS = "attempts.json"
