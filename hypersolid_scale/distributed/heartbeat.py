@@ -177,10 +177,9 @@ class Heartbeat:
         the judgement, which names the peer and exits, before the error goes on to be reported as it is; not
         when a peer left on purpose (an error of its own, which it has reported).
 
-        Not when torchrun will restart the group (``--max-restarts`` left): there this rank must fail at once.
-        Otherwise the other node's agent, restarting after its own worker's failure, asks this node's agent for a
-        new rendezvous while this worker still waits, and that agent restarts without counting a restart: the
-        two nodes' TORCHELASTIC_RESTART_COUNT then differ and the new group never meets (``elastic_store``)."""
+        Not when torchrun will restart the group (``--max-restarts`` left): there this rank fails at once, and the
+        group restarts without waiting ``peer_timeout_s`` for a line nobody reads (the agents' restart counts may
+        then differ: the new group meets anyway, ``elastic_store``)."""
         restart = elastic_restart() or (0, int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0))
         if peer_gone(err) and not self.stopping.is_set() and restart[0] >= restart[1] and not self._peer_left():
             self.decided.wait(self.timeout + 2 * self.interval)

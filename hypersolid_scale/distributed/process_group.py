@@ -1,7 +1,7 @@
 """The default process group, set up from torchrun's or Slurm's environment (one code path for both launchers).
 
 torchrun exports RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, and the group joins through the
-store its agent hosts there, under a prefix of the attempt (:func:`elastic_store`). ``srun`` exports
+store its agent hosts there, under a prefix that the attempt's ranks agree on (:func:`elastic_store`). ``srun`` exports
 SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID and the node list; there MASTER_ADDR is the first host of
 SLURM_JOB_NODELIST unless the sbatch script exported it already. A plain ``python`` run is world size 1
 and :func:`init_distributed` creates no process group at all; only DeepSpeed, which always talks through one,
@@ -16,6 +16,8 @@ import datetime
 import os
 import re
 import subprocess
+import time
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -126,24 +128,65 @@ def elastic_restart(env: dict[str, str] | None = None) -> tuple[int, int] | None
     return (count, int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)) if count > 0 else None
 
 
-def elastic_store(world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
-    """torchrun's agent store, with this attempt's keys apart from the previous attempts'; None when the
-    workers do not share the agent's store (Slurm, a plain run, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
+def elastic_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store | None:
+    """torchrun's agent store, with this attempt's keys apart from every earlier attempt's; None when the workers
+    do not share the agent's store (Slurm, a plain run, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
 
-    The agent keeps ONE store for all its attempts (the static rendezvous keeps its TCPStore; the c10d one
-    shares its own), and torch's ``env://`` puts no attempt prefix on the group's keys. After a restart
-    (``--max-restarts``) the new ranks would then read the dead group's addresses, still in the store
-    (gloo: "connectFullMesh failed ... Connection refused"; nccl: the old unique id), and never meet.
-    ``TORCHELASTIC_RESTART_COUNT`` is the same for every worker of one agent's attempt; across nodes each agent
-    counts its own restarts, which agree as long as the nodes' groups fail and restart together.
+    The agent keeps ONE store for all its attempts (the static rendezvous keeps its TCPStore; the c10d one shares
+    its own), and torch's ``env://`` puts no attempt prefix on the group's keys: after a restart
+    (``--max-restarts``) the new ranks would read the dead group's addresses, still in the store (gloo:
+    "connectFullMesh failed ... Connection refused"; nccl: the old unique id), and never meet. The attempt's
+    prefix is agreed on by the ranks themselves (:func:`attempt_token`), not taken from
+    ``TORCHELASTIC_RESTART_COUNT``: each node's agent counts its own restarts, and one whose healthy workers are
+    restarted because another node asks for a new rendezvous does not count one, so the counts differ across
+    nodes (docs/cluster.md).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return None
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     agent = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
     )
-    return dist.PrefixStore(f"/worker/attempt_{attempt}/default_pg", agent)
+    return dist.PrefixStore(f"/worker/attempt_{attempt_token(agent, rank, world_size, timeout)}/default_pg", agent)
+
+
+JOIN_PREFIX = "/hypersolid/join"
+
+
+def attempt_token(store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta) -> str:
+    """A token the same on every rank of this attempt and never seen by an earlier attempt, agreed on through
+    ``store``, which still holds what earlier attempts' ranks wrote there.
+
+    Rank 0 draws the token. Every other rank writes a fresh nonce of its own under its rank
+    (``<JOIN_PREFIX>/hello/<rank>``) and waits for rank 0's answer under the key named by that nonce, a key no
+    earlier attempt can have written. Rank 0 answers every nonce it finds, stale ones included (nobody waits on
+    those), until every rank has said under the token's own keys that it has it. Every rank of an earlier
+    attempt is dead before this attempt's start (a rendezvous round closes only after each agent stopped its
+    workers), so what is written after the start is this attempt's. Written by hand: torch's rendezvous gives
+    workers no identifier of the round that the nodes agree on.
+    """
+    mine = uuid.uuid4().hex
+    if rank != 0:
+        store.set(f"{JOIN_PREFIX}/hello/{rank}", mine)
+        token = store.get(f"{JOIN_PREFIX}/answer/{mine}").decode()  # waits up to the store's timeout
+        store.add(f"{JOIN_PREFIX}/{token}/joined", 1)
+        return token
+    hellos = [f"{JOIN_PREFIX}/hello/{r}" for r in range(1, world_size)]
+    answered: list[bytes] = [b""] * len(hellos)
+    deadline = time.monotonic() + timeout.total_seconds()
+    if hellos:
+        store.wait(hellos, timeout)  # each rank's key exists (this attempt's nonce, or an earlier one's)
+    while store.add(f"{JOIN_PREFIX}/{mine}/joined", 0) < world_size - 1:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"rank 0 waited {timeout} for the other {world_size - 1} rank(s) to join this attempt through "
+                "torchrun's store; start one torchrun per node with the same --nnodes and --rdzv-endpoint"
+            )
+        for i, nonce in enumerate(store.multi_get(hellos)):  # one round trip for every rank's newest nonce
+            if nonce != answered[i]:
+                store.set(f"{JOIN_PREFIX}/answer/{nonce.decode()}", mine)
+                answered[i] = nonce
+        time.sleep(0.005)
+    return mine
 
 
 def init_distributed(
@@ -160,7 +203,7 @@ def init_distributed(
         needs_quick_exit()  # gloo's threads can abort the interpreter's teardown: safety/process_exit.py
         dist.init_process_group(
             backend=resolve_transport(transport, dev),
-            store=elastic_store(info.world_size, timeout),  # None: env:// (MASTER_ADDR / MASTER_PORT)
+            store=elastic_store(info.rank, info.world_size, timeout),  # None: env:// (MASTER_ADDR / MASTER_PORT)
             rank=info.rank,
             world_size=info.world_size,
             timeout=timeout,
