@@ -1,4 +1,5 @@
-"""A throw-away single-node Slurm cluster (munged + slurmctld + slurmd) for the launch-script tests.
+"""A throw-away Slurm cluster (munged + slurmctld + slurmd) for the launch-script tests: :class:`LocalSlurm`, one
+node (this host, on 127.0.0.1); tests/slurm_namespaced.py builds one of several nodes on it.
 
 Everything lives in one temporary directory: its own munge key and socket, its own slurm.conf
 with free TCP ports, state and spool directories and logs, so it never touches a system-wide
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
 from _net import free_port
 
 REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol", "sacct")
@@ -75,8 +77,13 @@ class LocalSlurm:
             env.pop(key, None)  # the tests may themselves run inside a Slurm job
         return env
 
+    def client(self, *args: str) -> list[str]:
+        """The command line that runs a Slurm client command (sbatch, squeue, ...) against this cluster."""
+        return list(args)
+
     def run(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, check=check, timeout=timeout)
+        return subprocess.run(self.client(*args), env=self.env, capture_output=True, text=True, check=check,
+                              timeout=timeout)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, timeout: float = 60) -> "LocalSlurm":
@@ -87,9 +94,7 @@ class LocalSlurm:
         os.chmod(self.root, 0o755)  # munged (user munge) must traverse it
         try:
             self._start_munge()
-            self._write_conf()
-            self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-c", "-i", "-f", str(self.conf)])
-            self._spawn("slurmd", [_binary("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
+            self._start_slurm()
             self._wait_node_idle(timeout)
         except BaseException:
             self.stop()
@@ -97,11 +102,12 @@ class LocalSlurm:
         return self
 
     def stop(self) -> None:
-        """Cancel this cluster's jobs, then stop the daemons this object started (by pid), slurmd first."""
+        """Cancel this cluster's jobs, then stop the daemons this object started (by pid), last started first
+        (slurmd, slurmctld, munged)."""
         self._cancel_jobs()
-        for name in ("slurmd", "slurmctld", "munged"):
-            proc = self._procs.pop(name, None)
-            if proc is None or proc.poll() is not None:
+        for name in reversed(list(self._procs)):
+            proc = self._procs.pop(name)
+            if proc.poll() is not None:
                 continue
             proc.send_signal(signal.SIGTERM)
             try:
@@ -143,6 +149,16 @@ class LocalSlurm:
             raise SlurmUnavailable(f"{name} exited at start with code {self._procs[name].returncode}:\n"
                                    + self.logs(name))
 
+    def _start_slurm(self) -> None:
+        self._write_conf()
+        self._spawn("slurmctld", [_binary("slurmctld"), "-D", "-c", "-i", "-f", str(self.conf)])
+        self._spawn("slurmd", [_binary("slurmd"), "-D", "-f", str(self.conf), "-N", self.node])
+
+    @property
+    def node_names(self) -> list[str]:
+        """The compute nodes' Slurm names."""
+        return [self.node]
+
     def _start_munge(self) -> None:
         # A private key and socket: the cluster never depends on (or disturbs) a system munged.
         munge = pwd.getpwnam("munge")
@@ -168,16 +184,24 @@ class LocalSlurm:
                 raise SlurmUnavailable("munged did not create its socket:\n" + self.logs("munged"))
             time.sleep(0.1)
 
-    def _write_conf(self) -> None:
+    def _node_lines(self) -> str:
+        """slurm.conf's NodeName and PartitionName lines."""
         cpus = os.cpu_count() or 1
         mem_mb = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20 * 0.9)
+        return (f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN\n"
+                f"PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP\n")
+
+    def _write_conf(self, controller: str = "", slurmd_files: str = "slurmd", extra: str = "") -> None:
+        """slurm.conf; ``controller`` is SlurmctldHost's value (default: this host on 127.0.0.1), ``slurmd_files`` the
+        stem of slurmd's spool directory, pid and log file (``slurmd-%n`` gives each node its own)."""
         r = self.root
         for sub in ("state", "spool"):
             (r / sub).mkdir(exist_ok=True)
+        spool = "spool" if slurmd_files == "slurmd" else f"spool-{slurmd_files}"
         self.conf.write_text(f"""\
-# Generated for a throw-away test cluster: one node, no accounting, no cgroups.
+# Generated for a throw-away test cluster: no accounting, no cgroups.
 ClusterName=hstest
-SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldHost={controller or f"{self.node}(127.0.0.1)"}
 SlurmctldPort={free_port()}
 SlurmdPort={free_port()}
 SlurmUser=root
@@ -187,11 +211,11 @@ CredType=cred/munge
 # cred_expire also delays a requeued job's restart (default 120 s); short here so the tests need not wait.
 AuthInfo=socket={self.munge_socket},cred_expire=5
 StateSaveLocation={r / 'state'}
-SlurmdSpoolDir={r / 'spool'}
+SlurmdSpoolDir={r / spool}
 SlurmctldPidFile={r / 'slurmctld.pid'}
-SlurmdPidFile={r / 'slurmd.pid'}
+SlurmdPidFile={r / f'{slurmd_files}.pid'}
 SlurmctldLogFile={r / 'slurmctld.log'}
-SlurmdLogFile={r / 'slurmd.log'}
+SlurmdLogFile={r / f'{slurmd_files}.log'}
 SlurmctldDebug=info
 SlurmdDebug=info
 # No cgroups: they are not available in every container; process tracking by process tree.
@@ -213,9 +237,7 @@ MinJobAge=600
 KillWait=30
 InactiveLimit=0
 SlurmdTimeout=300
-NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory={mem_mb} State=UNKNOWN
-PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP
-""")
+{extra}{self._node_lines()}""")
 
     def _wait_node_idle(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -224,13 +246,15 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
             for name, proc in self._procs.items():
                 if proc.poll() is not None:
                     raise SlurmUnavailable(f"{name} died during start-up:\n" + self.logs(name))
-            out = self.run("sinfo", "-h", "-N", "-o", "%t", check=False, timeout=20)
-            state = out.stdout.strip()
-            if out.returncode == 0 and state.startswith("idle"):
+            out = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=20)
+            states = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+            state = out.stdout.strip() or out.stderr.strip()
+            if out.returncode == 0 and sorted(states) == sorted(self.node_names) \
+                    and all(s.startswith("idle") for s in states.values()):
                 return
             time.sleep(0.5)
-        raise SlurmUnavailable(f"node not idle after {timeout:.0f}s (state {state!r}):\n"
-                               + self.logs("slurmctld") + self.logs("slurmd"))
+        raise SlurmUnavailable(f"nodes not idle after {timeout:.0f}s (state {state!r}):\n" + self.logs("slurmctld")
+                               + "".join(self.logs(n) for n in self._procs if n.startswith("slurmd")))
 
     # ------------------------------------------------------------------ helpers for tests
     def logs(self, name: str, tail: int = 40) -> str:
@@ -243,7 +267,7 @@ PartitionName={self.partition} Nodes={self.node} Default=YES MaxTime=INFINITE St
 
     def sbatch(self, *args: str, cwd: Path | str | None = None, env: dict[str, str] | None = None) -> str:
         """Submit; returns the job id (`--parsable`)."""
-        out = subprocess.run(["sbatch", "--parsable", *args], env={**self.env, **(env or {})}, cwd=cwd,
+        out = subprocess.run(self.client("sbatch", "--parsable", *args), env={**self.env, **(env or {})}, cwd=cwd,
                              capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
             raise RuntimeError(f"sbatch failed ({out.returncode}): {out.stderr}")

@@ -121,6 +121,11 @@ hs_finish() {
         hs_log "training finished"
         exit 0
     fi
+    if [[ $rc == 69 ]]; then  # EXIT_PEER_LOST (distributed/heartbeat.py): a node stopped answering
+        hs_log "a node was lost (exit code 69, named above); not requeued from here: Slurm requeues the job itself" \
+            "once it sets that node DOWN (--requeue), else resubmit with run_dir=$HS_RUN_DIR_USED to resume"
+        exit "$rc"
+    fi
     if [[ $rc != 75 ]]; then
         hs_log "trainer failed with exit code $rc; not requeueing (a failure would repeat). Output above."
         exit "$rc"
