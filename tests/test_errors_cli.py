@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hypersolid_scale.safety.errors import DataError, run_cli
+from hypersolid_scale.safety.errors import ConfigError, DataError, run_cli
 
 
 def _fail(err: BaseException):
@@ -52,6 +52,20 @@ def test_the_printed_line_is_handed_to_torchrun_as_the_root_cause(tmp_path, caps
     assert line == "[rank 0] error: shard x is damaged"
     entry = json.loads(error_file.read_text())["message"]
     assert entry["message"] == line and entry["extraInfo"]["py_callstack"] == line
+
+
+def test_a_rank_that_does_not_print_a_shared_error_hands_torchrun_the_same_line_a_second_later(
+    tmp_path, capsys, launched
+):
+    """Every rank meets a bad config; rank 0 alone prints it. Rank 1's error file holds the same line, so
+    torchrun's root cause is that line even when rank 1's exit is the one it dates first."""
+    error_file = launched(1, tmp_path)
+    before = int(time.time())
+    assert run_cli(_fail(ConfigError("model.arch: 'resnet7' is not one of ...")), []) == 2
+    assert capsys.readouterr().err == ""
+    entry = json.loads(error_file.read_text())["message"]
+    assert entry["message"] == "error: model.arch: 'resnet7' is not one of ..."
+    assert before + 1 <= int(entry["extraInfo"]["timestamp"]) <= int(time.time()) + 1
 
 
 def test_a_rank_stopped_by_a_lost_peer_points_at_the_other_rank(tmp_path, capsys, launched):

@@ -177,8 +177,8 @@ def test_missing_data_path_shows_its_traceback_with_hs_debug(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_missing_data_path_under_torchrun_is_reported_once(tmp_path: Path) -> None:
     """Both ranks fail alike; rank 0 alone prints our line. torchrun then adds its own report (the failed
-    ranks, exit codes and the time), whose root cause is our line (handed over in its error file) instead
-    of a link to torch's docs."""
+    ranks, exit codes and the time), whose root cause is our line (each rank hands it over in its error
+    file, whichever torchrun dates first) instead of a link to torch's docs."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env.pop("HS_DEBUG", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",

@@ -99,9 +99,10 @@ def tell_launcher(line: str, *, later: int = 0) -> None:
     """Hand our one line to torchrun, which then shows it as the failure's root cause in its own report
     instead of a link to its docs. torchrun names the file in ``TORCHELASTIC_ERROR_FILE`` and shows its
     ``py_callstack``. Written by hand in the library's own layout (``ErrorHandler.record_exception``)
-    because that writer stores the Python traceback, which this module keeps off the terminal. Only a rank
-    that prints the line writes it, so the root cause torchrun picks (the earliest, in whole seconds) is the
-    printed line; ``later`` dates an entry that must not win a tie (a rank stopped by another's failure)."""
+    because that writer stores the Python traceback, which this module keeps off the terminal. A rank
+    writes the line it printed, or the line rank 0 printed for an input every rank shares, so the root
+    cause torchrun picks (the earliest, in whole seconds) is that line; ``later`` dates an entry that must
+    not win a tie (a rank stopped by another's failure, a rank that did not print)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or os.path.exists(path):  # the first failure wins, as in torch's own handler
         return
@@ -124,6 +125,11 @@ def report(err: UserError) -> None:
         prefix = _rank_prefix() if err.per_rank else ""
         print(f"{prefix}error: {err}", file=sys.stderr, flush=True)
         tell_launcher(f"{prefix}error: {err}")
+    elif not err.reported:
+        # The other ranks met the same input: each hands the same line to torchrun, dated a second later, so
+        # that the root cause is this line whichever rank torchrun finds first (a rank without an error file
+        # is dated when torchrun sees it exit and can win the tie in whole seconds).
+        tell_launcher(f"error: {err}", later=1)
     err.reported = True
 
 
