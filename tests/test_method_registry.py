@@ -22,7 +22,7 @@ from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.config import former_keys
 from hypersolid_scale.config.schema import from_dict, load_config, to_dict
 from hypersolid_scale.methods import Method, MethodModel, build_method, build_method_model, get_method, method_names, register
-from hypersolid_scale.methods import config as method_config
+from hypersolid_scale.config import sections as config_sections
 from hypersolid_scale.methods.base import encode
 from hypersolid_scale.methods.registry import unregister
 from hypersolid_scale.models import ModelConfig, build_backbone
@@ -174,7 +174,7 @@ def test_a_copied_method_file_trains_and_is_compared_with_no_other_change(tmp_pa
 def test_a_stored_config_with_a_method_no_longer_installed_reads_with_one_note(capfd, monkeypatch):
     """A checkpoint stores its own method's section; one written when every method's section was stored reads
     without the sections of methods removed since (one note), and evaluates its backbone."""
-    monkeypatch.setattr(method_config, "_said_dropped", False)  # said once per process
+    monkeypatch.setattr(config_sections, "_said", set())  # said once per process
     monkeypatch.delenv("RANK", raising=False)
     cfg = load_config(None, ["method.name=simclr", "model.small_cnn_width=4", "model.in_channels=1"])
     stored = to_dict(cfg, stored=True)

@@ -16,7 +16,7 @@ section it belongs to (a format's own keys, ``data.<format>.*``; a method's, ``m
 is applied in order, so an entry for a whole section (``loss``) takes what the entries before it left.
 
 What is not here, because it is not a rename: the sections of methods or formats not installed here, left out
-of a stored config (``methods/config.drop_missing_sections``, ``data/config.drop_missing_format_sections``),
+of a stored config (``config/sections.drop_missing``, for methods and formats alike),
 and a checkpoint's own layout (``checkpoint/layout.migrate_layout``: where its tensors are, not its config).
 """
 

@@ -14,11 +14,10 @@ one line (`drop_missing_format_sections`).
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from hypersolid_scale.config.sections import chosen_only, drop_missing
 from hypersolid_scale.data import formats
 from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
 from hypersolid_scale.safety.errors import ConfigError
@@ -231,27 +230,10 @@ else:
 
 def chosen_format_section(data: dict[str, Any]) -> dict[str, Any]:
     """A ``data`` section (a nested dict) with only the chosen format's own section (what a checkpoint stores)."""
-    chosen = data.get("format", DEFAULT_FORMAT)
-    return {k: v for k, v in data.items() if k == chosen or k not in DataConfig.format_sections}
-
-
-_said_dropped = False
+    return chosen_only(data, "format", DEFAULT_FORMAT, DataConfig.format_sections)
 
 
 def drop_missing_format_sections(d: dict[str, Any], where: str) -> dict[str, Any]:
-    """``d`` (a stored nested config dict) without the ``data.<name>`` sections of formats not installed here,
-    said once per process (rank 0) naming ``where`` the config comes from."""
-    global _said_dropped
-    data = d.get("data")
-    if not isinstance(data, dict):
-        return d
-    known = {f.name for f in dataclasses.fields(DataConfig)}
-    gone = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in known)
-    if not gone:
-        return d
-    if not _said_dropped and os.environ.get("RANK", "0") == "0":
-        _said_dropped = True
-        names = ", ".join(f"data.{g}" for g in gone)
-        note = f"note: {where} has sections of formats not installed here ({names}); they are left out"
-        print(note, file=sys.stderr, flush=True)
-    return {**d, "data": {k: v for k, v in data.items() if k not in gone}}
+    """``d`` (a stored nested config dict) without the ``data.<name>`` sections of formats not installed here
+    (config/sections.py)."""
+    return drop_missing(d, where, "data", "formats", {f.name for f in dataclasses.fields(DataConfig)})

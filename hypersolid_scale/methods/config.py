@@ -13,10 +13,9 @@ Earlier versions called this section ``loss``: Hypersolid's keys sat at ``loss.<
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 from typing import Any
 
+from hypersolid_scale.config.sections import chosen_only, drop_missing
 from hypersolid_scale.methods.registry import get_method, method_names
 
 DEFAULT_METHOD = "hypersolid"
@@ -49,36 +48,15 @@ MethodConfig: Any = _method_config_class()
 
 def chosen_section(method: dict[str, Any]) -> dict[str, Any]:
     """A ``method`` section (a nested dict) cut to its ``name`` and the chosen method's own section."""
+    return chosen_only(method, "name", DEFAULT_METHOD, [k for k in method if k != "name"])
+
+
+def _chosen_not_installed(method: dict[str, Any], gone: list[str]) -> str:
     name = method.get("name", DEFAULT_METHOD)
-    return {"name": name, **({name: method[name]} if name in method else {})}
-
-
-_said_dropped = False
+    return f", and method.name={name} itself is not installed: only its backbone can be used" if name in gone else ""
 
 
 def drop_missing_sections(d: dict[str, Any], where: str) -> dict[str, Any]:
-    """``d`` (a stored nested config dict) without the ``method.<name>`` sections of methods not installed here,
-    said once per process (rank 0) naming ``where`` the config comes from. A mistyped key stays (an error)."""
-    global _said_dropped
-    method = d.get("method")
-    if not isinstance(method, dict):
-        return d
-    known = set(method_names())
-    gone = sorted(k for k, v in method.items() if k != "name" and isinstance(v, dict) and k not in known)
-    if not gone:
-        return d
-    if not _said_dropped and os.environ.get("RANK", "0") == "0":
-        _said_dropped = True
-        name = method.get("name", DEFAULT_METHOD)
-        print(
-            f"note: {where} has sections of methods not installed here ({', '.join(f'method.{g}' for g in gone)}); "
-            "they are left out"
-            + (
-                f", and method.name={name} itself is not installed: only its backbone can be used"
-                if name in gone
-                else ""
-            ),
-            file=sys.stderr,
-            flush=True,
-        )
-    return {**d, "method": {k: v for k, v in method.items() if k not in gone}}
+    """``d`` (a stored nested config dict) without the ``method.<name>`` sections of methods not installed here
+    (config/sections.py)."""
+    return drop_missing(d, where, "method", "methods", method_names(), _chosen_not_installed)
