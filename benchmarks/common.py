@@ -238,6 +238,40 @@ def module_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), old) if p)}
 
 
+# ---- gloo ranks on this machine ---------------------------------------------------------------------------
+def _rank(rank: int, worker: Callable[..., list[Any]], world: int, port: int, args: Any, out_dir: str) -> None:
+    """One spawned rank: the process group's environment, ``worker``'s rows written to ``rank<r>.json``, and an
+    exit that skips the interpreter's teardown (gloo's threads can abort it: safety/process_exit.py)."""
+    import json
+
+    from hypersolid_scale.safety.process_exit import leave_now
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    rows = worker(rank, world, args, out_dir)
+    atomic.write_text(Path(out_dir, f"rank{rank}.json"), json.dumps(rows))
+    leave_now(0)
+
+
+def spawn_ranks(worker: Callable[..., list[Any]], world: int, args: Any, scratch: str | None = None) -> list[Any]:
+    """``worker(rank, world, args, out_dir) -> rows`` on ``world`` spawned processes that join one gloo group on
+    127.0.0.1 (a free port; the environment of ``init_distributed``); each rank's rows, in rank order. ``out_dir``
+    is a temporary folder (under ``scratch``), shared by the ranks and removed afterwards."""
+    import json
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        mp.spawn(_rank, args=(worker, world, port, args, tmp), nprocs=world, join=True)
+        return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+
+
 # ---- figures ---------------------------------------------------------------------------------------------
 def save(fig: Any, path: Path, dpi: int) -> Path:
     """Lay out, write and close ``fig``."""

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -72,10 +71,8 @@ def _step(fn: Any, feats: Any) -> float:
     return float(loss.detach())
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir: str) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
+def _worker(rank: int, world: int, args: argparse.Namespace, out_dir: str) -> list[dict[str, Any]]:
+    """One rank's rows (``common.spawn_ranks``)."""
     import torch
 
     from benchmarks.repulsion_measure import VIEWS, make_embeddings
@@ -116,30 +113,14 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out_dir:
                     "exact_fraction": stats.get("exact_fraction"),
                 }
             )
-    atomic.write_text(Path(out_dir, f"rank{rank}.json"), json.dumps(rows))
     cleanup()
-
-
-def _spawned(rank: int, *args: Any) -> None:
-    from hypersolid_scale.safety.process_exit import leave_now
-
-    _worker(rank, *args)
-    leave_now(0)  # gloo's threads can abort the interpreter's teardown (safety/process_exit.py)
+    return rows
 
 
 def measure(world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every variant and regime on ``world`` spawned gloo ranks: one row each, over the ranks."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
     os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD  # read by glibc in the spawned processes
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_spawned, args=(world, port, args, tmp), nprocs=world, join=True)
-        per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]
+    per_rank = common.spawn_ranks(_worker, world, args)
     out = []
     for i, first in enumerate(per_rank[0]):
         ranks = [rows[i] for rows in per_rank]

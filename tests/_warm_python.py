@@ -43,7 +43,7 @@ _PRELOAD = ("hypersolid_scale.training.trainer", "hypersolid_scale.safety.errors
             "hypersolid_scale.eval.app", "hypersolid_scale.compare.app", "hypersolid_scale.data.loaders",
             "hypersolid_scale.data.formats.builtin", "hypersolid_scale.data.formats.imagefolder",
             "hypersolid_scale.data.formats.webdataset", "hypersolid_scale.data.tensor_aug",
-            "hypersolid_scale.data.transforms", "hypersolid_scale.distributed.ddp", "hypersolid_scale.tracking",
+            "hypersolid_scale.data.transforms", "hypersolid_scale.distributed.engines.ddp", "hypersolid_scale.tracking",
             "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "alembic", "sqlalchemy",
             "matplotlib.pyplot", "sklearn.neighbors", "sklearn.cluster", "sklearn.linear_model", "kornia")
 

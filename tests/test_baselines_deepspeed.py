@@ -159,7 +159,7 @@ def test_a_resumed_two_rank_byol_run_continues_bitwise(train, tmp_path: Path, en
     at_two = ck.list_checkpoints(reference)[0]
     out = _launch(tmp_path / "resumed", _args("byol", engine, 2, f"checkpoint.path={at_two}"), nproc=2)
     assert f"resumed from {at_two} at step 2" in out
-    # DeepSpeed's inference-only shared-memory op is not compiled for a CPU training (deepspeed_engine.py).
+    # DeepSpeed's inference-only shared-memory op is not compiled for a CPU training (distributed/engines/deepspeed.py).
     assert "deepspeed_shm_comm" not in out
     a, b = _final(reference), _final(tmp_path / "resumed")
     assert a["step"] == b["step"] == STEPS

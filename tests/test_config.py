@@ -11,7 +11,7 @@ from hypersolid_scale.config import former_keys
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
 from hypersolid_scale.config.schema import Config, from_dict, load_config, save_config, to_dict
 from hypersolid_scale.config.sweep import load_sweep
-from hypersolid_scale.data import config as data_config
+from hypersolid_scale.config import sections as config_sections
 from hypersolid_scale.data.formats.ffcv import FFCVOptions
 from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.safety.errors import ConfigError
@@ -162,7 +162,7 @@ def test_a_format_s_section_enters_the_fingerprint_only_when_chosen(capfd: pytes
     assert config_diff(to_dict(load_config(None, ffcv)), to_dict(load_config(None, [*ffcv, "data.ffcv.order=random"]))) \
         == ["data.ffcv.order: 'quasi_random' -> 'random'"]
     # A stored section of a format not installed here is left out, said once; what it trains is the same.
-    monkeypatch.setattr(data_config, "_said_dropped", False)
+    monkeypatch.setattr(config_sections, "_said", set())  # said once per process
     old = to_dict(wds, stored=True)
     old["data"]["parquet"] = {"row_groups": 4}
     assert to_dict(from_dict(old)) == to_dict(wds) and config_diff(old, to_dict(wds)) == []

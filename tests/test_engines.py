@@ -12,7 +12,7 @@ import torch
 from hypersolid_scale.distributed import (deepspeed_config, ensure_process_group, first_host, has_process_group,
                                           resolve_transport, world_info_from_env)
 from hypersolid_scale.safety.errors import ConfigError
-from _warm_python import run_processes, run_python
+from _warm_python import run_processes, run_python, run_python_together
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "_trainer_helpers.py"
@@ -66,6 +66,39 @@ def test_a_rank_without_process_group_does_not_start_one_alone(monkeypatch: pyte
     with pytest.raises(RuntimeError, match="rank 1 of 2 .*call init_distributed"):
         ensure_process_group(torch.device("cpu"))
     assert not has_process_group()
+
+
+_ATTEMPT = """
+import os, sys, torch, torch.distributed as dist
+from hypersolid_scale.distributed import cleanup, init_distributed
+rank, count = sys.argv[1], sys.argv[2]
+os.environ.update(RANK=rank, LOCAL_RANK=rank, TORCHELASTIC_RESTART_COUNT=count)
+init_distributed("cpu", "gloo", timeout_minutes=1)
+total = torch.tensor([float(int(rank) + 1)])
+dist.all_reduce(total)
+print("sum", int(total.item()), flush=True)
+cleanup()
+"""
+
+
+def test_restarted_ranks_meet_in_torchruns_store_whatever_their_restart_counts(tmp_path: Path) -> None:
+    """torchrun's agent store outlives the groups that met through it (docs/design.md §5). A first group of 3
+    meets there and ends; a second one, whose ranks' TORCHELASTIC_RESTART_COUNT differ (each node's agent counts
+    its own restarts, docs/cluster.md), must meet anew rather than in the dead group's keys: under a prefix from
+    the restart count, rank 1 (count 0) would dial the first group's addresses and the others would wait for it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    agent = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))  # the agent's store, as torchrun shares it
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "WORLD_SIZE": "3",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(agent.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    for counts in (["0", "0", "0"], ["1", "0", "2"]):
+        done = run_python_together([["-c", _ATTEMPT, str(rank), count] for rank, count in enumerate(counts)],
+                                   env=env, timeout=90)
+        assert [d.returncode for d in done] == [0, 0, 0], "\n".join(d.stdout + d.stderr[-3000:] for d in done)
+        assert all("sum 6" in d.stdout for d in done), [d.stdout for d in done]
 
 
 def test_ddp_in_one_process_creates_no_process_group() -> None:

@@ -132,10 +132,10 @@ def test_the_tensor_lr_step_reads_nothing_on_the_host(tmp_path: Path) -> None:
     assert all(group["lr"] is run.lr_setter.tensor for group in run.engine.param_groups)
 
 
-def test_a_tensor_lr_under_deepspeed_is_refused(tmp_path: Path) -> None:
-    cfg = load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "optim.lr_tensor=true", "dist.engine=deepspeed"])
+def test_a_tensor_lr_under_deepspeed_is_refused_by_the_config(tmp_path: Path) -> None:
+    """A rule across sections (config/combinations.py): refused when the config loads, before anything is built."""
     with pytest.raises(ConfigError, match=r"optim.lr_tensor=true with dist.engine=deepspeed.*dist.engine=ddp"):
-        train_mod.build(cfg, WorldInfo(0, 1, 0, "single"), torch.device("cpu"))
+        load_config(None, [*TINY, f"run_dir={tmp_path / 'run'}", "optim.lr_tensor=true", "dist.engine=deepspeed"])
 
 
 @cuda

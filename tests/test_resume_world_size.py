@@ -48,7 +48,7 @@ ARGS = [
 TOL = 1e-4  # |resumed - uninterrupted| / |uninterrupted| over every parameter (see the module docstring)
 
 
-def _train(run_dir: Path, nproc: int, steps: int, batch: int | None = None) -> subprocess.CompletedProcess:
+def _train(run_dir: Path, nproc: int, steps: int, batch: int | None = None, *extra: str) -> subprocess.CompletedProcess:
     cmd = [
         str(REPO / "launch" / "train.py"),
         "--config",
@@ -58,6 +58,7 @@ def _train(run_dir: Path, nproc: int, steps: int, batch: int | None = None) -> s
         f"data.batch_size_per_gpu={batch}" if batch else f"data.global_batch_size={GLOBAL}",
         f"max_steps={steps}",
         f"run_dir={run_dir}",
+        *extra,
     ]
     return run_processes(cmd, nproc=nproc, env=ENV, timeout=300)
 
@@ -104,7 +105,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out: dict = {"root": root}
     _ok(_train(root / "reference", 1, 8))
     out["reference"] = _final(root / "reference", 1)
-    _ok(_train(root / "resized", 2, 4))
+    _ok(_train(root / "resized", 2, 4, None, "checkpoint.every_n_steps=2"))
+    # The same in sharded checkpoints (checkpoint/sharded.py): step 2's written while steps 3 and 4 train.
+    sharded = ["checkpoint.format=sharded", "checkpoint.async_save=true"]
+    _ok(_train(root / "sharded", 2, 4, None, "checkpoint.every_n_steps=2", *sharded))
+    out["sharded_out"] = _ok(_train(root / "sharded", 1, 8, None, *sharded))
     four = ck.checkpoint_path(root / "resized", 4)
     out["four"] = ck.load_checkpoint(four)
     # The same checkpoint as if 1 process x 128 had written it, in a run directory of its own.
@@ -135,6 +140,29 @@ def test_two_processes_resumed_on_one_at_the_same_global_batch_continue_exactly(
     assert resized["loader"] == reference["loader"] and resized["epoch"] == reference["epoch"] == 1
     error = _relative_error(resized, reference)
     assert error < TOL, f"2 x 64 resumed on 1 x 128 is {error:.2e} away from 8 steps on 1 x 128"
+
+
+def test_sharded_checkpoints_hold_the_same_state_and_resume_the_same_run(runs: dict) -> None:
+    """Two processes save asynchronously, each its part; read whole (as evaluation does) a folder holds what the
+    single file holds at the same step; resumed on one process, the run ends bit-identical to the file's."""
+    root = runs["root"]
+    for step in (2, 4):
+        folder = ck.load_checkpoint(root / "sharded" / "checkpoints" / f"step_{step:08d}.dcp")
+        file = ck.load_checkpoint(ck.checkpoint_path(root / "resized", step))
+        for key in ("model", "method", "loader", "rng", "step", "global_batch"):
+            _assert_bitwise(folder[key], file[key], f"step {step} {key}")
+    # What evaluation opens: the model built from the folder, with a fingerprint of its files for the caches.
+    from hypersolid_scale.eval.source import checkpoint_source
+
+    folder_path = root / "sharded" / "checkpoints" / "step_00000004.dcp"
+    source = checkpoint_source(folder_path, [])
+    _assert_bitwise(source.model.state_dict(), checkpoint_source(ck.checkpoint_path(root / "resized", 4), []).model
+                    .state_dict(), "evaluated model")
+    assert source.weights_id != checkpoint_source(root / "sharded" / "checkpoints" / "step_00000002.dcp", []).weights_id
+    _note(runs["sharded_out"], folder_path, saved=2, world=1)
+    sharded, resized = _final(root / "sharded", 1), _final(root / "resized", 1)
+    for key in ("model", "method", "loader"):
+        _assert_bitwise(sharded[key], resized[key], key)
 
 
 def test_one_process_resumed_on_two_at_the_same_global_batch(runs: dict) -> None:

@@ -21,7 +21,7 @@ PKG = ROOT / "hypersolid_scale"
 # Low -> high. Names are the package's top-level modules and subpackages, or a dotted module inside a
 # package where that module sits in another layer than its package (the longest name that matches counts).
 LAYERS: list[set[str]] = [
-    {"safety", "config.nested", "config.registry"},
+    {"safety", "config.nested", "config.registry", "config.sections", "checkpoint.config"},
     {"distributed", "training.optim"},
     {"models", "losses", "data", "methods"},
     {"eval", "tracking"},

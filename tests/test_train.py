@@ -297,7 +297,7 @@ def test_one_save_decision_covers_steps_epoch_ends_and_stops(every_n_steps, ever
     from hypersolid_scale.training import checkpointer
 
     saved: list[int] = []
-    monkeypatch.setattr(checkpointer, "save", lambda run, step, tracker: saved.append(step))
+    monkeypatch.setattr(checkpointer, "save", lambda run, step, tracker, wait=True: saved.append(step))
     run = SimpleNamespace(cfg=SimpleNamespace(checkpoint=SimpleNamespace(every_n_steps=every_n_steps,
                                                                         every_n_epochs=every_n_epochs)))
     checkpoint = checkpointer.Checkpointer(run, tracker=None, last_saved=0)

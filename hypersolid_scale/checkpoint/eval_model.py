@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hypersolid_scale.checkpoint.files import load_checkpoint
 from hypersolid_scale.checkpoint.layout import migrate_layout, split_method_state
+from hypersolid_scale.checkpoint.reading import load_checkpoint
 from hypersolid_scale.checkpoint.resume import load_weights
 from hypersolid_scale.config.schema import Config, from_dict
 from hypersolid_scale.methods import build_method_model, get_method, method_names

@@ -21,7 +21,7 @@ from hypersolid_scale.safety.errors import CheckpointError
 from hypersolid_scale.safety.run_lock import RunDirLocked, acquire_run_lock, holds_lock
 
 FORMAT_VERSION = 1
-_NAME = re.compile(r"^step_(\d{8,})\.pt$")
+_NAME = re.compile(r"^step_(\d{8,})\.(?:pt|dcp)$")  # a file, or a sharded checkpoint's folder (checkpoint/sharded.py)
 REQUIRED_KEYS = ("model", "step", "epoch", "config", "config_fingerprint", "format_version")
 
 
@@ -145,14 +145,22 @@ def atomic_save(obj: dict[str, Any], path: str | os.PathLike) -> Path:
 
 
 def _step_files(d: Path) -> list[tuple[int, Path]]:
-    """(step, path) of the ``step_*.pt`` names in directory ``d`` (none when ``d`` is not a directory)."""
+    """(step, path) of the ``step_*.pt`` and ``step_*.dcp`` names in folder ``d`` (none when it is no folder)."""
     if not d.is_dir():
         return []
     return [(int(m.group(1)), p) for p in d.iterdir() if (m := _NAME.match(p.name))]
 
 
+def _remove(path: Path) -> None:
+    """A checkpoint file, or a sharded checkpoint's folder, gone (already gone is fine)."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
-    """``step_*.pt`` files of a run, oldest first (by step number, not by mtime)."""
+    """``step_*.pt`` files and ``step_*.dcp`` folders of a run, oldest first (by step number, not by mtime)."""
     return [p for _, p in sorted(_step_files(checkpoint_dir(run_dir)))]
 
 
@@ -162,7 +170,7 @@ def prune_checkpoints(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:
         return []
     old = list_checkpoints(run_dir)[:-keep_last]
     for p in old:
-        p.unlink(missing_ok=True)
+        _remove(p)
     return old
 
 
@@ -221,8 +229,11 @@ def _is_a_directory(path: Path) -> str:
     )
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and sanity-check a checkpoint (``weights_only=True``).
+def load_file(
+    path: str | os.PathLike, map_location: str | torch.device = "cpu", *, required: tuple[str, ...] = REQUIRED_KEYS
+) -> dict[str, Any]:
+    """Load and sanity-check a checkpoint file (``weights_only=True``); ``required``: the keys it must have.
+    (``checkpoint.reading.load_checkpoint`` reads a file or a sharded checkpoint's folder.)
 
     Raises:
         CheckpointMissing: no such file, or a directory (a ``FileNotFoundError`` too).
@@ -252,10 +263,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         ) from None
     for w in caught:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED_KEYS):
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in required):
         keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
         raise BadCheckpoint(
-            f"{str(path)!r} is not a Hypersolid checkpoint (needs keys {list(REQUIRED_KEYS)}, has "
+            f"{str(path)!r} is not a Hypersolid checkpoint (needs keys {list(required)}, has "
             f"{keys}); use a step_*.pt file written by launch/train.py"
         )
     if ckpt["format_version"] > FORMAT_VERSION:
@@ -264,16 +275,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"({FORMAT_VERSION}); upgrade hypersolid_scale to read it"
         )
     return ckpt
-
-
-def find_resume_checkpoint(run_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]] | None:
-    """Newest readable checkpoint of ``run_dir``; unreadable ones are skipped with a warning."""
-    for path in reversed(list_checkpoints(run_dir)):
-        try:
-            return path, load_checkpoint(path)
-        except BadCheckpoint as err:
-            warnings.warn(f"skipping checkpoint: {err}; falling back to the previous one", stacklevel=2)
-    return None
 
 
 def delete_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
@@ -285,8 +286,8 @@ def delete_stale_tmp(run_dir: str | os.PathLike) -> list[Path]:
     """
     if holds_lock(run_dir):
         stale = list(checkpoint_dir(run_dir).glob("*.tmp"))
-        for p in stale:
-            p.unlink(missing_ok=True)
+        for p in stale:  # files, and the folders of sharded saves that never finished
+            _remove(p)
         return stale
     if not checkpoint_dir(run_dir).is_dir():
         return []

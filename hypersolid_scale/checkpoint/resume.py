@@ -16,12 +16,12 @@ from hypersolid_scale.checkpoint.files import (
     BadCheckpoint,
     checkpoint_dir,
     delete_stale_tmp,
-    find_resume_checkpoint,
     list_checkpoints,
-    load_checkpoint,
 )
 from hypersolid_scale.checkpoint.layout import migrate_layout, trained_state
+from hypersolid_scale.checkpoint.reading import find_resume_checkpoint, open_checkpoint
 from hypersolid_scale.checkpoint.rng import set_rng_state
+from hypersolid_scale.checkpoint.sharded import read_part
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
 from hypersolid_scale.config.schema import Config, to_dict
 from hypersolid_scale.distributed import Engine, barrier, broadcast_object, get_rank
@@ -69,6 +69,12 @@ def saved_global_batch(ckpt: dict[str, Any]) -> int | None:
     return None if ckpt.get("world_size") is None or per_rank is None else int(ckpt["world_size"]) * int(per_rank)
 
 
+def read_own_part(ckpt: dict[str, Any], engine: Engine) -> dict[str, Any]:
+    """A sharded checkpoint (``open_checkpoint``'s) with what this rank needs read: the weights whole, of the
+    optimizer state the slices its engine holds (``Engine.needed_ranges``). ``bytes_read`` says how much."""
+    return read_part(ckpt, engine.needed_ranges())
+
+
 def restore_run_state(
     ckpt: dict[str, Any],
     *,
@@ -88,6 +94,8 @@ def restore_run_state(
     ``force`` (``checkpoint.resume=force``) it restarts the checkpoint's epoch with its weights only, and an
     optimizer state of another layout is dropped, each with a warning.
     """
+    if "sharded" in ckpt:  # each rank reads the weights and its own part of the optimizer state
+        ckpt = read_own_part(ckpt, engine)
     ckpt = migrate_layout(ckpt)
     path = ckpt.get("path", "")
     saved_world = int(ckpt.get("world_size", world_size))
@@ -112,7 +120,10 @@ def restore_run_state(
     load_weights(engine.load_model_state, ckpt)
     if ckpt.get("optimizer") is not None:
         try:
-            engine.load_optimizer_state(ckpt["optimizer"])
+            if "pieces" in ckpt["optimizer"]:  # a sharded checkpoint's, by parameter name: any world size
+                engine.load_optimizer_pieces(ckpt["optimizer"]["pieces"], ckpt["optimizer"]["plain"])
+            else:
+                engine.load_optimizer_state(ckpt["optimizer"])
         except ValueError as err:
             if not force:
                 raise BadCheckpoint(f"checkpoint {path}: {err}") from None
@@ -214,7 +225,7 @@ def resolve_resume(cfg: Config) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        ckpt = load_checkpoint(path)
+        ckpt = open_checkpoint(path)
     except CheckpointError as err:
         if path != cfg.checkpoint.path:
             raise

@@ -207,8 +207,8 @@ def main(argv: Sequence[str], repo: Path) -> int:
     print(header + f"\noutput: {out} (logs in {out / 'logs'})", flush=True)
     failures: dict[str, str] = {}
     status = "FAILED"
-    # SIGTERM (a scheduler's stop): unwind so that the parent run is closed KILLED; the children get their
-    # own SIGTERM from the kernel and checkpoint (runner._end_with_us).
+    # SIGTERM (a scheduler's stop): unwind so that the parent run is closed KILLED; the running child gets
+    # SIGTERM and is waited for while it checkpoints (runner._run).
     signal.signal(signal.SIGTERM, _terminated)
     try:
         with tqdm(total=2 * len(trainings), desc="compare", unit="stage", dynamic_ncols=True) as bar:

@@ -1,11 +1,13 @@
 """Run one training and one evaluation of a comparison as child processes, and remember what is done.
 
-Each training is ``torchrun launch/train.py`` and each evaluation ``launch/eval.py``: the very commands a user
-runs, so the comparison exercises the trainer, its checkpoints and its tracking, not a copy of them. Their
-output goes to ``<out>/logs/<name>.{train,eval}.log``. A child ends with the comparison (the kernel sends it
-SIGTERM when we die: the trainer then checkpoints and exits), and a comparison started again on the same
-output directory resumes: a finished training or evaluation is kept, an interrupted training resumes from its
-own newest checkpoint (the trainer's own resume), and the wall-clock already spent is kept in ``state.json``.
+Each training is ``torchrun launch/train.py`` (``python launch/train.py`` on one process) and each evaluation
+``launch/eval.py``: the very commands a user runs, so the comparison exercises the trainer, its checkpoints and
+its tracking, not a copy of them. Their output goes to ``<out>/logs/<name>.{train,eval}.log``. A child ends with
+the comparison: stopped by SIGTERM or Ctrl-C, the comparison passes SIGTERM on and waits while the trainer
+checkpoints and exits; killed outright, it leaves the kernel to send the child SIGTERM. A comparison started
+again on the same output directory resumes: a finished training or evaluation is kept, an interrupted training
+resumes from its own newest checkpoint (the trainer's own resume), and the wall-clock already spent is kept in
+``state.json``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 
 STATE = "state.json"
+STOP_GRACE_S = 300  # a stopped comparison waits this long for its child's checkpoint, then kills it
 # The quick smoke comparison's evaluation of every checkpoint: kNN at K=20 (the paper uses K=5 on small data sets:
 # --protocol paper reports both), the linear probe, K-Means / DBSCAN eps sweep / HDBSCAN, and the geometry of the
 # embedding, on backbone features.
@@ -85,9 +88,18 @@ def _run(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> tuple[int
     with open(log, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
-        rc = subprocess.run(
+        proc = subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_end_with_us(os.getpid())
-        ).returncode
+        )
+        try:
+            rc = proc.wait()
+        except BaseException:  # SIGTERM or Ctrl-C of the comparison: the child stops as preempted, then we do
+            proc.terminate()  # a training finishes its step, checkpoints and exits 75 (torchrun passes it on)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
     return rc, time.monotonic() - t0
 
 
@@ -125,12 +137,11 @@ class Runner:
         record = self.state.run(t.name)
         if self.paths.checkpoint(t, self.steps).exists():
             return None
+        # One process: the trainer itself, without a torchrun agent around it (its start, ~3 s, buys nothing).
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}"]
         cmd = [
             sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={self.nproc}",
+            *(launcher if self.nproc > 1 else []),
             str(self.repo / "launch" / "train.py"),
             "--config",
             str(t.config),

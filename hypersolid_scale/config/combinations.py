@@ -17,9 +17,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from hypersolid_scale.config.precision import check_precision
 from hypersolid_scale.data import plan_batch
 from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.distributed.precision import check_precision
 from hypersolid_scale.distributed.process_group import world_info_from_env
 from hypersolid_scale.models.backbones import get_backbone
 from hypersolid_scale.safety.errors import ConfigError
@@ -62,12 +62,19 @@ def check_transport_on_device(cfg: Config) -> None:
 
 
 def check_engine(cfg: Config) -> None:
-    """What dist.engine allows: the precision, ZeRO, and an optimizer that needs whole layers."""
+    """What dist.engine allows: the precision, ZeRO, the tensor learning rate, and an optimizer that needs whole
+    layers."""
     check_precision(cfg.dist.precision, cfg.dist.engine)
     if cfg.dist.engine == "ddp" and cfg.dist.zero_stage != 0:
         raise ConfigError(
             f"config key 'dist.zero_stage' = {cfg.dist.zero_stage} needs dist.engine=deepspeed "
             "(DDP has no ZeRO); set dist.engine=deepspeed or dist.zero_stage=0"
+        )
+    if cfg.optim.lr_tensor and cfg.dist.engine != "ddp":
+        raise ConfigError(
+            f"optim.lr_tensor=true with dist.engine={cfg.dist.engine}: the tensor learning rate is made for torch's "
+            "fused AdamW and SGD under the ddp engine; DeepSpeed wraps the optimizer in its own, which is not checked "
+            "with it; set dist.engine=ddp or optim.lr_tensor=false"
         )
     if cfg.optim.name.lower() == "lars" and cfg.dist.zero_stage != 0:
         raise ConfigError(

@@ -1,4 +1,4 @@
-"""Things chosen by name in the config (methods, backbones, loss backends, data formats): one registry per
+"""Things chosen by name in the config (methods, backbones, loss backends, data formats, engines): one registry per
 kind, filled by the modules of the package that owns the kind.
 
 Every module of that package (except those named in ``skip`` and those whose name starts with ``_``) is

@@ -1,7 +1,7 @@
 """The whole run as one typed dataclass tree: YAML files + ``section.key=value`` overrides.
 
-Every section owned by another package (data, model, method, tracking, eval) is imported from it, so one
-definition per field exists in the project. ``load_config`` fails *before any work starts* with a
+Every section owned by another package (data, model, method, optim, dist, checkpoint, tracking, eval) is imported
+from it, so one definition per field exists in the project. ``load_config`` fails *before any work starts* with a
 :class:`~hypersolid_scale.safety.errors.ConfigError` (a ``ValueError``) that names the offending file or key and
 what is allowed: a YAML syntax error (with its line and column), an unknown key, a value of the wrong type
 or a value outside its allowed set.
@@ -23,12 +23,17 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import GrammarParseError, OmegaConfBaseException
 
+from hypersolid_scale.checkpoint.config import CHOICES as CHECKPOINT_CHOICES
+from hypersolid_scale.checkpoint.config import RANGES as CHECKPOINT_RANGES
+from hypersolid_scale.checkpoint.config import CheckpointConfig
 from hypersolid_scale.config.combinations import check_combinations
 from hypersolid_scale.config.former_keys import rename_former_keys
 from hypersolid_scale.config.nested import flatten
-from hypersolid_scale.config.precision import PRECISIONS
 from hypersolid_scale.data.batch import check_batch_overrides, drop_other_batch_key
 from hypersolid_scale.data.config import DataConfig, chosen_format_section, drop_missing_format_sections
+from hypersolid_scale.distributed.config import CHOICES as DIST_CHOICES
+from hypersolid_scale.distributed.config import RANGES as DIST_RANGES
+from hypersolid_scale.distributed.config import DistConfig
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method
 from hypersolid_scale.methods.config import chosen_section, drop_missing_sections
@@ -42,49 +47,8 @@ from hypersolid_scale.training.optim import LR_SCALINGS, OptimConfig
 from hypersolid_scale.training.optim import check as check_optim
 
 # ----------------------------------------------------------------------------------------------------------
-# Trainer-owned sections
+# The run
 # ----------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class DistConfig:
-    """How processes cooperate. World size and rank come from torchrun / Slurm, never from here."""
-
-    engine: str = "ddp"  # ddp | deepspeed
-    transport: str = "auto"  # the process group's: auto (nccl on GPU, gloo on CPU) | gloo | nccl
-    zero_stage: int = 0  # DeepSpeed ZeRO stage 0, 1 or 2 (3 would shard the weights the loss code sees)
-    # BatchNorm statistics over the GLOBAL batch (docs/design.md §3b): auto (whenever world size > 1) | true | false.
-    # CUDA uses torch's SyncBatchNorm, CPU/gloo hypersolid_scale.distributed.batchnorm.GlobalBatchNorm.
-    sync_bn: str = "auto"
-    compile: bool = False  # torch.compile the step (or the backbone only: training/compile_scope.py says when)
-    # torch.compile's mode with dist.compile=true: default | reduce-overhead (CUDA graphs of the compiled forward and
-    # backward, one process only) | max-autotune
-    compile_mode: str = "default"
-    # auto (bf16 autocast on a GPU that has it, else fp32) | bf16 (autocast) | fp32 | fp64 (the model and the views in
-    # float64: N processes = 1 checked to ~1e-9 of the update, docs/design.md §3b). Formerly dist.bf16 (auto | true
-    # | false), still read: auto -> auto, true -> bf16, false -> fp32 (both in one file or override and not the same:
-    # an error).
-    precision: str = "auto"
-    device: str = "auto"  # auto | cpu | cuda
-    timeout_minutes: int = 30  # process-group timeout
-    # A rank or node that vanished (killed, powered off, its link cut) stops the others within about this many
-    # seconds (a heartbeat through the rendezvous store: hypersolid_scale/distributed/heartbeat.py); 0 disables it,
-    # leaving such a run waiting out timeout_minutes in its collective.
-    peer_timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        # YAML reads `sync_bn: true` as a boolean, which the str field stores as "True": keep accepting the
-        # spelling of the former boolean option. Anything else outside CHOICES fails in `validate`.
-        self.sync_bn = str(self.sync_bn).lower()
-
-
-@dataclass
-class CheckpointConfig:
-    every_n_steps: int = 1000  # 0 disables step checkpoints (epoch-end and preemption checkpoints remain)
-    every_n_epochs: int = 1  # 0 disables epoch-end checkpoints
-    keep_last: int = 3  # older step_*.pt files are deleted; 0 keeps all
-    resume: str = "auto"  # auto (newest valid checkpoint in run_dir, if any) | never | force (ignore config changes)
-    path: str | None = None  # resume from this file instead of run_dir/checkpoints
 
 
 @dataclass
@@ -111,14 +75,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "optim.name": ("adamw", "sgd", "lars"),
     "optim.schedule": ("constant", "cosine"),
     "optim.lr_scaling": LR_SCALINGS,
-    "dist.engine": ("ddp", "deepspeed"),
-    "dist.transport": ("auto", "gloo", "nccl"),
-    "dist.zero_stage": (0, 1, 2),
-    "dist.precision": PRECISIONS,
-    "dist.sync_bn": ("auto", "true", "false"),
-    "dist.device": ("auto", "cpu", "cuda"),
-    "dist.compile_mode": ("default", "reduce-overhead", "max-autotune"),
-    "checkpoint.resume": ("auto", "never", "force"),
+    **DIST_CHOICES,
+    **CHECKPOINT_CHOICES,
 }
 
 # (key, predicate, what is allowed) for numeric ranges.
@@ -133,13 +91,10 @@ RANGES: list[tuple[str, Any, str]] = [
     ("optim.betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two floats in [0, 1)"),
     ("optim.reference_batch_size", lambda v: v is None or v >= 1, "an int >= 1 (a global batch) or null"),
     ("optim.lars_trust_coefficient", lambda v: v > 0, "a positive float"),
-    ("checkpoint.every_n_steps", lambda v: v >= 0, "an int >= 0"),
-    ("checkpoint.every_n_epochs", lambda v: v >= 0, "an int >= 0"),
-    ("checkpoint.keep_last", lambda v: v >= 0, "an int >= 0 (0 keeps every checkpoint)"),
     ("epochs", lambda v: v >= 1, "an int >= 1"),
     ("max_steps", lambda v: v >= 0, "an int >= 0 (0 = run all epochs)"),
-    ("dist.timeout_minutes", lambda v: v >= 1, "an int >= 1"),
-    ("dist.peer_timeout_s", lambda v: v == 0 or v >= 1, "0 (no heartbeat) or seconds >= 1"),
+    *DIST_RANGES,
+    *CHECKPOINT_RANGES,
 ]
 
 # ----------------------------------------------------------------------------------------------------------

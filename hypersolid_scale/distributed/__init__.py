@@ -6,7 +6,7 @@ every collective works without a process group (world size 1).
 Modules: ``process_group`` (launcher environment, device, transport, the default group), ``collectives``,
 ``ring`` (the point-to-point ring pass of the ``ring`` repulsion backend),
 ``batchnorm`` (BatchNorm over the global batch), ``engine`` (the ``Engine`` interface and ``build_engine``),
-``ddp`` and ``deepspeed_engine`` (the two engines), ``heartbeat`` (a vanished peer stops the others).
+``engines/`` (the engines: ``ddp``, ``deepspeed``, one module each), ``heartbeat`` (a vanished peer stops the others).
 """
 
 from hypersolid_scale.distributed.batchnorm import (
@@ -30,8 +30,8 @@ from hypersolid_scale.distributed.collectives import (
     is_distributed,
     row_counts,
 )
-from hypersolid_scale.distributed.deepspeed_engine import deepspeed_config
-from hypersolid_scale.distributed.engine import ENGINES, Engine, build_engine
+from hypersolid_scale.distributed.engines import Engine, build_engine, engine_names
+from hypersolid_scale.distributed.engines.deepspeed import deepspeed_config
 from hypersolid_scale.distributed.heartbeat import EXIT_PEER_LOST, Heartbeat, start_heartbeat
 from hypersolid_scale.distributed.process_group import (
     TRANSPORTS,
@@ -50,7 +50,7 @@ from hypersolid_scale.distributed.process_group import (
 from hypersolid_scale.distributed.ring import ring_pass
 
 __all__ = [
-    "ENGINES",
+    "engine_names",
     "EXIT_PEER_LOST",
     "SYNC_BN_CHOICES",
     "TRANSPORTS",

@@ -67,7 +67,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "probe, clustering, geometry, plots, qualitative figures)."
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="path to a step_*.pt file")
+    source.add_argument("--checkpoint", help="path to a step_*.pt file (or a sharded step_*.dcp folder)")
     source.add_argument(
         "--backbone",
         help="a published backbone, SOURCE:NAME with SOURCE torchvision, timm or "
@@ -176,7 +176,7 @@ def _open(
         )
     path = Path(args.checkpoint or args.weights)
     out_dir = Path(args.output_dir) if args.output_dir else default_output_dir(path, external=bool(args.backbone))
-    if on_output_dir is not None and (args.output_dir or path.is_file()):  # no folders for a mistyped path
+    if on_output_dir is not None and (args.output_dir or path.exists()):  # no folders for a mistyped path
         on_output_dir(out_dir)
     # The protocol's settings come first: an explicit eval.key=value still wins (e.g. a smaller subset).
     overrides = [*(proto.overrides if proto else ()), *args.overrides]

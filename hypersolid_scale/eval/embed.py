@@ -88,11 +88,16 @@ def extract_embeddings(
 
 
 def file_fingerprint(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    """sha256 of a file's bytes (a retrained checkpoint at the same path gets a new fingerprint)."""
+    """sha256 of a file's bytes (a retrained checkpoint at the same path gets a new fingerprint); of a folder (a
+    sharded checkpoint), of its files' names and bytes in name order."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+    files = sorted(p for p in Path(path).rglob("*") if p.is_file()) if Path(path).is_dir() else [Path(path)]
+    for file in files:
+        if file != Path(path):
+            h.update(file.relative_to(path).as_posix().encode() + b"\0")
+        with open(file, "rb") as f:
+            while block := f.read(chunk):
+                h.update(block)
     return h.hexdigest()
 
 

@@ -16,7 +16,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="python -m hypersolid_scale.export",
         description="Export a training checkpoint's encoder (torchvision / timm layout) and projector.",
     )
-    p.add_argument("--checkpoint", required=True, help="a step_*.pt file written by launch/train.py")
+    p.add_argument(
+        "--checkpoint", required=True, help="a step_*.pt file (or step_*.dcp folder) written by launch/train.py"
+    )
     p.add_argument("--out", required=True, help="directory to write into (created with its parents)")
     return p.parse_args(list(argv))
 

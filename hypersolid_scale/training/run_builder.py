@@ -214,12 +214,6 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
     if precision == "fp64":  # every parameter and buffer (BatchNorm statistics, queues, centers); the views follow
         model = model.to(torch.float64)
     o = cfg.optim
-    if o.lr_tensor and cfg.dist.engine != "ddp":
-        raise ConfigError(
-            f"optim.lr_tensor=true with dist.engine={cfg.dist.engine}: the tensor learning rate is made for torch's "
-            "fused AdamW and SGD under the ddp engine; DeepSpeed wraps the optimizer in its own, which is not checked "
-            "with it; set dist.engine=ddp or optim.lr_tensor=false"
-        )
     scope = compile_scope(cfg, info.world_size)
     if scope.scope == "backbone":  # in place: the state dict's keys and the parameter objects stay as they are
         model.backbone.compile(mode=scope.torch_mode)

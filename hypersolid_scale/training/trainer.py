@@ -317,11 +317,15 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
         status = "FINISHED"
         return 0
     finally:
-        close_loader = getattr(run.loader, "close", None)  # the run's DataLoader workers and stage thread
-        if close_loader is not None:
-            close_loader()
-        bar.close()
-        tracker.close(status=status)
+        try:
+            if status != "FAILED":  # a save still in flight is the run's newest checkpoint: wait for it
+                checkpoint.close()
+        finally:
+            close_loader = getattr(run.loader, "close", None)  # the run's DataLoader workers and stage thread
+            if close_loader is not None:
+                close_loader()
+            bar.close()
+            tracker.close(status=status)
 
 
 def parse_args(argv: list[str] | None) -> tuple[str | None, list[str]]:

@@ -10,33 +10,45 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from hypersolid_scale.distributed.collectives import get_world_size
-from hypersolid_scale.distributed.engine import Engine, OptimizerFn, grad_norm_tensor
+from hypersolid_scale.distributed.engines import Engine, EngineOptions, OptimizerFn, grad_norm_tensor, register_engine
 
 
+def keep_first_buckets(world_size: int) -> bool:
+    """Whether DDP keeps the gradient buckets it starts with (``find_unused_parameters=True``), for resumes that
+    are bit-identical on more than two ranks.
+
+    DDP re-buckets the gradients after its first step, in the order they became ready; and over three or more
+    ranks the all-reduce's order of summation of an element depends on where it sits in its bucket (over two,
+    a + b = b + a). A resumed run's first step would then sum in the starting layout where the uninterrupted run
+    sums in the rebuilt one: 4 ranks, 1.5e-8 apart in float32 two steps on (docs/design.md §5). The reducer rebuilds
+    only when ``find_unused_parameters`` is off (torch's ``Reducer::should_rebuild_buckets``): the one public
+    switch, at the price of one walk of the autograd graph per step and torch's one-time warning that no unused
+    parameter was found. Two ranks resume bit-identically either way, and keep DDP's default."""
+    return world_size > 2
+
+
+@register_engine
 class DDPEngine(Engine):
     """DDP averages the gradients in backward; ``step`` clips (when ``grad_clip > 0``), steps and zeroes them."""
 
     kind: ClassVar[str] = "ddp"
+    order: ClassVar[int] = 0  # the default
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer_fn: OptimizerFn,
-        *,
-        device: torch.device,
-        bf16: bool,
-        grad_clip: float,
-        compile: bool,
-        compile_mode: str | None = None,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer_fn: OptimizerFn, options: EngineOptions) -> None:
+        """Around ``model`` (its BatchNorms already converted); of ``options``: device, bf16, grad_clip,
+        compile, compile_mode."""
+        device, bf16, grad_clip = options.device, options.bf16, options.grad_clip
+        compile, compile_mode = options.compile, options.compile_mode
         self.model = model.to(device)
         self.device, self.bf16, self.grad_clip = device, bf16, grad_clip
         self.optimizer = optimizer_fn(self.model.parameters())
         wrapped: nn.Module = self.model
         self.ddp: DistributedDataParallel | None = None
-        if get_world_size() > 1:
+        if (world_size := get_world_size()) > 1:
             wrapped = self.ddp = DistributedDataParallel(
-                self.model, device_ids=[device.index] if device.type == "cuda" else None
+                self.model,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                find_unused_parameters=keep_first_buckets(world_size),
             )
         # An OptimizedModule; compile_mode: torch.compile's (None: its default; reduce-overhead: CUDA graphs).
         self.wrapped = cast(nn.Module, torch.compile(wrapped, mode=compile_mode)) if compile else wrapped

@@ -8,19 +8,29 @@ Checkpoints: we do not use DeepSpeed's checkpoint directories. The model weights
 optimizer state is partitioned; each rank's partition (its base-optimizer state and its fp32 master slice,
 stripped of DeepSpeed's Python objects so that ``weights_only=True`` loads it) is gathered to rank 0 and
 stored as ``{"zero_stage": s, "shards": [rank0, rank1, ...]}``. Resuming the optimizer state needs the same
-world size and ZeRO stage; the weights resume under any world size.
+world size and ZeRO stage; the weights resume under any world size. The sharded checkpoint instead stores each
+parameter's slice of the partitioned state by name (``optimizer_pieces``), which any world size reads back.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from hypersolid_scale.distributed.collectives import gather_objects, get_world_size
-from hypersolid_scale.distributed.engine import Engine, OptimizerFn, grad_norm_tensor
+from hypersolid_scale.distributed.engines import (
+    Engine,
+    EngineOptions,
+    OptimizerFn,
+    Pieces,
+    covering_slice,
+    grad_norm_tensor,
+    register_engine,
+)
 from hypersolid_scale.distributed.process_group import ensure_process_group
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -97,6 +107,11 @@ def _is_plain(v: Any) -> bool:
     return isinstance(v, dict)
 
 
+def _partitioned(value: Any, master: torch.Tensor) -> bool:
+    """Whether an optimizer state entry is per element of the partition (momentum) rather than one value (a step)."""
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.numel() == master.numel()
+
+
 def _skip_shared_memory_op(deepspeed: Any) -> None:
     """Keep DeepSpeed's CPU backend from compiling its shared-memory all-reduce (C++, JIT-built on the first
     run on a machine and again for every other install path: ~40-80 s of a 2-core machine's time). Only its
@@ -108,26 +123,21 @@ def _skip_shared_memory_op(deepspeed: Any) -> None:
         compatible["deepspeed_shm_comm"] = False
 
 
+@register_engine
 class DeepSpeedEngine(Engine):
     """DeepSpeed averages the gradients in ``backward``; its ``step`` clips (``gradient_clipping``), steps and
     zeroes them. ``optimizer`` is the client torch optimizer; ``ds_optimizer`` the ZeRO wrapper around it (the
     client itself under ZeRO 0)."""
 
     kind: ClassVar[str] = "deepspeed"
+    order: ClassVar[int] = 1
 
-    def __init__(
-        self,
-        model: nn.Module,
-        optimizer_fn: OptimizerFn,
-        *,
-        device: torch.device,
-        bf16: bool,
-        grad_clip: float,
-        zero_stage: int,
-        batch_size_per_gpu: int,
-        compile: bool,
-        accumulate_steps: int = 1,
-    ) -> None:
+    def __init__(self, model: nn.Module, optimizer_fn: OptimizerFn, options: EngineOptions) -> None:
+        """Around ``model`` (its BatchNorms already converted); of ``options``: device, bf16, grad_clip,
+        zero_stage, batch_size_per_gpu, compile, accumulate_steps."""
+        o = options
+        device, bf16, grad_clip, zero_stage = o.device, o.bf16, o.grad_clip, o.zero_stage
+        batch_size_per_gpu, compile, accumulate_steps = o.batch_size_per_gpu, o.compile, o.accumulate_steps
         import deepspeed  # optional dependency: only DeepSpeed runs need it
 
         if device.type == "cpu":
@@ -190,6 +200,87 @@ class DeepSpeedEngine(Engine):
         if refresh is not None:
             refresh()
 
+    # ---- the sharded checkpoint's per-parameter view of a ZeRO 1/2 partition (docs/design.md §5) ----------
+
+    @property
+    def replicated_optimizer(self) -> bool:
+        return self.ds_optimizer is self.optimizer  # ZeRO 0: the client optimizer, whole on every rank
+
+    def _partition_layout(self) -> Iterator[tuple[int, list[tuple[str, int, int]], int, int]]:
+        """Per parameter group i of ZeRO's flat buffers: ``(i, [(name, offset, numel)], start, end)``, where each
+        parameter sits in the group's flat buffer (DeepSpeed pads between parameters and at the end) and the
+        part ``start .. end`` of it this rank's partition holds (DeepSpeed's own partitions, read, not recomputed)."""
+        import deepspeed.comm as ds_dist
+
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        opt = self.ds_optimizer
+        for i, params in enumerate(opt.round_robin_bit16_groups):
+            rank = ds_dist.get_rank(group=opt.real_dp_process_group[i])
+            parts = opt.parallel_partitioned_bit16_groups[i]
+            start = sum(t.numel() for t in parts[:rank])
+            members = [(names[id(p)], off, p.numel()) for p, off in zip(params, opt.round_robin_bit16_offsets[i])]
+            yield i, members, start, start + parts[rank].numel()
+
+    def optimizer_pieces(self) -> tuple[Pieces, dict[str, Any]]:
+        if self.replicated_optimizer:
+            return super().optimizer_pieces()
+        opt = self.ds_optimizer
+        pieces: Pieces = {}
+        scalars: dict[str, dict[str, Any]] = {}
+        for i, members, start, end in self._partition_layout():
+            master = opt.single_partition_of_fp32_groups[i]
+            state = self.optimizer.state.get(master, {})
+            flat = {"master": master.detach()}
+            flat.update({k: v.detach() for k, v in state.items() if _partitioned(v, master)})
+            other = {k: v for k, v in state.items() if not _partitioned(v, master)}
+            for name, off, numel in members:
+                if other:  # one value for the whole group (Adam's step), the same on every rank: named for each
+                    scalars[name] = dict(other)  # parameter, so that rank 0's run.pt holds it for all of them
+                lo, hi = max(off, start), min(off + numel, end)
+                if lo < hi:
+                    pieces[name] = {key: (lo - off, t[lo - start : hi - start]) for key, t in flat.items()}
+        groups = [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": [n for n, _, _ in members]}
+            for g, (_, members, _, _) in zip(self.optimizer.param_groups, self._partition_layout())
+        ]
+        return pieces, {"param_groups": groups, "scalars": scalars}
+
+    def needed_ranges(self) -> dict[str, tuple[int, int]]:
+        if self.replicated_optimizer:
+            return super().needed_ranges()
+        ranges = {}
+        for _, members, start, end in self._partition_layout():
+            for name, off, numel in members:
+                lo, hi = max(off, start), min(off + numel, end)
+                if lo < hi:
+                    ranges[name] = (lo - off, hi - off)
+        return ranges
+
+    def load_optimizer_pieces(self, pieces: Pieces, plain: dict) -> None:
+        """Each rank fills its partition's slices of the master weights and optimizer state (left as zeros in
+        the padding), then ZeRO copies the master weights into the module on every rank (collective)."""
+        if self.replicated_optimizer:
+            super().load_optimizer_pieces(pieces, plain)
+            return
+        opt = self.ds_optimizer
+        for (i, members, start, end), group in zip(self._partition_layout(), plain["param_groups"]):
+            master = opt.single_partition_of_fp32_groups[i]
+            state = self.optimizer.state[master]
+            for name, off, numel in members:
+                lo, hi = max(off, start), min(off + numel, end)
+                if lo >= hi:
+                    continue
+                for key, (first, flat) in pieces.get(name, {}).items():
+                    if key == "master":
+                        dst = master
+                    else:
+                        dst = state.setdefault(key, torch.zeros_like(master, memory_format=torch.contiguous_format))
+                    piece = covering_slice(flat, first, lo - off, hi - off, name, key)
+                    dst.data[lo - start : hi - start].copy_(piece)
+                state.update(plain["scalars"].get(name, {}))
+            self.optimizer.param_groups[i].update({k: v for k, v in group.items() if k != "params"})
+        opt.update_lp_params()  # the fp32 master partitions into the module's weights, gathered on every rank
+
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         if "shards" not in state:
             self.optimizer.load_state_dict(state)
@@ -200,6 +291,7 @@ class DeepSpeedEngine(Engine):
                 f"the checkpoint's optimizer state was saved with ZeRO stage {state['zero_stage']} on "
                 f"{len(state['shards'])} ranks; this run uses stage {self.zero_stage} on {world} ranks. "
                 "Resume with the same world size and dist.zero_stage, or pass checkpoint.resume=force to "
-                "restart the optimizer state from scratch"
+                "restart the optimizer state from scratch (checkpoints written with checkpoint.format=sharded "
+                "resume it on any world size)"
             )
         self.ds_optimizer.load_state_dict(state["shards"], load_optimizer_states=True, load_from_fp32_weights=True)
