@@ -95,3 +95,84 @@ def test_auto_config_round_trip_and_stat_names():
     assert fn.cfg == cfg and fn.backend.switch.to_neighbors == 0.1 and fn.backend.switch.to_tiled == 0.3
     assert "backend_neighbors" in fn.stat_names and "saturated_fraction" in fn.stat_names
     assert "backend_neighbors" not in HypersolidLoss(backend="neighbors").stat_names
+
+
+def test_measured_thresholds_centre_the_gap_where_both_sides_cost_the_same():
+    """T_n(s) = A + s·T_t from one timing of each side at fraction s: the sides cost the same at s* = 1 - A/T_t."""
+    from hypersolid_scale.losses.backends.auto import break_even, thresholds_around
+
+    s_star = break_even(t_tiled=1.0, t_neighbors=1.5, fraction=0.9)  # A = 0.6: neighbors wins below 0.4
+    assert s_star == pytest.approx(0.4)
+    assert thresholds_around(s_star, 0.15) == pytest.approx((0.325, 0.475))
+    assert thresholds_around(break_even(1.0, 2.5, 1.0), 0.15) == (0.0, 0.0)  # search dearer than tiled: never
+    assert thresholds_around(break_even(1.0, 0.2, 1.0), 0.15) == (1.0, 1.0)  # near free: never back
+    sw = BackendSwitch()
+    sw.retune(0.0, 0.0)
+    sw.observe(torch.tensor(0.0, dtype=torch.float64))
+    assert sw.choose() == "tiled"  # to_neighbors 0: no fraction is below it
+
+
+def test_measured_auto_times_both_sides_once_and_stays_exact(monkeypatch, capsys):
+    """The first call times each side (second of two runs), sets the thresholds from the model, prints them
+    and returns tiled's exact result; later calls time nothing."""
+    from hypersolid_scale.losses.backends import auto
+
+    clock = [0.0]
+    monkeypatch.setattr(auto.time, "perf_counter", lambda: clock[0])
+    fn = HypersolidLoss(backend="auto", k=K, tile_size=40, auto_thresholds="measured")
+    for side, cost in (("tiled", 1.0), ("neighbors", 1.5)):
+        run = fn.backend._sides[side].repulsion
+
+        def timed(*args, run=run, cost=cost):
+            clock[0] += cost
+            return run(*args)
+
+        monkeypatch.setattr(fn.backend._sides[side], "repulsion", timed)
+    feats = interpolate(0.0)
+    got, got_grad = loss_and_grad(fn, feats)
+    ref, ref_grad = loss_and_grad(HypersolidLoss(backend="dense"), feats)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(got_grad, ref_grad, rtol=1e-10, atol=1e-14)
+    m = fn.backend.measured
+    assert (m["tiled_s"], m["neighbors_s"]) == (1.0, 1.5) and fn.stats["backend_neighbors"] == 0
+    lo, hi = auto.thresholds_around(auto.break_even(1.0, 1.5, m["saturated_fraction"]), 0.15)
+    assert (fn.backend.switch.to_neighbors, fn.backend.switch.to_tiled) == (lo, hi)
+    assert f"neighbors below {lo:.3f}, tiled again above {hi:.3f}" in capsys.readouterr().out
+    before = clock[0]
+    loss_and_grad(fn, feats)
+    assert clock[0] == before + 1.0  # one tiled call, not a second calibration
+
+
+def test_a_resumed_auto_loss_takes_the_uninterrupted_runs_sides_bitwise():
+    """The side, the fraction waiting to be read and the thresholds travel in the method's extra state: a
+    method loaded from a state saved on the neighbors side continues there, loss for loss."""
+    from hypersolid_scale.methods import MethodConfig, build_method, get_method
+    from hypersolid_scale.models import ModelConfig, build_backbone
+
+    def build(seed: int):
+        torch.manual_seed(seed)
+        backbone, dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn_width=4, in_channels=3))
+        section = get_method("hypersolid").Config(hidden_dim=16, out_dim=8, backend="auto", index="torch", k=4,
+                                                  auto_to_neighbors=0.9, auto_to_tiled=1.0)
+        cfg = MethodConfig(name="hypersolid", hypersolid=section)
+        return backbone, build_method(cfg, backbone, dim, steps_per_epoch=10)
+
+    def steps(backbone, method, seeds):
+        out = []
+        for s in seeds:
+            g = torch.Generator().manual_seed(s)
+            loss, stats = method([torch.randn(8, 3, 16, 16, generator=g) for _ in range(4)], backbone)
+            out.append((loss.detach(), float(stats["backend_neighbors"]), float(stats["saturated_fraction"])))
+        return out
+
+    backbone, method = build(0)
+    steps(backbone, method, range(2))
+    saved = (backbone.state_dict(), method.state_dict())
+    assert method.get_extra_state()["backend"]["switch"]["mode"] == "neighbors"
+    straight = steps(backbone, method, range(2, 5))
+    backbone2, method2 = build(1)
+    backbone2.load_state_dict(saved[0])
+    method2.load_state_dict(saved[1])
+    resumed = steps(backbone2, method2, range(2, 5))
+    assert [s[1] for s in straight] == [s[1] for s in resumed] == [1.0, 1.0, 1.0]
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(straight, resumed))

@@ -16,6 +16,7 @@ EXACT_INDEXES = ("flat", "torch")
 # off: columns exchanged and compared in the input's precision; bf16: exchanged and screened in bfloat16, every
 # pair the proven rounding bound cannot decide recomputed in full precision (exact; docs/design.md §2, screening).
 SCREENS = ("off", "bf16")
+AUTO_THRESHOLDS = ("fixed", "measured")
 # The IVF quantizer's life in calls: kept for 100 calls, a search on 24,576 rows took 0.57x the time of one
 # that trains it, its recall 0.919 against 0.937 (benchmarks/ivf_reuse.py, docs/design.md §2 neighbors).
 IVF_RETRAIN_EVERY = 100
@@ -47,6 +48,9 @@ class LossConfig:
     ivf_retrain_every: int = IVF_RETRAIN_EVERY
     auto_to_neighbors: float = 0.05  # auto: switch tiled -> neighbors when the saturated fraction drops below
     auto_to_tiled: float = 0.20  # auto: switch neighbors -> tiled when the saturated fraction rises above
+    # auto: "fixed" (the two thresholds above) | "measured" (their gap centred where both sides cost the same,
+    # both timed at the first call; docs/design.md §3c)
+    auto_thresholds: str = "fixed"
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field and what it accepts."""
@@ -60,6 +64,7 @@ class LossConfig:
             ("backend", self.backend, backend_names()),
             ("index", self.index, INDEXES),
             ("screen", self.screen, SCREENS),
+            ("auto_thresholds", self.auto_thresholds, AUTO_THRESHOLDS),
         ):
             if value not in allowed:
                 raise ValueError(f"{SECTION}.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")

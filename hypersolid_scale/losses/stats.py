@@ -106,9 +106,17 @@ class HostValue:
         return self._ready
 
     def get(self) -> np.ndarray:
-        if not self._ready or self._buf is None:
+        value = self.peek()
+        if value is None:
             raise RuntimeError("HostValue.get() before put(): nothing to read")
+        self._ready = False
+        return value
+
+    def peek(self) -> np.ndarray | None:
+        """The value waiting to be read, left waiting (None when there is none): for a checkpoint, which
+        stores what the next ``get`` will return."""
+        if not self._ready or self._buf is None:
+            return None
         if self._event is not None:
             self._event.synchronize()  # waits for work queued a step ago, not for the current step
-        self._ready = False
         return self._buf.numpy().copy()

@@ -94,6 +94,14 @@ class Hypersolid(Method):
         packed = self.criterion.packed_stats
         return loss, dict(zip(packed.names, packed.values.unbind()))
 
+    def get_extra_state(self) -> dict[str, Any]:
+        backend = self.criterion.backend.state()  # e.g. auto's side and thresholds: a resume decides the same
+        return {**super().get_extra_state(), **({"backend": backend} if backend else {})}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        super().set_extra_state(state)
+        self.criterion.backend.load_state(state.get("backend") or {})
+
     def epoch_terms(self, mean: dict[str, float]) -> str:
         return (
             f"loss {mean['loss']:.4f} | align {mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | "

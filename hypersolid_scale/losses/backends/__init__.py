@@ -18,12 +18,15 @@ asks its backend for:
 2. :meth:`Backend.derive`: its extra statistics (named by :attr:`Backend.stat_names`, packed after the
    loss's own) from the sums reduced across ranks;
 3. :meth:`Backend.observe`: a look at the packed statistics of the call, e.g. to decide the next one.
+
+State that decides later calls (auto's side and thresholds) travels in checkpoints through
+:meth:`Backend.state` and :meth:`Backend.load_state`, so that a resumed run takes the same decisions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.config.registry import DEFAULT_ORDER, Registry
 
@@ -89,6 +92,14 @@ class Backend:
 
     def observe(self, packed: PackedStats) -> None:
         """Called with the call's packed statistics (reduced, identical on every rank) once they exist."""
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs of this backend to continue as the uninterrupted one (plain Python values,
+        stored in the method's extra state of a checkpoint); empty for a backend without such state."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Take back :meth:`state`'s values (a checkpoint without them leaves the backend as built)."""
 
 
 BACKENDS: Registry[type[Backend]] = Registry("backend", "method.hypersolid.backend", "hypersolid_scale.losses.backends")

@@ -1,0 +1,133 @@
+"""Does ``auto_thresholds=measured`` put the switch where ``tiled`` and ``neighbors`` really cost the same?
+
+    python -m benchmarks.auto_break_even [--rows 4096] [--dim 256] [--points 11] [--device cpu|cuda]
+
+Embeddings of ``--rows`` rows go from near collapse (every row inside α of the others, as at a run's start) to
+spread, in ``--points`` steps (``embeddings``). At each, the repulsion of ``tiled`` and of exact ``neighbors``
+(the sides of ``auto``) is timed forward and backward (the median of ``--repeat`` runs after one warm-up) with the
+saturated fraction s that ``neighbors`` reports. The cost model of ``losses/backends/auto.py`` (``break_even``) is
+calibrated, as a run calibrates it, at the most collapsed point only; the JSON holds, per point, the measured
+times beside the model's prediction for ``neighbors`` (A + s·T_t), and the break-even fraction s* the model
+gives against the first point where ``neighbors`` measured cheaper. Writes runs/bench/auto_break_even.json and
+.png (``--out`` elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import common
+from hypersolid_scale.safety import atomic
+
+
+def embeddings(rows: int, dim: int, t: float, seed: int = 0) -> torch.Tensor:
+    """(rows, dim) unit rows around one direction, row i at spread ``SPREAD · t · u_i`` (u_i uniform in [0, 1]):
+    at ``t`` = 0 every row is saturated (collapse, as at a run's start), and as ``t`` grows the rows leave the
+    others' α-caps one by one, so that the saturated fraction falls gradually to near 0."""
+    g = torch.Generator().manual_seed(seed)
+    centre = torch.randn(dim, generator=g)
+    centre = centre / centre.norm()
+    spread = SPREAD * t * torch.rand(rows, 1, generator=g)
+    return F.normalize(centre + spread * torch.randn(rows, dim, generator=g) / dim**0.5, dim=-1)
+
+
+SPREAD = 8.0
+
+
+def time_side(backend: Any, x: torch.Tensor, layout: Any, alpha: float, repeat: int) -> tuple[float, Any]:
+    """Median seconds of forward + backward of ``backend``'s repulsion of ``x`` against itself, and its stats."""
+    times, stats = [], None
+    for i in range(repeat + 1):
+        leaf = x.detach().requires_grad_(True)
+        common.sync(x.device)
+        start = time.perf_counter()
+        rep, stats = backend.repulsion(leaf, x, layout, alpha)
+        if rep.requires_grad:
+            torch.autograd.grad(rep, leaf)
+        common.sync(x.device)
+        if i:  # the first run is the warm-up
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), stats
+
+
+def plot(rows: list[dict[str, Any]], s_star: float, path: Path) -> None:
+    with common.figure(path, 120, figsize=(6.4, 4.2)) as (_, ax):
+        s = [r["saturated_fraction"] for r in rows]
+        ax.plot(s, [r["tiled_s"] * 1e3 for r in rows], "o-", label="tiled (measured)")
+        ax.plot(s, [r["neighbors_s"] * 1e3 for r in rows], "s-", label="neighbors (measured)")
+        ax.plot(s, [r["neighbors_model_s"] * 1e3 for r in rows], "--", label="neighbors (model, first point)")
+        ax.axvline(s_star, color="grey", lw=0.8, label=f"model's break-even s* = {s_star:.2f}")
+        ax.set_xlabel("saturated fraction s")
+        ax.set_ylabel("ms per call (forward + backward)")
+        ax.legend(fontsize=8)
+
+
+def main() -> None:
+    parser = common.parser(__doc__)
+    parser.add_argument("--rows", type=int, default=4096, help="rows of the global batch (M_g)")
+    parser.add_argument("--dim", type=int, default=256, help="embedding width D")
+    parser.add_argument("--views", type=int, default=8, help="views per image")
+    parser.add_argument("--points", type=int, default=11, help="steps from collapsed to spread")
+    parser.add_argument("--k", type=int, default=64, help="candidates per row (method.hypersolid.k)")
+    parser.add_argument("--index", default="torch", choices=["torch", "flat"], help="the exact search")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per side and point (median kept)")
+    common.add_device(parser)
+    common.add_out(parser, "auto_break_even")
+    args = parser.parse_args()
+    common.check_device(args.device)
+
+    from hypersolid_scale.losses.backends.auto import break_even
+    from hypersolid_scale.losses.backends.neighbors import NeighborsBackend
+    from hypersolid_scale.losses.backends.tiled import TiledBackend
+    from hypersolid_scale.losses.config import LossConfig
+    from hypersolid_scale.losses.repulsion import PairLayout
+
+    cfg = LossConfig(backend="auto", index=args.index, k=args.k, recall_every=0)
+    tiled, neighbors = TiledBackend(cfg, saturation_k=cfg.k), NeighborsBackend(cfg)
+    layout, alpha = PairLayout(0, args.views), cfg.alpha
+    rows: list[dict[str, Any]] = []
+    for i in range(args.points):
+        t = i / max(1, args.points - 1)
+        x = embeddings(args.rows, args.dim, t).to(args.device)
+        t_tiled, _ = time_side(tiled, x, layout, alpha, args.repeat)
+        t_neighbors, st = time_side(neighbors, x, layout, alpha, args.repeat)
+        rows.append(
+            {
+                "t": t,
+                "saturated_fraction": float(st.saturated_rows) / args.rows,
+                "tiled_s": t_tiled,
+                "neighbors_s": t_neighbors,
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    first = rows[0]
+    s_star = break_even(first["tiled_s"], first["neighbors_s"], first["saturated_fraction"])
+    a = first["neighbors_s"] - first["saturated_fraction"] * first["tiled_s"]
+    for r in rows:
+        r["neighbors_model_s"] = a + r["saturated_fraction"] * first["tiled_s"]
+    cheaper = [r["saturated_fraction"] for r in rows if r["neighbors_s"] < r["tiled_s"]]
+    summary = {
+        "model_break_even": s_star,
+        "measured_neighbors_cheaper_at": cheaper,
+        "model_error_max": max(abs(r["neighbors_model_s"] - r["neighbors_s"]) / r["neighbors_s"] for r in rows),
+    }
+    print(json.dumps(summary), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = common.metadata(
+        args.device, rows=args.rows, dim=args.dim, views=args.views, k=args.k, index=args.index, repeat=args.repeat
+    )
+    doc = {"meta": meta, "summary": summary, "rows": rows}
+    atomic.write_text(out / "auto_break_even.json", json.dumps(doc, indent=2) + "\n")
+    plot(rows, s_star, out / "auto_break_even.png")
+
+
+if __name__ == "__main__":
+    main()
