@@ -127,3 +127,30 @@ def test_unfinished_save_is_skipped_and_removed(tmp_path: Path, monkeypatch: pyt
     assert set(whole["optimizer"]["pieces"]) == set(pieces)
     for name, value in engine.engine.model.state_dict().items():
         assert torch.equal(whole["model"][name], value)
+
+
+_STUCK_WRITE = r"""
+import sys, threading
+import torch
+import torch.distributed.checkpoint as dcp
+from hypersolid_scale.distributed import parts
+from hypersolid_scale.safety.process_exit import leave_now
+
+blocked = threading.Event()
+dcp.FileSystemWriter.write_data = lambda *a, **k: blocked.wait()  # as a write waiting on a rank that is gone
+parts.write({"w": torch.zeros(4)}, __import__("pathlib").Path(sys.argv[1]), asynchronous=True)
+leave_now(3)  # the run failed: the interpreter's way out (threads joined, atexit handlers run)
+"""
+
+
+def test_a_failed_run_leaves_without_waiting_for_its_write(tmp_path: Path) -> None:
+    """The background write is a daemon thread: a run that fails while it waits (on a peer that is gone) exits
+    at once instead of when the save group's collective times out. ``dcp.async_save``'s executor thread was
+    joined at exit: this process then never ended."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    cmd = [sys.executable, "-c", _STUCK_WRITE, str(tmp_path / "step.dcp.tmp")]
+    proc = subprocess.run(cmd, timeout=60, capture_output=True, text=True, env=env)
+    assert proc.returncode == 3, proc.stderr[-2000:]

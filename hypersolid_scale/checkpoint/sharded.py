@@ -18,9 +18,9 @@ Evaluation and export read the whole folder in one process (:func:`read_whole`),
 Writing: the parts go into ``step_<step>.dcp.tmp``; once every rank's parts and DCP's ``.metadata`` are written,
 rank 0 renames the folder to its final name (the commit). A crash or a kill before that leaves the previous
 checkpoints complete and the newest as a ``*.tmp`` folder, which resuming skips and the run directory's lock
-holder deletes. With ``checkpoint.async_save`` the save returns once the tensors are copied (DCP's stager) and
-the parts are written by a background thread, over a process group of its own (so its collectives never meet
-the training's); the next save, and the run's last, wait for it first.
+holder deletes. With ``checkpoint.async_save`` the save returns once the tensors are copied and the parts are
+written by a daemon thread, over a process group of its own (so its collectives never meet the training's); the
+next save, and the run's last, wait for it first; a failed run leaves without it (``distributed/parts.write``).
 """
 
 from __future__ import annotations

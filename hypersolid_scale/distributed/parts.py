@@ -3,14 +3,15 @@ checkpoint (``hypersolid_scale/checkpoint/sharded.py``) stores its tensors with.
 
 - :func:`write`: every rank hands its tensors to DCP, which writes a tensor that several ranks hold alike once
   (the writes spread over the ranks) and each rank's :func:`slice_of` tensors as that rank's part, then, once all
-  are written, its ``.metadata``. Asynchronously, DCP's stager copies the tensors first and a background thread
-  writes them, over a gloo group of its own (:func:`_save_group`), so that its collectives never meet the step's.
+  are written, its ``.metadata``. Asynchronously, the tensors are copied first and a daemon thread writes them,
+  over a gloo group of its own (:func:`_save_group`), so that its collectives never meet the step's.
 - :func:`read`: one rank alone reads what its template asks for: whole tensors, or slices (:func:`slice_of`), of
   which DCP opens only the stored parts that overlap them; the bytes it read.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,7 +22,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.staging import AsyncStager
 
 from hypersolid_scale.distributed.collectives import get_rank, get_world_size, is_distributed
 
@@ -79,7 +79,9 @@ def _save_group() -> Any:
 
 
 def _copy(value: torch.Tensor) -> torch.Tensor:
-    """A copy of a tensor or of a slice's local shard (the slice wrapped again around it)."""
+    """A copy of a tensor or of a slice's local shard (the slice wrapped again around it). Our own copy, not
+    DCP's stager, which walks a ShardedTensor through torch's function overrides: 5.8 s for a ResNet-18's
+    optimizer slices on this CPU."""
     shards = getattr(value, "local_shards", None)
     if shards is None:
         return value.detach().clone()
@@ -87,34 +89,33 @@ def _copy(value: torch.Tensor) -> torch.Tensor:
     return slice_of(shard.tensor.detach().clone(), int(shard.metadata.shard_offsets[0]), int(value.size(0)))
 
 
-class _Copied(AsyncStager):
-    """The stager of a write whose tensors are copies already (:func:`_copy`): DCP's own stager walks a
-    ShardedTensor through torch's function overrides, 5.8 s for a ResNet-18's optimizer slices on this CPU."""
-
-    _synchronize_after_execute = False
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        return state_dict
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def write(tensors: dict[str, torch.Tensor], folder: Path, *, asynchronous: bool) -> Future | None:
     """Collective: every rank's ``tensors`` into ``folder``. Returns once written (None), or with
     ``asynchronous`` once copied (the copy is all the step waits for), with the Future of the write (it raises
-    one of ``WRITE_FAILURES``)."""
+    one of ``WRITE_FAILURES``).
+
+    The background write is ``dcp.save`` in a daemon thread of ours rather than ``dcp.async_save``, whose
+    executor thread the interpreter joins at exit: a run that fails while a write waits on a rank that is gone
+    would then wait out the collective's timeout before it could exit. A run that ends well waits for its write
+    (``PendingSave.wait``); one that fails leaves it, unfinished, to be skipped and removed (a ``*.tmp``)."""
     writer = dcp.FileSystemWriter(str(folder), sync_files=True)
     kwargs: dict[str, Any] = {"storage_writer": writer, "process_group": _save_group(), "no_dist": not is_distributed()}
     if not asynchronous:
         dcp.save(tensors, **kwargs)
         return None
     copied = {k: _copy(v) for k, v in tensors.items()}
-    future = dcp.async_save(copied, async_stager=_Copied(), **kwargs)
-    assert isinstance(future, Future), "without a stager of ours, async_save returns a Future"
+    future: Future = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            dcp.save(copied, **kwargs)
+        except BaseException as err:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(err)
+        else:
+            future.set_result(None)
+
+    threading.Thread(target=run, name=f"checkpoint-writer {folder.name}", daemon=True).start()
     return future
 
 
