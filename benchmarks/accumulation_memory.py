@@ -38,7 +38,7 @@ SETUPS = {  # name: (config, overrides); Fashion-MNIST ships with the machine, s
     "small_cnn": ("configs/quickstart.yaml", []),
     "vit_tiny": (
         "configs/quickstart.yaml",
-        ["model.arch=vit_tiny", "model.img_size=28", "model.patch_size=4", "data.num_local_views=2"],
+        ["model.arch=vit_tiny", "model.vit_tiny.img_size=28", "model.vit_tiny.patch_size=4", "data.num_local_views=2"],
     ),
     "resnet18": ("configs/quickstart.yaml", ["model.arch=resnet18", "model.small_stem=true"]),
 }

@@ -18,7 +18,7 @@ from _warm_python import run_python
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_EVAL = ROOT / "launch" / "eval.py"
 
-TINY_MODEL = ["data.dataset=digits", "model.arch=small_cnn", "model.in_channels=1", "model.small_cnn_width=8",
+TINY_MODEL = ["data.dataset=digits", "model.arch=small_cnn", "model.in_channels=1", "model.small_cnn.width=8",
               "method.hypersolid.num_layers=2", "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "eval.num_workers=0"]
 FAST_EVAL = ["eval.linear_weight_decays=[0.001]", "eval.dbscan_eps=[0.0,0.01,0.05,0.2]", "eval.max_pairs=20000",
              "eval.interp_pairs=20", "eval.knn_k=[5,20]", "eval.hdbscan_min_cluster_size=5"]

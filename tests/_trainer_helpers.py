@@ -162,11 +162,11 @@ def deepspeed_bf16_batchnorm_step(out: str) -> None:
     from hypersolid_scale.distributed import build_engine
     from hypersolid_scale.methods import MethodModel
     from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
-    from hypersolid_scale.models import ModelConfig, build_backbone
+    from hypersolid_scale.models import ModelConfig, SmallCNNOptions, build_backbone
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    backbone, dim = build_backbone(ModelConfig(arch="small_cnn", in_channels=1, small_cnn_width=8))
+    backbone, dim = build_backbone(ModelConfig(arch="small_cnn", in_channels=1, small_cnn=SmallCNNOptions(width=8)))
     model = MethodModel(backbone, dim, Hypersolid(dim, HypersolidConfig(num_layers=2, hidden_dim=32, out_dim=16)))
     engine = build_engine(model, _sgd(0.1), engine="deepspeed", device=torch.device("cpu"), bf16=True,
                           grad_clip=1.0, zero_stage=1, batch_size_per_gpu=4)

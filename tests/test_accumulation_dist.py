@@ -39,7 +39,7 @@ COMMON = [
 ]
 MODELS = {
     "cnn": [],
-    "vit_tiny": ["model.arch=vit_tiny", "model.img_size=28", "model.patch_size=4", "method.hypersolid.hidden_dim=256"],
+    "vit_tiny": ["model.arch=vit_tiny", "model.vit_tiny.img_size=28", "model.vit_tiny.patch_size=4", "method.hypersolid.hidden_dim=256"],
 }
 
 

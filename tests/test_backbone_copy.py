@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parents[1]
 
 # In the copy's repository, one process: `python launch/train.py ARGS...` as its own __main__, then the export of
@@ -40,8 +42,8 @@ print("RESULT " + json.dumps({"arch": cfg.model.arch, "meta_arch": meta["arch"],
 
 
 def test_a_copied_backbone_file_trains_exports_and_loads_with_no_other_change(tmp_path):
-    """Copy small_cnn.py under a new name, change only the name it registers: `model.arch=small_cnn_copy`
-    trains (2 steps), `export_checkpoint` writes it with the export layout the file declares, and
+    """Copy small_cnn.py under a new name, change only the name it registers: `model.arch=small_cnn_copy` with
+    its own option `model.small_cnn_copy.width=4` trains (2 steps), `export_checkpoint` writes it with the export layout the file declares, and
     `load_backbone` rebuilds it with the same outputs as the checkpoint's backbone. In a copy of the package, so
     that no other test running meanwhile discovers the copy."""
     repo = tmp_path / "repo"
@@ -54,7 +56,7 @@ def test_a_copied_backbone_file_trains_exports_and_loads_with_no_other_change(tm
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     run_dir, out = tmp_path / "run", tmp_path / "export"
     train = ["launch/train.py", "--config", "configs/quickstart.yaml", "model.arch=small_cnn_copy",
-             "model.small_cnn_width=4", "data.max_pretrain_samples=64", "data.global_batch_size=32",
+             "model.small_cnn_copy.width=4", "data.max_pretrain_samples=64", "data.global_batch_size=32",
              "data.num_local_views=0", "max_steps=2", "dist.device=cpu", "eval.every_n_epochs=0",
              "tracking.enabled=false", "progress=false", f"run_dir={run_dir}"]
     proc = subprocess.run([sys.executable, "-c", _TRAIN_EXPORT_LOAD, str(out), str(run_dir), *train], cwd=repo,
@@ -65,3 +67,8 @@ def test_a_copied_backbone_file_trains_exports_and_loads_with_no_other_change(tm
                    "type": "hypersolid_scale.models.backbones.small_cnn_copy"}
     meta = json.loads((out / "export.json").read_text())
     assert meta["library"] is None and "SmallCNN" in meta["constructor"] and (out / "backbone.safetensors").exists()
+    # Its own option, a section of its own: the width it was given, and the checkpoint stores that section only.
+    assert meta["small_cnn_width"] == 4 and "width=4" in meta["constructor"]
+    ckpt = torch.load(sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1], map_location="cpu", weights_only=True)
+    model = ckpt["config"]["model"]
+    assert model["small_cnn_copy"] == {"width": 4} and "small_cnn" not in model and "vit_tiny" not in model

@@ -147,11 +147,11 @@ def test_a_resumed_auto_loss_takes_the_uninterrupted_runs_sides_bitwise():
     """The side, the fraction waiting to be read and the thresholds travel in the method's extra state: a
     method loaded from a state saved on the neighbors side continues there, loss for loss."""
     from hypersolid_scale.methods import MethodConfig, build_method, get_method
-    from hypersolid_scale.models import ModelConfig, build_backbone
+    from hypersolid_scale.models import ModelConfig, SmallCNNOptions, build_backbone
 
     def build(seed: int):
         torch.manual_seed(seed)
-        backbone, dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn_width=4, in_channels=3))
+        backbone, dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn=SmallCNNOptions(width=4), in_channels=3))
         section = get_method("hypersolid").Config(hidden_dim=16, out_dim=8, backend="auto", index="torch", k=4,
                                                   auto_to_neighbors=0.9, auto_to_tiled=1.0)
         cfg = MethodConfig(name="hypersolid", hypersolid=section)

@@ -36,7 +36,7 @@ RTOL = 1e-5  # the weights must move by far more than this (100x) for the compar
 UPDATE_RTOL = 1e-5
 COMMON = [
     "optim.name=sgd", "optim.momentum=0.9", "optim.lr=1e-3", f"max_steps={STEPS}",
-    f"data.max_pretrain_samples={STEPS * 2 * B}", "data.num_workers=0", "model.small_cnn_width=8",
+    f"data.max_pretrain_samples={STEPS * 2 * B}", "data.num_workers=0", "model.small_cnn.width=8",
     "eval.every_n_epochs=0", "tracking.enabled=false", "checkpoint.every_n_steps=2", "checkpoint.keep_last=0",
     "deterministic=true", "dist.device=cpu", "progress=false",
 ]

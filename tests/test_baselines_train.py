@@ -27,7 +27,7 @@ METHODS = method_names()
 BASELINES = [m for m in METHODS if m != "hypersolid"]
 STEPS = 4
 # sklearn digits and a 4-channel CNN: a step takes milliseconds. Heads shrunk to match.
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "data.num_local_views=2",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=4", "data.num_local_views=2",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu", "deterministic=true",
         "tracking.log_every_n_steps=1", "checkpoint.every_n_steps=2", "checkpoint.keep_last=0"]
 HEADS = {  # a method without an entry trains with its defaults
@@ -209,7 +209,7 @@ def test_a_hypersolid_checkpoint_of_the_earlier_layout_resumes(tmp_path: Path) -
     Hypersolid's keys and the projector's shape in 'model' (``model.proj_*``), its 'model' state the projector,
     and there is no 'method' entry."""
     run_dir = tmp_path / "run"
-    args = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+    args = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=4", "method.hypersolid.num_layers=2",
             "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
             "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu",
             f"run_dir={run_dir}", "data.max_pretrain_samples=128", "max_steps=2", "tracking.enabled=false"]

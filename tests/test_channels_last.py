@@ -13,12 +13,12 @@ from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.distributed import WorldInfo
 from hypersolid_scale.models.backbones import backbone_names
 
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=4", "method.hypersolid.num_layers=2",
         "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=4",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "data.max_pretrain_samples=16",
         "dist.device=cpu", "dist.bf16=false"]
 ARCH = {"resnet18": ["model.small_stem=true"], "resnet50": ["model.small_stem=true"],
-        "vit_tiny": ["model.img_size=16", "model.patch_size=4", "data.global_crop_size=16", "data.local_crop_size=8"]}
+        "vit_tiny": ["model.vit_tiny.img_size=16", "model.vit_tiny.patch_size=4", "data.global_crop_size=16", "data.local_crop_size=8"]}
 
 
 def loss_and_grads(tmp_path: Path, arch: str, channels_last: str) -> tuple[float, dict[str, torch.Tensor], train_mod.Run]:
@@ -55,11 +55,11 @@ def test_channels_last_gives_the_nchw_loss_and_gradients(tmp_path: Path, arch: s
 
 def test_auto_is_on_for_convolutional_backbones_on_cuda_only() -> None:
     from hypersolid_scale.models import build_backbone
-    from hypersolid_scale.models.config import ModelConfig
+    from hypersolid_scale.models import ModelConfig, ViTOptions
     from hypersolid_scale.training.run_builder import resolve_channels_last
 
     cnn, _ = build_backbone(ModelConfig(arch="small_cnn", in_channels=1))
-    vit, _ = build_backbone(ModelConfig(arch="vit_tiny", img_size=16, patch_size=4))
+    vit, _ = build_backbone(ModelConfig(arch="vit_tiny", vit_tiny=ViTOptions(img_size=16, patch_size=4)))
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert resolve_channels_last("auto", cnn, cuda) and not resolve_channels_last("auto", vit, cuda)
     assert not resolve_channels_last("auto", cnn, cpu)

@@ -19,7 +19,7 @@ from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety.errors import CheckpointError
 
-OVERRIDES = ["model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=1", "method.hypersolid.out_dim=8"]
+OVERRIDES = ["model.in_channels=1", "model.small_cnn.width=4", "method.hypersolid.num_layers=1", "method.hypersolid.out_dim=8"]
 
 
 def _weights(cfg) -> tuple[dict, dict]:
@@ -112,7 +112,7 @@ def test_build_model_from_checkpoint_and_random_init_baseline(tmp_path: Path) ->
     state = _state(4)
     path = ck.save_checkpoint(tmp_path, state)
     model, cfg = ck.build_model_from_checkpoint(path)
-    assert cfg.model.small_cnn_width == 4 and not model.training
+    assert cfg.model.small_cnn.width == 4 and not model.training
     # the trainer's layout: the backbone in "model", the method's heads and state in "method"
     read, trained = model.state_dict(), {**state["model"], **state["method"]}
     assert set(read) == set(state["model"]) | {k for k in state["method"] if k.startswith("projector.")}
@@ -182,7 +182,7 @@ def test_missing_checkpoint_is_a_checkpoint_error_and_a_file_not_found_error(tmp
 
 def test_weights_of_another_architecture_name_the_file(tmp_path: Path) -> None:
     state = _state(3)
-    state["model"] = _weights(load_config(None, [*OVERRIDES, "model.small_cnn_width=8"]))[0]
+    state["model"] = _weights(load_config(None, [*OVERRIDES, "model.small_cnn.width=8"]))[0]
     path = ck.save_checkpoint(tmp_path, state)
     with pytest.raises(CheckpointError, match=rf"{path} holds weights of another architecture.*small_cnn") as err:
         ck.build_model_from_checkpoint(path)

@@ -11,7 +11,7 @@ import torch
 
 from hypersolid_scale.config.combinations import RULES
 from hypersolid_scale.config.schema import load_config
-from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.models import ModelConfig, ViTOptions, build_backbone
 from hypersolid_scale.safety.errors import ConfigError, UserError
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
@@ -30,8 +30,8 @@ CASES = {
     ),
     "check_crops_fit_backbone": (
         ["model.arch=vit_tiny"],  # 28 px crops, patch_size 16: the issue's new user
-        ["data.global_crop_size=28", "model.patch_size=16", "model.arch=vit_tiny", "model.patch_size=4"],
-        ["model.arch=vit_tiny", "model.patch_size=4"],
+        ["data.global_crop_size=28", "model.vit_tiny.patch_size=16", "model.arch=vit_tiny", "model.vit_tiny.patch_size=4"],
+        ["model.arch=vit_tiny", "model.vit_tiny.patch_size=4"],
     ),
 }
 
@@ -76,6 +76,6 @@ def test_a_method_s_rule_on_the_world_size_is_checked_with_the_launcher_s(monkey
 
 def test_a_vit_given_an_image_of_another_size_is_the_user_s_error_not_an_internal_one() -> None:
     """What the validation cannot see (e.g. another data set's images at evaluation) is still a UserError."""
-    vit, _ = build_backbone(ModelConfig(arch="vit_tiny", in_channels=1, img_size=32, patch_size=16))
-    with pytest.raises(UserError, match=r"28x28 is not a multiple of model.patch_size=16.*data.global_crop_size"):
+    vit, _ = build_backbone(ModelConfig(arch="vit_tiny", in_channels=1, vit_tiny=ViTOptions(img_size=32, patch_size=16)))
+    with pytest.raises(UserError, match=r"28x28 is not a multiple of model.vit_tiny.patch_size=16.*data.global_crop_size"):
         vit(torch.zeros(1, 1, 28, 28))

@@ -165,7 +165,7 @@ def test_vit_tiny_batch32_ablation() -> None:
     assert (cfg.data.global_batch_size, cfg.optim.reference_batch_size, cfg.optim.lr_scaling) == (32, 64, "none")
     lr, said = scaled_lr(cfg.optim, 32)  # the paper's lr, unscaled, with the warning its header announces
     assert lr == 1e-3 and said is not None and "global batch 32 differs" in said
-    assert (cfg.model.arch, cfg.model.patch_size, cfg.model.img_size, cfg.epochs) == ("vit_tiny", 16, 224, 100)
+    assert (cfg.model.arch, cfg.model.vit_tiny.patch_size, cfg.model.vit_tiny.img_size, cfg.epochs) == ("vit_tiny", 16, 224, 100)
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.weight_decay) == ("adamw", 1e-3, 1e-6)
     assert (cfg.data.format, cfg.data.dataset, cfg.data.preset) == ("webdataset", "stl10", "vit")
 

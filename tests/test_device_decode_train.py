@@ -21,7 +21,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 ARGS = [
     "data.views_on=device", "data.preset=default", "data.global_crop_size=32", "data.local_crop_size=16",
     "data.num_local_views=2", "data.num_classes=2", "data.global_batch_size=8", "data.num_workers=1",
-    "data.webdataset.shuffle_buffer=0", "model.in_channels=3", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+    "data.webdataset.shuffle_buffer=0", "model.in_channels=3", "model.small_cnn.width=4", "method.hypersolid.num_layers=2",
     "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "optim.name=sgd", "optim.lr=0.1", "max_steps=3",
     "eval.every_n_epochs=0", "tracking.enabled=false", "checkpoint.every_n_steps=3", "deterministic=true",
     "dist.device=cpu", "dist.sync_bn=true", "progress=false",

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch" / "train.py"
 
 # The real trainer on sklearn digits, shrunk until a step takes milliseconds, without tracking.
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=4", "method.hypersolid.num_layers=2",
         "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu",
         "tracking.enabled=false", "data.max_pretrain_samples=128"]
@@ -201,7 +201,7 @@ def test_missing_data_path_under_torchrun_is_reported_once(tmp_path: Path) -> No
 def _make_checkpoint(tmp_path: Path, kind: str) -> Path:
     """A checkpoint for TINY's run that is ``kind``: missing, truncated, random, architecture, config."""
     cfg = load_config(None, [*TINY, "method.hypersolid.alpha=0.5"] if kind == "config" else TINY)
-    weights = load_config(None, [*TINY, "model.small_cnn_width=8"]) if kind == "architecture" else cfg
+    weights = load_config(None, [*TINY, "model.small_cnn.width=8"]) if kind == "architecture" else cfg
     model, method = initial_weights(weights)
     state = {"model": model, "method": method, "step": 3, "epoch": 0, "config": to_dict(cfg),
              "config_fingerprint": fingerprint(cfg), "mlflow_run_id": None, "tracking_uri": None}

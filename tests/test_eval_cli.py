@@ -29,7 +29,7 @@ from _net import free_port, spawn
 
 
 def test_checkpoint_of_another_architecture_is_a_clear_error(tmp_path: Path) -> None:
-    path = make_checkpoint(tmp_path, model_overrides=["model.small_cnn_width=16"])
+    path = make_checkpoint(tmp_path, model_overrides=["model.small_cnn.width=16"])
     with pytest.raises(CheckpointError, match="(?i)arch") as err:
         main(["--checkpoint", str(path), "--no-mlflow"])
     assert str(path) in str(err.value)

@@ -123,7 +123,7 @@ def test_native_backbone_from_a_training_checkpoint_matches_its_checkpoint_eval(
     fast = [a for a in EXTERNAL_FAST if a != "data.dataset=digits"]
     assert main(["--checkpoint", str(path), "--no-mlflow", "--output-dir", str(tmp_path / "ckpt"), *fast]) == 0
     assert main(["--backbone", "native:small_cnn", "--weights", str(path), "--no-mlflow", "--output-dir",
-                 str(tmp_path / "ext"), "data.dataset=digits", "model.small_cnn_width=8", *fast]) == 0
+                 str(tmp_path / "ext"), "data.dataset=digits", "model.small_cnn.width=8", *fast]) == 0
     ckpt_report = json.loads((tmp_path / "ckpt" / "report.json").read_text())
     ext_report = json.loads((tmp_path / "ext" / "report.json").read_text())
     assert ext_report["metrics"] == ckpt_report["metrics"]
@@ -193,13 +193,13 @@ def test_small_cnn_weights_given_as_resnet18_name_the_small_cnn(tmp_path: Path) 
     names the --backbone and the model settings that load it."""
     from hypersolid_scale.models import BackboneWithProjector, Projector, build_backbone
 
-    cfg = load_config(None, ["model.in_channels=1", "model.small_cnn_width=8"])
+    cfg = load_config(None, ["model.in_channels=1", "model.small_cnn.width=8"])
     path = tmp_path / "small.pt"
     backbone, dim = build_backbone(cfg.model)  # evaluation's model of a Hypersolid run, its projector included
     torch.save(BackboneWithProjector(backbone, dim, Projector(dim, 64, 32, 2)).state_dict(), path)
     line = one_error_line(run_launch_eval("--backbone", "native:resnet18", "--weights", str(path), "--no-mlflow",
                                           *EXTERNAL_FAST), str(path))
-    assert "--backbone native:small_cnn model.small_cnn_width=8 model.in_channels=1 (what the file looks like)" \
+    assert "--backbone native:small_cnn model.small_cnn.width=8 model.in_channels=1 (what the file looks like)" \
         in line, line
 
 

@@ -40,7 +40,7 @@ ARCHS = {
     "resnet18-standard": ["model.arch=resnet18", "model.small_stem=false"],
     "resnet50-small": ["model.arch=resnet50", "model.small_stem=true"],
     "resnet50-standard": ["model.arch=resnet50", "model.small_stem=false"],
-    "vit_tiny": ["model.arch=vit_tiny", "model.img_size=32", "model.patch_size=16"],
+    "vit_tiny": ["model.arch=vit_tiny", "model.vit_tiny.img_size=32", "model.vit_tiny.patch_size=16"],
 }
 
 
@@ -128,7 +128,7 @@ def test_exported_backbone_loads_strict_into_the_library_and_gives_the_same_feat
 
 
 def test_small_cnn_is_exported_as_its_own_module_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    ckpt = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn_width=8"])
+    ckpt = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn.width=8"])
     assert cli(["--checkpoint", str(ckpt), "--out", str(tmp_path / "deep" / "er" / "out")]) == 0  # parents made
     printed = capsys.readouterr().out
     assert "note: small_cnn is this package's own CNN with no torchvision or timm counterpart" in printed
@@ -144,7 +144,7 @@ def test_small_cnn_is_exported_as_its_own_module_with_a_note(tmp_path: Path, cap
 def test_a_baselines_head_is_its_projector(tmp_path: Path) -> None:
     from hypersolid_scale.methods.registry import build_method
 
-    cfg = load_config(None, [*RGB32, "model.arch=small_cnn", "model.small_cnn_width=4", "method.name=simclr"])
+    cfg = load_config(None, [*RGB32, "model.arch=small_cnn", "model.small_cnn.width=4", "method.name=simclr"])
     backbone, dim = build_backbone(cfg.model)
     method = build_method(cfg.method, backbone, dim, steps_per_epoch=1)
     trained = nn.ModuleDict({"backbone": backbone, "method": method})
@@ -171,7 +171,7 @@ def _error_line(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
 
 
 def test_bad_checkpoints_are_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    good = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn_width=4"])
+    good = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn.width=4"])
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(3)}, foreign)
     noise = tmp_path / "noise.pt"
@@ -195,16 +195,16 @@ def test_bad_checkpoints_are_one_error_line(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_weights_of_another_arch_than_the_config_says(tmp_path: Path) -> None:
-    ckpt = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn_width=4"])
+    ckpt = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn.width=4"])
     state = load_checkpoint(ckpt)
-    state["config"]["model"]["small_cnn_width"] = 8  # the config no longer describes the weights
+    state["config"]["model"]["small_cnn"]["width"] = 8  # the config no longer describes the weights
     save_checkpoint(tmp_path / "run", {**state, "step": 9})
     with pytest.raises(CheckpointError, match=r"do not fit model.arch=small_cnn .*size mismatch"):
         export_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000009.pt", tmp_path / "out")
 
 
 def test_load_backbone_refuses_what_is_not_an_intact_export(tmp_path: Path) -> None:
-    ckpt = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn_width=4"])
+    ckpt = make_checkpoint(tmp_path / "run", ["model.arch=small_cnn", "model.small_cnn.width=4"])
     out = tmp_path / "out"
     export_checkpoint(ckpt, out)
     with pytest.raises(CheckpointError, match="holds no export.json"):
@@ -248,7 +248,7 @@ def test_a_trained_run_exported_evaluates_like_its_checkpoint(tmp_path: Path) ->
     from hypersolid_scale.training.trainer import main as train
 
     run = tmp_path / "run"
-    tiny = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=8", *PROJ]
+    tiny = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=8", *PROJ]
     assert (
         train(
             [

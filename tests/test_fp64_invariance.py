@@ -30,7 +30,7 @@ STEPS = 3
 TOLERANCE = 1e-9  # of the update's norm; float64 rounding after 3 steps is ~1e-14 of it
 COMMON = [
     "dist.precision=fp64", "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1", f"max_steps={STEPS}",
-    "data.num_workers=0", "model.small_cnn_width=4", "method.hypersolid.num_layers=2", "method.hypersolid.hidden_dim=32",
+    "data.num_workers=0", "model.small_cnn.width=4", "method.hypersolid.num_layers=2", "method.hypersolid.hidden_dim=32",
     "method.hypersolid.out_dim=32", "eval.every_n_epochs=0", "tracking.enabled=false", "checkpoint.every_n_steps=0",
     "deterministic=true", "dist.device=cpu", "progress=false",
 ]

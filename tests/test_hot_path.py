@@ -30,7 +30,7 @@ from loss_reference import make_feats
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = str(REPO / "hypersolid_scale")
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=4", "method.hypersolid.num_layers=2",
         "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "data.max_pretrain_samples=128"]
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")

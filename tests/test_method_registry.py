@@ -25,7 +25,7 @@ from hypersolid_scale.methods import Method, MethodModel, build_method, build_me
 from hypersolid_scale.config import sections as config_sections
 from hypersolid_scale.methods.base import encode
 from hypersolid_scale.methods.registry import unregister
-from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.models import ModelConfig, SmallCNNOptions, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_a_method_registered_at_run_time_builds_validates_and_trains_a_step(thro
     assert throwaway_method.name in method_names()
     assert throwaway_method.display_name == throwaway_method.name  # none declared: its name
     torch.manual_seed(0)
-    backbone, feature_dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn_width=4, in_channels=1))
+    backbone, feature_dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn=SmallCNNOptions(width=4), in_channels=1))
     cfg = SimpleNamespace(name="throwaway_center", throwaway_center=CenterConfig(out_dim=0))
     with pytest.raises(ConfigError, match=r"method.throwaway_center.out_dim=0 is not allowed; it must be a positive"):
         build_method(cfg, backbone, feature_dim, steps_per_epoch=1)
@@ -152,7 +152,7 @@ def test_a_copied_method_file_trains_and_is_compared_with_no_other_change(tmp_pa
     run_dir = tmp_path / "run"
     train = ["launch/train.py", "--config", "configs/quickstart.yaml", "method.name=simclr_copy",
              "method.simclr_copy.hidden_dim=32", "method.simclr_copy.out_dim=16", "data.dataset=digits",
-             "data.num_local_views=0", "data.batch_size_per_gpu=32", "model.small_cnn_width=4", "max_steps=2",
+             "data.num_local_views=0", "data.batch_size_per_gpu=32", "model.small_cnn.width=4", "max_steps=2",
              "dist.device=cpu", "eval.every_n_epochs=0", "tracking.enabled=false", "progress=false",
              f"run_dir={run_dir}"]
     proc = subprocess.run([sys.executable, "-c", _PLAN_THEN_TRAIN, str(tmp_path / "compare"), *train], cwd=repo,
@@ -176,7 +176,7 @@ def test_a_stored_config_with_a_method_no_longer_installed_reads_with_one_note(c
     without the sections of methods removed since (one note), and evaluates its backbone."""
     monkeypatch.setattr(config_sections, "_said", set())  # said once per process
     monkeypatch.delenv("RANK", raising=False)
-    cfg = load_config(None, ["method.name=simclr", "model.small_cnn_width=4", "model.in_channels=1"])
+    cfg = load_config(None, ["method.name=simclr", "model.small_cnn.width=4", "model.in_channels=1"])
     stored = to_dict(cfg, stored=True)
     assert set(stored["method"]) == {"name", "simclr"}
     assert stored["method"]["simclr"] == to_dict(cfg)["method"]["simclr"]

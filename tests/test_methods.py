@@ -18,7 +18,7 @@ from hypersolid_scale.methods import (
     method_names,
     projection_head,
 )
-from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.models import ModelConfig, SmallCNNOptions, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")  # lightly's DINO head
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning") 
 METHODS = method_names()
 
 B = 8
-MODEL_CFG = ModelConfig(arch="small_cnn", small_cnn_width=4)
+MODEL_CFG = ModelConfig(arch="small_cnn", small_cnn=SmallCNNOptions(width=4))
 
 
 # Sizes and schedules small and short enough for a test, by field name: every method's section starts from its

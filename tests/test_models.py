@@ -9,7 +9,7 @@ from torch import nn
 
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.methods.hypersolid import HypersolidConfig
-from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, backbone_names, build_backbone
+from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, ViTOptions, backbone_names, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
 
 
@@ -62,7 +62,7 @@ def test_vit_interpolates_position_embeddings_for_local_crops() -> None:
     f224 = model.embed(torch.randn(2, 3, 224, 224))
     f96 = model.embed(torch.randn(2, 3, 96, 96))
     assert f224.shape == f96.shape == (2, 192)
-    with pytest.raises(ValueError, match="multiple of model.patch_size=16"):
+    with pytest.raises(ValueError, match="multiple of model.vit_tiny.patch_size=16"):
         model.embed(torch.randn(1, 3, 50, 50))
 
 
@@ -79,7 +79,7 @@ def test_resnet_small_stem_keeps_resolution() -> None:
 @pytest.mark.parametrize(
     "arch,extra,size",
     [("small_cnn", {}, 28), ("resnet18", {"small_stem": True}, 28), ("resnet18", {}, 32),
-     ("vit_tiny", {"img_size": 32}, 32)],
+     ("vit_tiny", {"vit_tiny": ViTOptions(img_size=32)}, 32)],
 )
 def test_grayscale_inputs(arch: str, extra: dict, size: int) -> None:
     model = build_model(ModelConfig(arch=arch, in_channels=1, **extra))
@@ -150,7 +150,7 @@ def test_defaults() -> None:
         ({"in_channels": True}, "model.in_channels=True"),
         ({"arch": "vit_tiny", "small_stem": True}, "small_stem=true only applies to"),
         ({"arch": "small_cnn", "small_stem": True}, "small_stem=true only applies to"),
-        ({"arch": "vit_tiny", "img_size": 100}, "img_size=100 must be a multiple of model.patch_size=16"),
+        ({"arch": "vit_tiny", "vit_tiny": ViTOptions(img_size=100)}, "img_size=100 must be a multiple of model.vit_tiny.patch_size=16"),
     ],
 )
 def test_bad_config(kwargs: dict, match: str) -> None:

@@ -10,7 +10,7 @@ from torch import nn
 
 from hypersolid_scale.methods.base import encode, group_views_by_resolution, project
 from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
-from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.models import ModelConfig, ViTOptions, build_backbone
 
 SMALL_PROJ = HypersolidConfig(hidden_dim=64, out_dim=32)  # the projector is not what these tests exercise
 
@@ -91,7 +91,7 @@ def test_projector_called_once_and_gradients_reach_all_views() -> None:
 
 @pytest.mark.parametrize(
     "arch,extra,sizes",
-    [("small_cnn", {}, [28, 28, 12]), ("resnet18", {}, [32, 32, 16]), ("vit_tiny", {"img_size": 32}, [32, 32, 16])],
+    [("small_cnn", {}, [28, 28, 12]), ("resnet18", {}, [32, 32, 16]), ("vit_tiny", {"vit_tiny": ViTOptions(img_size=32)}, [32, 32, 16])],
 )
 def test_every_parameter_gets_a_gradient(arch: str, extra: dict, sizes: list[int]) -> None:
     """DDP (find_unused_parameters=False) and DeepSpeed fail on parameters that never receive a gradient."""

@@ -15,7 +15,7 @@ from torch import nn
 
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.distributed.batchnorm import GlobalBatchNorm, convert_global_batchnorm
-from hypersolid_scale.models import ModelConfig, build_backbone
+from hypersolid_scale.models import ModelConfig, SmallCNNOptions, build_backbone
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.optim import OptimConfig, lr_schedule, optimizer_factory, scaled_lr
 
@@ -152,7 +152,7 @@ def _small_model() -> nn.Module:
     """The shape of the trainer's model: a small_cnn backbone (BatchNorm2d, convolutions) + lightly's SimCLR
     projection head (Linear with bias, BatchNorm1d, Linear)."""
     torch.manual_seed(0)
-    backbone, dim = build_backbone(ModelConfig(arch="small_cnn", in_channels=1, small_cnn_width=4))
+    backbone, dim = build_backbone(ModelConfig(arch="small_cnn", in_channels=1, small_cnn=SmallCNNOptions(width=4)))
     return nn.Sequential(backbone, SimCLRProjectionHead(dim, 16, 8, num_layers=2))
 
 

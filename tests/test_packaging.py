@@ -191,8 +191,8 @@ def test_the_base_install_runs_the_readme_loss_loop_and_names_a_missing_extra(ba
     assert ev.returncode == 1 and last.startswith("hypersolid_scale.safety.extras.MissingExtra: "), ev.stderr[-2000:]
     assert "[eval] extra" in last and "pip install 'hypersolid-scale[eval]'" in last, last
     # A model of the base install that needs one module of an extra (the ViT backbone: timm): one line, too.
-    vit = _run(base_python, "-c", "from hypersolid_scale.models import ModelConfig, build_backbone; "
-               "build_backbone(ModelConfig(arch='vit_tiny', img_size=32, patch_size=16))", cwd=tmp_path)
+    vit = _run(base_python, "-c", "from hypersolid_scale.models import ModelConfig, ViTOptions, build_backbone; "
+               "build_backbone(ModelConfig(arch='vit_tiny', vit_tiny=ViTOptions(img_size=32, patch_size=16)))", cwd=tmp_path)
     last = vit.stderr.strip().splitlines()[-1]
     assert vit.returncode == 1 and last.startswith("hypersolid_scale.safety.extras.MissingExtra: "), vit.stderr[-2000:]
     assert "vit_tiny" in last and "needs timm, from the [eval] extra" in last, last

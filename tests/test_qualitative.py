@@ -24,7 +24,7 @@ from hypersolid_scale.eval.qualitative._common import pca_rgb, stretch_display, 
 from hypersolid_scale.eval.qualitative.gradcam import own_targets
 from hypersolid_scale.eval.qualitative.inversion import canvas_sizes, total_variation
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog, SkippedWarning
-from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, build_backbone
+from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, SmallCNNOptions, ViTOptions, build_backbone
 
 
 def _model(arch: str, **kw: object) -> torch.nn.Module:
@@ -36,7 +36,7 @@ def _model(arch: str, **kw: object) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def cnn() -> torch.nn.Module:
-    return _model("small_cnn", in_channels=1, small_cnn_width=4)
+    return _model("small_cnn", in_channels=1, small_cnn=SmallCNNOptions(width=4))
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def resnet() -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def vit() -> torch.nn.Module:
-    return _model("vit_tiny", img_size=32, patch_size=8)  # 4x4 patches
+    return _model("vit_tiny", vit_tiny=ViTOptions(img_size=32, patch_size=8))  # 4x4 patches
 
 
 def _images(n: int, c: int, size: int, seed: int = 1) -> torch.Tensor:

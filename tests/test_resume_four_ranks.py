@@ -22,7 +22,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 STEPS, RESUME_AT = 6, 4
 ARGS = [
     "--config", str(REPO / "configs" / "quickstart.yaml"), "data.dataset=digits", "data.global_batch_size=32",
-    "data.num_local_views=0", "model.small_cnn_width=8", "method.hypersolid.hidden_dim=64",
+    "data.num_local_views=0", "model.small_cnn.width=8", "method.hypersolid.hidden_dim=64",
     "method.hypersolid.out_dim=32", "eval.every_n_epochs=0", "progress=false", "tracking.enabled=false",
     "checkpoint.every_n_steps=2", "checkpoint.keep_last=0", "dist.device=cpu", f"max_steps={STEPS}",
 ]

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 # The real trainer on sklearn digits, shrunk until a step takes milliseconds, without tracking.
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=4", "method.hypersolid.num_layers=2",
         "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu",
         "tracking.enabled=false", "data.max_pretrain_samples=256"]

@@ -29,7 +29,7 @@ SCRIPTS = ("train.sbatch", "multinode.sbatch", "sweep.sbatch")
 
 # Small enough for 2 busy cores: 8x8 digits, a tiny CNN and projector, global crops only.
 TINY = ["--config", "configs/quickstart.yaml", "data.dataset=digits", "data.batch_size_per_gpu=8",
-        "data.num_local_views=0", "model.small_cnn_width=8", "method.hypersolid.hidden_dim=64", "method.hypersolid.out_dim=32",
+        "data.num_local_views=0", "model.small_cnn.width=8", "method.hypersolid.hidden_dim=64", "method.hypersolid.out_dim=32",
         "eval.every_n_epochs=0", "progress=false", "tracking.log_every_n_steps=1", "checkpoint.keep_last=0"]
 # The test node has CPUs only: no GPUs, one core per rank, the single partition.
 CPU = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=15", "--partition=debug"]

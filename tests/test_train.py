@@ -21,7 +21,7 @@ from hypersolid_scale.training.trainer import EXIT_PREEMPTED, NonFiniteLossError
 REPO = Path(__file__).resolve().parents[1]
 
 # A real dataset and the real model/loss/loader, shrunk until a step takes milliseconds.
-TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn_width=4", "method.hypersolid.num_layers=2",
+TINY = ["data.dataset=digits", "model.in_channels=1", "model.small_cnn.width=4", "method.hypersolid.num_layers=2",
         "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=32", "data.num_local_views=2", "data.batch_size_per_gpu=32",
         "data.num_workers=0", "progress=false", "eval.every_n_epochs=0", "dist.device=cpu"]
 

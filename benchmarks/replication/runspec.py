@@ -22,7 +22,7 @@ QUICK = (
     "data.max_pretrain_samples=128",
     "data.global_batch_size=32",
     "checkpoint.every_n_steps=2",
-    "model.small_cnn_width=8",
+    "model.small_cnn.width=8",
 )
 QUICK_HEADS = {
     "hypersolid": ("method.hypersolid.hidden_dim=64", "method.hypersolid.out_dim=64"),

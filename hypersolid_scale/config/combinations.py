@@ -35,7 +35,7 @@ def check_crops_fit_backbone(cfg: Config) -> None:
     multiple_of = get_backbone(cfg.model.arch).input_multiple
     if multiple_of is None:
         return
-    step, key = multiple_of(cfg.model)
+    step, key, own = multiple_of(cfg.model)
     preset = resolve_preset(cfg.data)
     sizes = {"data.global_crop_size": preset.global_crop_size}
     if preset.num_local_views > 0:
@@ -44,12 +44,13 @@ def check_crops_fit_backbone(cfg: Config) -> None:
     if not bad:
         return
     name, size = next(iter(bad.items()))
-    common = math.gcd(*sizes.values(), cfg.model.img_size)  # a patch size must divide every size and img_size
+    common = math.gcd(*sizes.values(), *own.values())  # a patch size must divide every size and the model's own
     fits = max(d for d in range(1, step + 1) if common % d == 0)
+    also = "".join(f", and {k}={v}" for k, v in own.items())
     raise ConfigError(
         f"{name}={size} is not a multiple of {key}={step} (model.arch={cfg.model.arch} cuts its input into whole "
-        f"{step}x{step} patches); set {key}={fits} (it divides every crop size, {sorted(set(sizes.values()))}, "
-        f"and model.img_size={cfg.model.img_size}), or crop sizes that are multiples of {step}"
+        f"{step}x{step} patches); set {key}={fits} (it divides every crop size, {sorted(set(sizes.values()))}"
+        f"{also}), or crop sizes that are multiples of {step}"
     )
 
 

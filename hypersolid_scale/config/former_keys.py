@@ -51,6 +51,7 @@ class Former:
 _WEBDATASET = "WebDataset's own keys are the section data.webdataset"
 _FFCV = "FFCV's own keys are the section data.ffcv"
 _LOSS = "the section 'loss' is now 'method' (method.name, method.<method>.*, Hypersolid's keys method.hypersolid.*)"
+_BACKBONE = "a backbone's own keys are its section model.<arch> (model.small_cnn.width, model.vit_tiny.patch_size)"
 _PROJECTOR = "every method's section holds its heads' shape: Hypersolid's projector is method.hypersolid.*"
 
 
@@ -92,6 +93,8 @@ def former_keys() -> dict[str, Former]:
         "loss.name": Former("method.name", _LOSS),
         **{f"loss.{m}": Former(f"method.{m}", _LOSS) for m in method_names() if m != DEFAULT_METHOD},
         "loss": Former(f"method.{DEFAULT_METHOD}", _LOSS),
+        "model.small_cnn_width": Former("model.small_cnn.width", _BACKBONE),
+        **{f"model.{k}": Former(f"model.vit_tiny.{k}", _BACKBONE) for k in ("img_size", "patch_size")},
         # After "loss": an earlier config's loss section has become method.hypersolid by now.
         **{
             f"model.proj_{old}": Former(f"method.hypersolid.{new}", _PROJECTOR)

@@ -38,6 +38,7 @@ from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.methods import MethodConfig, get_method
 from hypersolid_scale.methods.config import chosen_section, drop_missing_sections
 from hypersolid_scale.models import ModelConfig
+from hypersolid_scale.models.config import chosen_model_section, drop_missing_model_sections
 from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import not_a_directory
@@ -254,15 +255,18 @@ _AS_DICT: dict[str, dict[str, Any]] = {}
 
 
 def to_dict(cfg: Config, *, stored: bool = False) -> dict[str, Any]:
-    """Plain nested dict (what ``config.yaml`` holds); ``stored``: with the chosen method's and format's sections
-    only (what a checkpoint stores, so that removing another method's or format's module leaves it readable)."""
+    """Plain nested dict (what ``config.yaml`` holds); ``stored``: with the chosen method's, format's and backbone's
+    sections only (what a checkpoint stores, so that removing another one's module leaves it readable)."""
     key = repr(cfg)
     if key not in _AS_DICT:
         _AS_DICT[key] = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True))
         while len(_AS_DICT) > 16:
             del _AS_DICT[next(iter(_AS_DICT))]
     d = copy.deepcopy(_AS_DICT[key])
-    return {**d, "method": chosen_section(d["method"]), "data": chosen_format_section(d["data"])} if stored else d
+    if not stored:
+        return d
+    chosen = {"method": chosen_section(d["method"]), "data": chosen_format_section(d["data"])}
+    return {**d, **chosen, "model": chosen_model_section(d["model"])}
 
 
 def _renamed_override(ov: str) -> DictConfig:
@@ -275,10 +279,11 @@ def _renamed_override(ov: str) -> DictConfig:
 
 def migrate(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict stored by an older version (a checkpoint's), as this version names it: former keys under
-    their present names (config/former_keys.py), and the sections of methods or formats not installed here
-    left out."""
+    their present names (config/former_keys.py), and the sections of methods, formats or backbones not installed
+    here left out."""
     where = "a stored config"
-    return drop_missing_format_sections(drop_missing_sections(rename_former_keys(d, where), where), where)
+    d = drop_missing_sections(rename_former_keys(d, where), where)
+    return drop_missing_model_sections(drop_missing_format_sections(d, where), where)
 
 
 def from_dict(d: dict[str, Any]) -> Config:

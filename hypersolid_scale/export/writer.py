@@ -86,7 +86,7 @@ def _eval_backbone(meta: dict[str, Any]) -> list[str] | None:
     if meta["library"] == "timm":
         plain = channels == 3 and meta["img_size"] == 224 and meta["patch_size"] == 16
         return [f"timm:{meta['library_model']}"] if plain else None
-    return [f"native:{arch}", f"model.small_cnn_width={meta['small_cnn_width']}"]
+    return [f"native:{arch}", f"model.{arch}.width={meta['small_cnn_width']}"]
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path, info: dict[str, str]) -> None:

@@ -9,8 +9,8 @@ from hypersolid_scale.models.backbones import (
     register_backbone,
     unregister_backbone,
 )
-from hypersolid_scale.models.backbones.small_cnn import SmallCNN
-from hypersolid_scale.models.backbones.vit import ViTBackbone
+from hypersolid_scale.models.backbones.small_cnn import SmallCNN, SmallCNNOptions
+from hypersolid_scale.models.backbones.vit import ViTBackbone, ViTOptions
 from hypersolid_scale.models.config import ModelConfig
 from hypersolid_scale.models.model import BackboneWithProjector, Projector
 
@@ -20,7 +20,9 @@ __all__ = [
     "ModelConfig",
     "Projector",
     "SmallCNN",
+    "SmallCNNOptions",
     "ViTBackbone",
+    "ViTOptions",
     "backbone_names",
     "build_backbone",
     "get_backbone",

@@ -309,7 +309,7 @@ def _guess_arch(tensors: Mapping[str, torch.Tensor]) -> str | None:
         return f"torchvision:{arch}" if arch else None
     first = next((v for k, v in zip(names, tensors.values()) if k == "features.0.weight"), None)
     if first is not None and first.dim() == 4:  # this package's small CNN: its first conv gives width and channels
-        return f"native:small_cnn model.small_cnn_width={first.shape[0]} model.in_channels={first.shape[1]}"
+        return f"native:small_cnn model.small_cnn.width={first.shape[0]} model.in_channels={first.shape[1]}"
     patch = next((v for k, v in zip(names, tensors.values()) if k == "patch_embed.proj.weight"), None)
     if patch is not None:
         size = {192: "tiny", 384: "small", 768: "base", 1024: "large"}.get(int(patch.shape[0]))

@@ -3,9 +3,10 @@
 Every module of this package defines one family of backbones and registers each by name with
 `register_backbone`; `get_backbone`, `backbone_names` and `build_backbone` import them all on first use
 (``python -m hypersolid_scale.models.backbones`` lists them). A new
-backbone is one new module here (plus its tests): its builder, and what is specific to it — whether
-``model.small_stem`` applies, extra validation of the config, its export layout (`ExportLayout`: the library
-model it is, for ``hypersolid_scale.export``) — in its registration. `ModelConfig.validate`
+backbone is one new module here (plus its tests): its builder, and what is specific to it — its own config keys
+(``options``: the section ``model.<name>``, e.g. ``model.small_cnn.width``), whether ``model.small_stem``
+applies, extra validation of the config, its export layout (`ExportLayout`: the library model it is, for
+``hypersolid_scale.export``) — in its registration. `ModelConfig.validate`
 asks this registry, so it names no architecture itself. Modules here stay cheap to import: torchvision and
 timm are imported inside the builders, so validating a config does not load them.
 
@@ -72,11 +73,15 @@ class Backbone:
             otherwise that setting is rejected.
         check: extra validation of the config, called by ``ModelConfig.validate`` after the checks common to
             all backbones; raises ValueError naming the bad field and the fix.
-        input_multiple: ``input_multiple(cfg) -> (n, key)`` for a backbone whose input sides must be multiples of
-            ``n`` (the ViT's patch size, the config key ``key``): every view size is checked against it when the
-            config is validated (``config/combinations.py``). None: any size.
+        input_multiple: ``input_multiple(cfg) -> (n, key, sizes)`` for a backbone whose input sides must be
+            multiples of ``n`` (the ViT's patch size, the config key ``key``): every view size is checked against
+            it when the config is validated (``config/combinations.py``); ``sizes``: its own sizes that ``n`` must
+            divide too (``{key: size}``, the ViT's ``img_size``), which a suggested ``n`` divides. None: any size.
         order: its place in `backbone_names()` (then by name); the default, ``small_cnn``, comes first.
         export: how ``hypersolid_scale.export`` writes it in its library's layout; None: it cannot be exported.
+        options: its own config keys, the section ``model.<name>``: a dataclass with defaults (its int fields
+            must be positive); the builder reads them as ``cfg.section()``. None: it has none. The section is
+            part of the config schema of a backbone found at import (a module of this package), as a method's.
     """
 
     name: str
@@ -84,8 +89,9 @@ class Backbone:
     small_stem: bool = False
     check: Callable[[ModelConfig], None] | None = None
     order: int = DEFAULT_ORDER
-    input_multiple: Callable[[ModelConfig], tuple[int, str]] | None = None
+    input_multiple: Callable[[ModelConfig], tuple[int, str, dict[str, int]]] | None = None
     export: ExportLayout | None = None
+    options: type | None = None
 
 
 BACKBONES: Registry[Backbone] = Registry(
@@ -99,14 +105,15 @@ def register_backbone(
     small_stem: bool = False,
     check: Callable[[ModelConfig], None] | None = None,
     order: int = DEFAULT_ORDER,
-    input_multiple: Callable[[ModelConfig], tuple[int, str]] | None = None,
+    input_multiple: Callable[[ModelConfig], tuple[int, str, dict[str, int]]] | None = None,
     export: ExportLayout | None = None,
+    options: type | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator registering ``build(cfg) -> (module, feature_dim)`` as the backbone ``name`` (see `Backbone`
     for the options). Returns the builder unchanged, so one builder may be registered under several names."""
 
     def decorator(build: Builder) -> Builder:
-        BACKBONES.register(name, Backbone(name, build, small_stem, check, order, input_multiple, export))
+        BACKBONES.register(name, Backbone(name, build, small_stem, check, order, input_multiple, export, options))
         return build
 
     return decorator

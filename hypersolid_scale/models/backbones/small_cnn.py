@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,9 +48,16 @@ class SmallCNN(nn.Module):
         return self.pool(self.features(x)).flatten(1)
 
 
+@dataclass
+class SmallCNNOptions:
+    """The section ``model.small_cnn`` (``model.<arch>`` of a copy of this file)."""
+
+    width: int = 32  # channels of the first block; later blocks use 2x, 4x, 4x this width
+
+
 def describe_small_cnn(model: Mapping[str, Any]) -> dict[str, Any]:
     """export.json's fields of the SmallCNN: no library has it; its width and this package's constructor."""
-    channels, width = int(model["in_channels"]), int(model["small_cnn_width"])
+    channels, width = int(model["in_channels"]), int(model[model["arch"]]["width"])
     return {
         "small_cnn_width": width,
         "constructor": f"hypersolid_scale.models.SmallCNN(in_channels={channels}, width={width})",
@@ -66,9 +74,12 @@ def build_exported_small_cnn(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
 
 
 @register_backbone(  # the default, listed first; keeps resolution already: no small_stem
-    "small_cnn", order=0, export=ExportLayout(None, "small_cnn", describe_small_cnn, build_exported_small_cnn)
+    "small_cnn",
+    order=0,
+    export=ExportLayout(None, "small_cnn", describe_small_cnn, build_exported_small_cnn),
+    options=SmallCNNOptions,
 )
 def build_small_cnn(cfg: ModelConfig) -> tuple[nn.Module, int]:
-    """SmallCNN of ``cfg.in_channels`` and ``cfg.small_cnn_width``."""
-    net = SmallCNN(cfg.in_channels, cfg.small_cnn_width)
+    """SmallCNN of ``cfg.in_channels`` and its section's ``width``."""
+    net = SmallCNN(cfg.in_channels, cfg.section().width)
     return net, net.feature_dim

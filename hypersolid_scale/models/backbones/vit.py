@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -29,14 +30,15 @@ class ViTBackbone(nn.Module):
         require_module("timm", "eval", "model.arch=vit_tiny (timm's ViT)")
         import timm
 
-        self.patch_size = cfg.patch_size
+        opts = cfg.section()
+        self.patch_size, self.key = opts.patch_size, f"model.{cfg.arch}.patch_size"
         self.vit = timm.create_model(
             TIMM_NAME,
             pretrained=False,
             num_classes=0,  # drop the classifier head; forward returns pooled features
             in_chans=cfg.in_channels,
-            img_size=cfg.img_size,
-            patch_size=cfg.patch_size,
+            img_size=opts.img_size,
+            patch_size=opts.patch_size,
             dynamic_img_size=True,
         )
         self.feature_dim = int(cast(int, self.vit.num_features))
@@ -47,18 +49,27 @@ class ViTBackbone(nn.Module):
             # Reachable from input (an image size the config's validation did not see, e.g. another dataset's
             # evaluation images): the user's to fix, not an internal error.
             raise ConfigError(
-                f"ViT input of size {h}x{w} is not a multiple of model.patch_size={self.patch_size}; choose crop "
+                f"ViT input of size {h}x{w} is not a multiple of {self.key}={self.patch_size}; choose crop "
                 f"sizes (data.global_crop_size, data.local_crop_size) that are multiples of {self.patch_size}, or a "
-                "model.patch_size that divides them"
+                f"{self.key} that divides them"
             )
         return self.vit(x)
 
 
+@dataclass
+class ViTOptions:
+    """The section ``model.vit_tiny``."""
+
+    img_size: int = 224  # nominal input size: sizes the position-embedding grid (other sizes interpolate it)
+    patch_size: int = 16  # input sides must be multiples of it
+
+
 def check_vit(cfg: ModelConfig) -> None:
     """``img_size`` (which sizes the position-embedding grid) must be whole patches."""
-    if cfg.img_size % cfg.patch_size != 0:
+    opts, key = cfg.section(), f"model.{cfg.arch}"
+    if opts.img_size % opts.patch_size != 0:
         raise ValueError(
-            f"model.img_size={cfg.img_size} must be a multiple of model.patch_size={cfg.patch_size} "
+            f"{key}.img_size={opts.img_size} must be a multiple of {key}.patch_size={opts.patch_size} "
             "(the ViT splits the image into whole patches)"
         )
 
@@ -68,7 +79,8 @@ TIMM_NAME = "vit_tiny_patch16_224"
 
 def describe_vit(model: Mapping[str, Any]) -> dict[str, Any]:
     """export.json's fields of the ViT: its sizes and the timm constructor that rebuilds it."""
-    img, patch, channels = int(model["img_size"]), int(model["patch_size"]), int(model["in_channels"])
+    opts, channels = model[model["arch"]], int(model["in_channels"])
+    img, patch = int(opts["img_size"]), int(opts["patch_size"])
     return {
         "img_size": img,
         "patch_size": patch,
@@ -99,10 +111,15 @@ def build_timm_vit(meta: Mapping[str, Any]) -> tuple[nn.Module, int]:
 @register_backbone(
     "vit_tiny",
     check=check_vit,
-    input_multiple=lambda cfg: (cfg.patch_size, "model.patch_size"),
+    input_multiple=lambda cfg: (
+        cfg.section().patch_size,
+        f"model.{cfg.arch}.patch_size",
+        {f"model.{cfg.arch}.img_size": cfg.section().img_size},
+    ),
     export=ExportLayout("timm", TIMM_NAME, describe_vit, build_timm_vit, inner="vit."),  # kept under vit.
+    options=ViTOptions,
 )  # patches, no stem: no small_stem
 def build_vit_tiny(cfg: ModelConfig) -> tuple[nn.Module, int]:
-    """ViTBackbone of ``cfg.in_channels``, ``cfg.img_size`` and ``cfg.patch_size``."""
+    """ViTBackbone of ``cfg.in_channels`` and its section's ``img_size`` and ``patch_size``."""
     vit = ViTBackbone(cfg)
     return vit, vit.feature_dim
