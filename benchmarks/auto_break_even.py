@@ -1,15 +1,16 @@
-"""Does ``auto_thresholds=measured`` put the switch where ``tiled`` and ``neighbors`` really cost the same?
+"""Where ``tiled`` and exact ``neighbors`` (the two sides of ``backend=auto``) really cost the same, and what each
+of ``auto``'s two ways of choosing (``auto_by``) runs there.
 
     python -m benchmarks.auto_break_even [--rows 4096] [--dim 256] [--points 11] [--device cpu|cuda]
 
 Embeddings of ``--rows`` rows go from near collapse (every row inside α of the others, as at a run's start) to
 spread, in ``--points`` steps (``embeddings``). At each, the repulsion of ``tiled`` and of exact ``neighbors``
 (the sides of ``auto``) is timed forward and backward (the median of ``--repeat`` runs after one warm-up) with the
-saturated fraction s that ``neighbors`` reports. The cost model of ``losses/backends/auto.py`` (``break_even``) is
-calibrated, as a run calibrates it, at the most collapsed point only; the JSON holds, per point, the measured
-times beside the model's prediction for ``neighbors`` (A + s·T_t), and the break-even fraction s* the model
-gives against the first point where ``neighbors`` measured cheaper. Writes runs/bench/auto_break_even.json and
-.png (``--out`` elsewhere).
+saturated fraction s that ``neighbors`` reports. Per point, the JSON names the cheaper side, the side
+``auto_by=fraction`` runs there at the default thresholds (below ``auto_to_neighbors``: neighbors; above
+``auto_to_tiled``: tiled; between them: whichever it ran before, "either"), and the side ``auto_by=time`` runs
+(the cheaper one unless the other is within ``SWITCH_MARGIN``). Writes runs/bench/auto_break_even.json and .png
+(``--out`` elsewhere).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def embeddings(rows: int, dim: int, t: float, seed: int = 0) -> torch.Tensor:
     return F.normalize(centre + spread * torch.randn(rows, dim, generator=g) / dim**0.5, dim=-1)
 
 
-SPREAD = 8.0
+SPREAD = 16.0
 
 
 def time_side(backend: Any, x: torch.Tensor, layout: Any, alpha: float, repeat: int) -> tuple[float, Any]:
@@ -57,16 +58,20 @@ def time_side(backend: Any, x: torch.Tensor, layout: Any, alpha: float, repeat: 
     return statistics.median(times), stats
 
 
-def plot(rows: list[dict[str, Any]], s_star: float, path: Path) -> None:
+def plot(rows: list[dict[str, Any]], thresholds: tuple[float, float], path: Path) -> None:
     with common.figure(path, 120, figsize=(6.4, 4.2)) as (_, ax):
         s = [r["saturated_fraction"] for r in rows]
-        ax.plot(s, [r["tiled_s"] * 1e3 for r in rows], "o-", label="tiled (measured)")
-        ax.plot(s, [r["neighbors_s"] * 1e3 for r in rows], "s-", label="neighbors (measured)")
-        ax.plot(s, [r["neighbors_model_s"] * 1e3 for r in rows], "--", label="neighbors (model, first point)")
-        ax.axvline(s_star, color="grey", lw=0.8, label=f"model's break-even s* = {s_star:.2f}")
+        ax.plot(s, [r["tiled_s"] * 1e3 for r in rows], "o-", label="tiled")
+        ax.plot(s, [r["neighbors_s"] * 1e3 for r in rows], "s-", label="neighbors (exact)")
+        ax.axvspan(*thresholds, color="grey", alpha=0.2, label="auto_by=fraction: hysteresis band")
         ax.set_xlabel("saturated fraction s")
         ax.set_ylabel("ms per call (forward + backward)")
         ax.legend(fontsize=8)
+
+
+def fraction_side(s: float, lo: float, hi: float) -> str:
+    """What ``auto_by=fraction`` runs at a steady fraction ``s``."""
+    return "neighbors" if s < lo else "tiled" if s > hi else "either"
 
 
 def main() -> None:
@@ -83,7 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     common.check_device(args.device)
 
-    from hypersolid_scale.losses.backends.auto import break_even
+    from hypersolid_scale.losses.backends.auto import SWITCH_MARGIN
     from hypersolid_scale.losses.backends.neighbors import NeighborsBackend
     from hypersolid_scale.losses.backends.tiled import TiledBackend
     from hypersolid_scale.losses.config import LossConfig
@@ -91,32 +96,34 @@ def main() -> None:
 
     cfg = LossConfig(backend="auto", index=args.index, k=args.k, recall_every=0)
     tiled, neighbors = TiledBackend(cfg, saturation_k=cfg.k), NeighborsBackend(cfg)
-    layout, alpha = PairLayout(0, args.views), cfg.alpha
+    layout, alpha, band = PairLayout(0, args.views), cfg.alpha, (cfg.auto_to_neighbors, cfg.auto_to_tiled)
     rows: list[dict[str, Any]] = []
     for i in range(args.points):
         t = i / max(1, args.points - 1)
         x = embeddings(args.rows, args.dim, t).to(args.device)
         t_tiled, _ = time_side(tiled, x, layout, alpha, args.repeat)
         t_neighbors, st = time_side(neighbors, x, layout, alpha, args.repeat)
+        s = float(st.saturated_rows) / args.rows
+        cheaper = "tiled" if t_tiled <= t_neighbors else "neighbors"
+        by_time = cheaper if min(t_tiled, t_neighbors) < SWITCH_MARGIN * max(t_tiled, t_neighbors) else "either"
         rows.append(
             {
                 "t": t,
-                "saturated_fraction": float(st.saturated_rows) / args.rows,
+                "saturated_fraction": s,
                 "tiled_s": t_tiled,
                 "neighbors_s": t_neighbors,
+                "cheaper": cheaper,
+                "auto_by_fraction": fraction_side(s, *band),
+                "auto_by_time": by_time,
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-    first = rows[0]
-    s_star = break_even(first["tiled_s"], first["neighbors_s"], first["saturated_fraction"])
-    a = first["neighbors_s"] - first["saturated_fraction"] * first["tiled_s"]
-    for r in rows:
-        r["neighbors_model_s"] = a + r["saturated_fraction"] * first["tiled_s"]
-    cheaper = [r["saturated_fraction"] for r in rows if r["neighbors_s"] < r["tiled_s"]]
+    wrong = [r["saturated_fraction"] for r in rows if r["auto_by_fraction"] not in (r["cheaper"], "either")]
     summary = {
-        "model_break_even": s_star,
-        "measured_neighbors_cheaper_at": cheaper,
-        "model_error_max": max(abs(r["neighbors_model_s"] - r["neighbors_s"]) / r["neighbors_s"] for r in rows),
+        "neighbors_cheaper_at": [r["saturated_fraction"] for r in rows if r["cheaper"] == "neighbors"],
+        "auto_by_fraction_runs_the_dearer_side_at": wrong,
+        "auto_by_fraction_thresholds": list(band),
+        "switch_margin": SWITCH_MARGIN,
     }
     print(json.dumps(summary), flush=True)
     out = Path(args.out)
@@ -126,7 +133,7 @@ def main() -> None:
     )
     doc = {"meta": meta, "summary": summary, "rows": rows}
     atomic.write_text(out / "auto_break_even.json", json.dumps(doc, indent=2) + "\n")
-    plot(rows, s_star, out / "auto_break_even.png")
+    plot(rows, band, out / "auto_break_even.png")
 
 
 if __name__ == "__main__":

@@ -97,50 +97,42 @@ def test_auto_config_round_trip_and_stat_names():
     assert "backend_neighbors" not in HypersolidLoss(backend="neighbors").stat_names
 
 
-def test_measured_thresholds_centre_the_gap_where_both_sides_cost_the_same():
-    """T_n(s) = A + s·T_t from one timing of each side at fraction s: the sides cost the same at s* = 1 - A/T_t."""
-    from hypersolid_scale.losses.backends.auto import break_even, thresholds_around
-
-    s_star = break_even(t_tiled=1.0, t_neighbors=1.5, fraction=0.9)  # A = 0.6: neighbors wins below 0.4
-    assert s_star == pytest.approx(0.4)
-    assert thresholds_around(s_star, 0.15) == pytest.approx((0.325, 0.475))
-    assert thresholds_around(break_even(1.0, 2.5, 1.0), 0.15) == (0.0, 0.0)  # search dearer than tiled: never
-    assert thresholds_around(break_even(1.0, 0.2, 1.0), 0.15) == (1.0, 1.0)  # near free: never back
-    sw = BackendSwitch()
-    sw.retune(0.0, 0.0)
-    sw.observe(torch.tensor(0.0, dtype=torch.float64))
-    assert sw.choose() == "tiled"  # to_neighbors 0: no fraction is below it
-
-
-def test_measured_auto_times_both_sides_once_and_stays_exact(monkeypatch, capsys):
-    """The first call times each side (second of two runs), sets the thresholds from the model, prints them
-    and returns tiled's exact result; later calls time nothing."""
+def test_auto_by_time_runs_the_side_that_timed_cheaper_and_stays_exact(monkeypatch, capsys):
+    """Both sides timed (the second of two runs each) at call 1 and every auto_time_every calls; the other side
+    is taken when it costs under SWITCH_MARGIN of the current one's. Between timings nothing is timed."""
     from hypersolid_scale.losses.backends import auto
 
-    clock = [0.0]
+    clock, cost = [0.0], {"tiled": 1.0, "neighbors": 1.5}
     monkeypatch.setattr(auto.time, "perf_counter", lambda: clock[0])
-    fn = HypersolidLoss(backend="auto", k=K, tile_size=40, auto_thresholds="measured")
-    for side, cost in (("tiled", 1.0), ("neighbors", 1.5)):
+    fn = HypersolidLoss(backend="auto", k=K, tile_size=40, auto_by="time", auto_time_every=3)
+    runs = {"tiled": 0, "neighbors": 0}
+    for side in auto.SIDES:
         run = fn.backend._sides[side].repulsion
 
-        def timed(*args, run=run, cost=cost):
-            clock[0] += cost
+        def timed(*args, run=run, side=side):
+            clock[0] += cost[side]
+            runs[side] += 1
             return run(*args)
 
         monkeypatch.setattr(fn.backend._sides[side], "repulsion", timed)
-    feats = interpolate(0.0)
-    got, got_grad = loss_and_grad(fn, feats)
-    ref, ref_grad = loss_and_grad(HypersolidLoss(backend="dense"), feats)
-    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(got_grad, ref_grad, rtol=1e-10, atol=1e-14)
-    m = fn.backend.measured
-    assert (m["tiled_s"], m["neighbors_s"]) == (1.0, 1.5) and fn.stats["backend_neighbors"] == 0
-    lo, hi = auto.thresholds_around(auto.break_even(1.0, 1.5, m["saturated_fraction"]), 0.15)
-    assert (fn.backend.switch.to_neighbors, fn.backend.switch.to_tiled) == (lo, hi)
-    assert f"neighbors below {lo:.3f}, tiled again above {hi:.3f}" in capsys.readouterr().out
-    before = clock[0]
-    loss_and_grad(fn, feats)
-    assert clock[0] == before + 1.0  # one tiled call, not a second calibration
+    ref = HypersolidLoss(backend="dense")
+    used = []
+    for call, neighbors_cost in enumerate([1.5, 0.5, 0.5, 0.95, 0.5, 0.5, 0.5, 2.0, 2.0, 2.0]):
+        cost["neighbors"] = neighbors_cost
+        feats = interpolate(call / 9)
+        got, got_grad = loss_and_grad(fn, feats)
+        want, want_grad = loss_and_grad(ref, feats)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-10, atol=1e-14)
+        used.append("neighbors" if fn.stats["backend_neighbors"] == 1 else "tiled")
+    # timed at calls 1, 4, 7, 10: 1.5 > 1.0 stays tiled; 0.95 is not under 0.9 x 1.0: stays; 0.5: neighbors;
+    # 2.0 against tiled's 1.0: back to tiled
+    assert used == ["tiled"] * 6 + ["neighbors"] * 3 + ["tiled"]
+    assert runs == {"tiled": 4 * 2 + 7, "neighbors": 4 * 2 + 3}  # two runs per side per timing, one per call
+    assert fn.backend.timed == {"tiled": 1.0, "neighbors": 2.0}
+    out = capsys.readouterr().out
+    assert "timed at call 1: tiled 1000.0 ms, neighbors 1500.0 ms a call (forward and backward): runs tiled" in out
+    assert "timed at call 7" in out and "timed at call 10" in out and "timed at call 4" not in out  # changes only
 
 
 def test_a_resumed_auto_loss_takes_the_uninterrupted_runs_sides_bitwise():
@@ -168,7 +160,7 @@ def test_a_resumed_auto_loss_takes_the_uninterrupted_runs_sides_bitwise():
     backbone, method = build(0)
     steps(backbone, method, range(2))
     saved = (backbone.state_dict(), method.state_dict())
-    assert method.get_extra_state()["backend"]["switch"]["mode"] == "neighbors"
+    assert method.get_extra_state()["backend"]["current"] == "neighbors"
     straight = steps(backbone, method, range(2, 5))
     backbone2, method2 = build(1)
     backbone2.load_state_dict(saved[0])

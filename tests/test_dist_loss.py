@@ -36,8 +36,8 @@ CASES = [
     # auto, called twice: the second call's backend follows the first call's GLOBAL saturated fraction
     ("auto-twice-spread", {"backend": "auto", "k": 4, "tile_size": 5}, {}, "spread", (4, 4)),
     ("auto-twice-collapsed", {"backend": "auto", "k": 4}, {}, "collapsed", (3, 5)),
-    # the thresholds measured at the first call: the slowest rank's times, the global fraction (the same on both)
-    ("auto-twice-measured", {"backend": "auto", "k": 4, "auto_thresholds": "measured"}, {}, "collapsed", (3, 5)),
+    # the side chosen by timing both at the first call: the slowest rank's times (the same side on both ranks)
+    ("auto-twice-timed", {"backend": "auto", "k": 4, "auto_by": "time"}, {}, "collapsed", (3, 5)),
 ]
 B, V, D = 8, 3, 16
 
@@ -103,19 +103,18 @@ def test_two_ranks_reproduce_the_single_process_loss_and_gradients(rank_results,
         start = sum(split[:rank])
         torch.testing.assert_close(got["loss"], loss.detach(), rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(got["grad"], WORLD * feats.grad[start : start + split[rank]], rtol=1e-10, atol=1e-14)
-        measured = name == "auto-twice-measured"  # its side follows this machine's times, not the reference's
+        measured = name == "auto-twice-timed"  # its side follows this machine's times, not the reference's
         for key in ("alignment", "repulsion", "normalization", "active_pairs", "active_pos", "max_cos",
                     *(() if measured else ("saturated_rows", "backend_neighbors")), "recall"):
             if key in fn.stats:
                 assert got["stats"][key] == pytest.approx(fn.stats[key], rel=1e-10, abs=1e-14), key
     if regime == "collapsed":
         assert fn.stats["active_fraction"] > 0.5
-    if name == "auto-twice-measured":
+    if name == "auto-twice-timed":
         states = [rank_results[rank][name]["backend"] for rank in range(WORLD)]
-        assert states[0] == states[1] and states[0]["measured"]["saturated_fraction"] == pytest.approx(
-            float(fn.backend.measured["saturated_fraction"]), abs=1e-12)  # the global batch's fraction
+        assert states[0] == states[1] and states[0]["calls"] == 2 and set(states[0]["timed"]) == {"tiled", "neighbors"}
         sides = [rank_results[rank][name]["stats"]["backend_neighbors"] for rank in range(WORLD)]
-        assert sides[0] == sides[1]
+        assert sides[0] == sides[1] == float(states[0]["current"] == "neighbors")
     elif name.startswith("auto-twice"):  # each regime lands on its side of the switch
         assert fn.stats["backend_neighbors"] == (1.0 if regime == "spread" else 0.0)
     assert feats.grad.abs().sum() > 0

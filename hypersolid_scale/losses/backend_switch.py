@@ -57,26 +57,13 @@ class BackendSwitch:
         """Queue this step's saturated fraction for the next decision (no host synchronisation)."""
         self._pending.put(fraction.detach().reshape(()))
 
-    def retune(self, to_neighbors: float, to_tiled: float) -> None:
-        """New thresholds, from a measurement (``auto_thresholds=measured``): 0 <= to_neighbors <= to_tiled <= 1,
-        where to_neighbors = 0 never leaves ``tiled`` and to_tiled = 1 never leaves ``neighbors``."""
-        if not 0.0 <= to_neighbors <= to_tiled <= 1.0:
-            raise ValueError(f"retune needs 0 <= to_neighbors <= to_tiled <= 1, got {to_neighbors}, {to_tiled}")
-        self.to_neighbors, self.to_tiled = float(to_neighbors), float(to_tiled)
-
     def state(self) -> dict[str, Any]:
-        """What a resumed run needs to take the next decisions as the uninterrupted one: the side, the fraction
-        waiting to be read (one host read, at checkpoint time only) and the thresholds."""
+        """What a resumed run needs to take the next decisions as the uninterrupted one: the side and the fraction
+        waiting to be read (one host read, at checkpoint time only). The thresholds are the config's."""
         pending = self._pending.peek()
-        return {
-            "mode": self.mode,
-            "pending": None if pending is None else float(pending),
-            "to_neighbors": self.to_neighbors,
-            "to_tiled": self.to_tiled,
-        }
+        return {"mode": self.mode, "pending": None if pending is None else float(pending)}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.retune(float(state["to_neighbors"]), float(state["to_tiled"]))
         if state["mode"] not in MODES:
             raise ValueError(f"auto's stored side {state['mode']!r} is not one of {', '.join(MODES)}")
         self.mode = str(state["mode"])

@@ -16,7 +16,7 @@ EXACT_INDEXES = ("flat", "torch")
 # off: columns exchanged and compared in the input's precision; bf16: exchanged and screened in bfloat16, every
 # pair the proven rounding bound cannot decide recomputed in full precision (exact; docs/design.md §2, screening).
 SCREENS = ("off", "bf16")
-AUTO_THRESHOLDS = ("fixed", "measured")
+AUTO_BY = ("fraction", "time")
 # The IVF quantizer's life in calls: kept for 100 calls, a search on 24,576 rows took 0.57x the time of one
 # that trains it, its recall 0.919 against 0.937 (benchmarks/ivf_reuse.py, docs/design.md §2 neighbors).
 IVF_RETRAIN_EVERY = 100
@@ -48,9 +48,10 @@ class LossConfig:
     ivf_retrain_every: int = IVF_RETRAIN_EVERY
     auto_to_neighbors: float = 0.05  # auto: switch tiled -> neighbors when the saturated fraction drops below
     auto_to_tiled: float = 0.20  # auto: switch neighbors -> tiled when the saturated fraction rises above
-    # auto: "fixed" (the two thresholds above) | "measured" (their gap centred where both sides cost the same,
-    # both timed at the first call; docs/design.md §3c)
-    auto_thresholds: str = "fixed"
+    # auto: "fraction" (the saturated fraction against the two thresholds above) | "time" (the side that costs less,
+    # both timed at the first call and every auto_time_every calls; docs/design.md §3c)
+    auto_by: str = "fraction"
+    auto_time_every: int = 200  # auto_by=time: calls between two timings (each costs four extra repulsions)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field and what it accepts."""
@@ -64,11 +65,11 @@ class LossConfig:
             ("backend", self.backend, backend_names()),
             ("index", self.index, INDEXES),
             ("screen", self.screen, SCREENS),
-            ("auto_thresholds", self.auto_thresholds, AUTO_THRESHOLDS),
+            ("auto_by", self.auto_by, AUTO_BY),
         ):
             if value not in allowed:
                 raise ValueError(f"{SECTION}.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
-        for name in ("tile_size", "k", "nprobe", "ef_search", "ivf_retrain_every"):
+        for name in ("tile_size", "k", "nprobe", "ef_search", "ivf_retrain_every", "auto_time_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{SECTION}.{name} must be a positive integer, got {getattr(self, name)}")
         if self.recall_every < 0:

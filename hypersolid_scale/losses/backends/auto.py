@@ -7,10 +7,10 @@ saturated fraction. The decision reads the previous call's fraction, copied to t
 on its ``tiled`` side a call reads nothing on the host. Extra statistics: those of ``neighbors``, then
 ``backend_neighbors`` (1: this call ran ``neighbors``).
 
-The thresholds are the configured ``auto_to_neighbors`` / ``auto_to_tiled``, or with
-``auto_thresholds=measured`` the configured gap placed around the fraction at which the two sides cost the same
-on this machine and batch, from both sides timed at the first call (:meth:`AutoBackend.calibrate`). The side,
-the fraction waiting to be read and the thresholds travel in checkpoints (:meth:`AutoBackend.state`).
+With ``auto_by=time`` the side is chosen by timing instead: both sides, on the call's own rows, at the first call
+and every ``auto_time_every`` calls (:meth:`AutoBackend.time_sides`), since where they cost the same depends on
+the machine, the batch and the embeddings' spread (benchmarks/auto_break_even.py). The side, the fraction waiting
+to be read, the call count and the latest times travel in checkpoints (:meth:`AutoBackend.state`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ from hypersolid_scale.losses.backends.neighbors import SEARCH_STATS, NeighborsBa
 from hypersolid_scale.losses.backends.tiled import TiledBackend
 from hypersolid_scale.losses.config import EXACT_INDEXES, SECTION
 
+SIDES = ("tiled", "neighbors")
+# auto_by=time: the other side must cost under this share of the current side's to be taken (timing noise)
+SWITCH_MARGIN = 0.9
+
 
 @register_backend
 class AutoBackend(Backend):
@@ -51,8 +55,8 @@ class AutoBackend(Backend):
         self.neighbors = neighbors.neighbors  # the search, as on the neighbors backend
         self.switch = BackendSwitch(cfg.auto_to_neighbors, cfg.auto_to_tiled)
         self.current = self.switch.mode  # the side the latest call ran
-        # auto_thresholds=measured: the first call's times and fraction (None until then)
-        self.measured: dict[str, float] | None = None
+        self.calls = 0  # calls so far: auto_by=time times both sides at call 1 and every auto_time_every after
+        self.timed: dict[str, float] | None = None  # auto_by=time: the latest seconds a call per side
 
     @classmethod
     def check_config(cls, cfg: LossConfig) -> None:
@@ -66,63 +70,51 @@ class AutoBackend(Backend):
     def repulsion(
         self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
     ) -> tuple[torch.Tensor, RepulsionStats]:
-        if self.cfg.auto_thresholds == "measured" and self.measured is None:
-            return self.calibrate(x_rows, x_all, layout, alpha)
-        self.current = self.switch.choose()
+        self.calls += 1
+        if self.cfg.auto_by == "time":
+            if (self.calls - 1) % self.cfg.auto_time_every == 0:
+                self.time_sides(x_rows, x_all, layout, alpha)
+        else:
+            self.current = self.switch.choose()
         return self._sides[self.current].repulsion(x_rows, x_all, layout, alpha)
 
-    def calibrate(
-        self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
-    ) -> tuple[torch.Tensor, RepulsionStats]:
-        """``auto_thresholds=measured``, at the first call: both sides timed on this call's rows, the thresholds
-        placed around the saturated fraction at which they cost the same (:func:`break_even`).
+    def time_sides(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float) -> None:
+        """``auto_by=time``, at the first call and every ``auto_time_every`` calls after: both sides timed on this
+        call's rows, and the side set to the cheaper one (the other must cost under ``SWITCH_MARGIN`` times the
+        current side's, so that timing noise does not flip it).
 
-        Each side runs forward and backward twice on a detached copy of the rows, and the second run is timed
-        (the first pays one-off costs: kernels loaded, an index's memory). The times are the slowest rank's and
-        the fraction the global batch's, through one collective, so that every rank sets the same thresholds.
-        Reads the host (synchronises) at this call only. The call returns ``tiled``'s result, the side a run
-        starts on."""
+        Each side runs forward and backward twice on a detached copy of the rows and the second run is timed
+        (the first pays one-off costs: kernels loaded, an index's memory). The times are the slowest rank's,
+        through one collective, so that every rank takes the same side. Reads the host (synchronises) at these
+        calls only; they cost four extra repulsions each."""
         from hypersolid_scale.distributed import all_reduce_packed, get_rank
 
-        timed: dict[str, float] = {}
-        for side in ("neighbors", "tiled"):
-            for _ in range(2):  # forward and backward, on a detached copy of the rows
-                leaf = x_rows.detach().requires_grad_(True)
-                _sync(x_rows)
-                start = time.perf_counter()
-                rep, st = self._sides[side].repulsion(leaf, x_all, layout, alpha)
-                if rep.requires_grad:
-                    torch.autograd.grad(rep, leaf)
-                _sync(x_rows)
-                timed[side] = time.perf_counter() - start
-            if side == "neighbors":
-                saturated = st.saturated_rows.detach().double().reshape(1)
-        seconds = torch.tensor([timed["tiled"], timed["neighbors"]], dtype=torch.float64, device=x_rows.device)
-        total, slowest = all_reduce_packed(saturated, seconds)
-        fraction, (t_tiled, t_neighbors) = float(total[0]) / x_all.shape[0], slowest.tolist()
-        lo, hi = thresholds_around(
-            break_even(t_tiled, t_neighbors, fraction), self.cfg.auto_to_tiled - self.cfg.auto_to_neighbors
+        seconds = [_seconds(self._sides[side], x_rows, x_all, layout, alpha) for side in SIDES]
+        _, slowest = all_reduce_packed(
+            torch.zeros(0, dtype=torch.float64, device=x_rows.device),
+            torch.tensor(seconds, dtype=torch.float64, device=x_rows.device),
         )
-        self.switch.retune(lo, hi)
-        self.measured = {"tiled_s": t_tiled, "neighbors_s": t_neighbors, "saturated_fraction": fraction}
-        if get_rank() == 0:
+        timed = dict(zip(SIDES, slowest.tolist()))
+        other = SIDES[1 - SIDES.index(self.current)]
+        before, self.timed = self.current, timed
+        if timed[other] < SWITCH_MARGIN * timed[self.current]:
+            self.current = other
+        if get_rank() == 0 and (self.calls == 1 or self.current != before):
             print(
-                f"[hypersolid] backend=auto measured: tiled {t_tiled * 1e3:.1f} ms, neighbors {t_neighbors * 1e3:.1f} "
-                f"ms a call at saturated fraction {fraction:.3f}: neighbors below {lo:.3f}, tiled again above "
-                f"{hi:.3f}",
+                f"[hypersolid] backend=auto timed at call {self.calls}: tiled {timed['tiled'] * 1e3:.1f} ms, "
+                f"neighbors {timed['neighbors'] * 1e3:.1f} ms a call (forward and backward): runs {self.current}",
                 flush=True,
             )
-        self.current = "tiled"
-        return self._sides["tiled"].repulsion(x_rows, x_all, layout, alpha)
 
     def state(self) -> dict[str, Any]:
-        return {"switch": self.switch.state(), "measured": self.measured}
+        return {"switch": self.switch.state(), "current": self.current, "calls": self.calls, "timed": self.timed}
 
     def load_state(self, state: dict[str, Any]) -> None:
         if "switch" in state:
             self.switch.load_state(state["switch"])
-            self.current = self.switch.mode
-        self.measured = state.get("measured")
+            self.current = str(state.get("current", self.switch.mode))
+            self.calls = int(state.get("calls", 0))
+            self.timed = state.get("timed")
 
     def derive(self, sums: Mapping[str, torch.Tensor], rows: int, loss: torch.Tensor) -> dict[str, torch.Tensor]:
         return {
@@ -134,24 +126,18 @@ class AutoBackend(Backend):
         self.switch.observe(packed["saturated_fraction"])
 
 
-def _sync(x: torch.Tensor) -> None:
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
-
-
-def break_even(t_tiled: float, t_neighbors: float, fraction: float) -> float:
-    """The saturated fraction below which ``neighbors`` costs less than ``tiled``, from one timing of each at
-    saturated fraction ``fraction``.
-
-    The model: ``tiled`` costs the same whatever the fraction (every pair, always); ``neighbors`` costs a search
-    plus the exact pass over its saturated rows, which is ``tiled``'s work on those rows:
-    T_n(s) = A + s · T_t, so A = t_neighbors − fraction · t_tiled and T_n(s) < T_t below s* = 1 − A / T_t.
-    A first call of a run is near collapse (fraction ~1), so A is measured as the search's own cost."""
-    return 1.0 - (t_neighbors - fraction * t_tiled) / t_tiled
-
-
-def thresholds_around(s_star: float, gap: float) -> tuple[float, float]:
-    """(to_neighbors, to_tiled): ``gap`` (the configured hysteresis) centred on ``s_star``, within [0, 1]; at or
-    below 0 ``neighbors`` is never chosen, at or above 1 it is never left."""
-    lo = min(max(s_star - gap / 2, 0.0), 1.0)
-    return lo, min(max(s_star + gap / 2, lo), 1.0)
+def _seconds(side: Backend, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float) -> float:
+    """Seconds of ``side``'s repulsion, forward and backward, on a detached copy of the rows: the second of two
+    runs."""
+    for _ in range(2):
+        leaf = x_rows.detach().requires_grad_(True)
+        if x_rows.is_cuda:
+            torch.cuda.synchronize(x_rows.device)
+        start = time.perf_counter()
+        rep, _ = side.repulsion(leaf, x_all, layout, alpha)
+        if rep.requires_grad:
+            torch.autograd.grad(rep, leaf)
+        if x_rows.is_cuda:
+            torch.cuda.synchronize(x_rows.device)
+        seconds = time.perf_counter() - start
+    return seconds
