@@ -33,11 +33,24 @@ CASES = {
         ["data.global_crop_size=28", "model.vit_tiny.patch_size=16", "model.arch=vit_tiny", "model.vit_tiny.patch_size=4"],
         ["model.arch=vit_tiny", "model.vit_tiny.patch_size=4"],
     ),
+    "check_frozen_heads_under_zero": (
+        ["method.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2"],
+        ["method.dino.freeze_last_layer_epochs=1", "dist.zero_stage=2", "method.dino.freeze_last_layer_epochs=0"],
+        ["method.name=dino", "dist.engine=deepspeed", "dist.zero_stage=2", "method.dino.freeze_last_layer_epochs=0"],
+    ),
+    "check_local_views_smaller": (
+        ["method.name=dino", "data.local_crop_size=28"],
+        ["method.name=dino", "(28 px)", "data.local_crop_size", "data.num_local_views=0"],
+        ["method.name=dino", "data.local_crop_size=12"],
+    ),
 }
+# Rules tested on their own: the launcher's world size (below), and a method without a projection head (none of
+# the built-in ones: tests/test_method_registry.py registers one).
+OWN_TESTS = {"check_batch_splits", "check_per_rank_state", "check_features_have_a_head"}
 
 
 def test_every_rule_has_a_case() -> None:
-    assert {rule.__name__ for rule in RULES} == {*CASES, "check_batch_splits"}
+    assert {rule.__name__ for rule in RULES} == {*CASES, *OWN_TESTS}
 
 
 @pytest.mark.parametrize("rule", sorted(CASES))

@@ -19,7 +19,7 @@ from torch import nn
 
 from hypersolid_scale.checkpoint import build_model_from_checkpoint
 from hypersolid_scale.checkpoint.layout import split_method_state
-from hypersolid_scale.config import former_keys
+from hypersolid_scale.config import combinations, former_keys
 from hypersolid_scale.config.schema import from_dict, load_config, to_dict
 from hypersolid_scale.methods import Method, MethodModel, build_method, build_method_model, get_method, method_names, register
 from hypersolid_scale.config import sections as config_sections
@@ -114,9 +114,13 @@ def test_a_method_registered_at_run_time_builds_validates_and_trains_a_step(thro
     assert any(k.startswith("method.head.") for k in moved) and any(k.startswith("backbone.") for k in moved)
     # It declares no projection head: there are no projector features to evaluate, said by its config check.
     assert model.projector is None
+    run = load_config(None, ["eval.features=projector"])
+    run.method.name = "throwaway_center"  # registered after the config schema was built: set on the loaded config
     with pytest.raises(ConfigError, match=r"eval.features='projector' reads the method's projection head, which "
                                           r"method.name=throwaway_center does not have; set eval.features=backbone"):
-        throwaway_method.check_run(load_config(None, ["eval.features=projector"]))
+        combinations.check_features_have_a_head(run)
+    run.eval.features = "backbone"
+    combinations.check_features_have_a_head(run)
 
 
 # In the copy's repository, one process (one torch import): the compare plan for `--methods hypersolid,simclr_copy`

@@ -21,6 +21,7 @@ from hypersolid_scale.data import plan_batch
 from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.distributed.precision import check_precision
 from hypersolid_scale.distributed.process_group import world_info_from_env
+from hypersolid_scale.methods.registry import get_method
 from hypersolid_scale.models.backbones import get_backbone
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -89,15 +90,82 @@ def check_batch_splits(cfg: Config) -> None:
     plan_batch(cfg.data, world_size=world_info_from_env().world_size, accumulate_steps=cfg.optim.accumulate_steps)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# The chosen method against the other sections: from what the method says of itself (methods/base.Method)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def check_features_have_a_head(cfg: Config) -> None:
+    """eval.features other than the backbone's read the method's projection head, which some methods lack."""
+    method = get_method(cfg.method.name)
+    if cfg.eval.features != "backbone" and not method.projection_head:
+        raise ConfigError(
+            f"eval.features={cfg.eval.features!r} reads the method's projection head, which "
+            f"method.name={method.name} does not have; set eval.features=backbone"
+        )
+
+
+def check_frozen_heads_under_zero(cfg: Config) -> None:
+    """A schedule that freezes part of the head drops its gradients in the step, out of ZeRO 1/2's reach (they
+    reduce the gradients into DeepSpeed's own partitioned buffers)."""
+    method = get_method(cfg.method.name)
+    frozen = method.frozen_by_schedule(cfg.method.section())
+    if cfg.dist.engine == "deepspeed" and cfg.dist.zero_stage > 0 and frozen is not None:
+        key = f"method.{method.name}.{frozen[0]}"
+        raise ConfigError(
+            f"method.name={method.name} with dist.engine=deepspeed and dist.zero_stage={cfg.dist.zero_stage}: "
+            f"{key}={frozen[1]} freezes part of the head by dropping its gradients before the optimizer step, "
+            f"which ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or {key}=0"
+        )
+
+
+def check_local_views_smaller(cfg: Config) -> None:
+    """A method that tells local views from global ones by their size (lightly's multi-crop convention) needs
+    local crops smaller than the global ones."""
+    method = get_method(cfg.method.name)
+    if not method.tells_views_by_size:
+        return
+    preset = resolve_preset(cfg.data)
+    if preset.num_local_views > 0 and preset.local_crop_size >= preset.global_crop_size:
+        raise ConfigError(
+            f"method.name={method.name} tells local views from global ones by their size, but the local crops "
+            f"({preset.local_crop_size} px) are not smaller than the global ones ({preset.global_crop_size} "
+            "px): every view would count as global; set a smaller data.local_crop_size (e.g. 18 for 32 px "
+            "CIFAR) or data.num_local_views=0"
+        )
+
+
+def check_per_rank_state(cfg: Config) -> None:
+    """State a method keeps per rank in a buffer (SwaV's queue) is overwritten by DDP, which broadcasts every
+    buffer from rank 0 before each forward, as soon as the launcher starts several processes."""
+    kept = get_method(cfg.method.name).per_rank_state(cfg.method.section())
+    if kept is not None and world_info_from_env().world_size > 1 and cfg.dist.engine == "ddp":
+        key, what = kept
+        raise ConfigError(
+            f"{key} > 0 keeps {what}, which DistributedDataParallel overwrites with rank 0's at every step; "
+            f"set {key}=0 or run in one process"
+        )
+
+
+# The chosen method's rules: run again when a run is built (training/run_builder.build), for a config that did not
+# come through load_config (a checkpoint's, a test's).
+METHOD_RULES: tuple[Callable[[Config], None], ...] = (
+    check_features_have_a_head,
+    check_frozen_heads_under_zero,
+    check_local_views_smaller,
+    check_per_rank_state,
+)
+
 RULES: tuple[Callable[[Config], None], ...] = (
     check_engine,
     check_transport_on_device,
     check_crops_fit_backbone,
     check_batch_splits,
+    *METHOD_RULES,
 )
 
 
-def check_combinations(cfg: Config) -> None:
-    """Raise the ConfigError of the first rule the config breaks."""
-    for rule in RULES:
+def check_combinations(cfg: Config, rules: tuple[Callable[[Config], None], ...] = RULES) -> None:
+    """Raise the ConfigError of the first rule (of ``rules``) the config breaks."""
+    for rule in rules:
         rule(cfg)

@@ -35,7 +35,7 @@ from hypersolid_scale.distributed.config import CHOICES as DIST_CHOICES
 from hypersolid_scale.distributed.config import RANGES as DIST_RANGES
 from hypersolid_scale.distributed.config import DistConfig
 from hypersolid_scale.eval.config import EvalConfig
-from hypersolid_scale.methods import MethodConfig, get_method
+from hypersolid_scale.methods import MethodConfig
 from hypersolid_scale.methods.config import chosen_section, drop_missing_sections
 from hypersolid_scale.models import ModelConfig
 from hypersolid_scale.models.config import chosen_model_section, drop_missing_model_sections
@@ -159,7 +159,6 @@ def validate(cfg: Config) -> None:
         )
     check_optim(cfg.optim)
     check_combinations(cfg)  # across sections: config/combinations.py
-    get_method(cfg.method.name).check_run(cfg)
 
 
 def _read_yaml(path: str | Path) -> DictConfig:

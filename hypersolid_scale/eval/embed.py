@@ -33,7 +33,8 @@ def _encoder(model: nn.Module, which: str) -> Any:
     if which == "backbone":
         return net.backbone
     if which == "projector":
-        if net.projector is None:  # refused earlier by the config's checks (Method.check_run, eval's --features)
+        # refused earlier by the config's checks (combinations.check_features_have_a_head, eval's --features)
+        if net.projector is None:
             raise ValueError("projector features of a model without a projection head; use which='backbone'")
         return lambda x: net.projector(net.backbone(x))
     raise ValueError(f"which={which!r}; allowed: {list(WHICH)}")

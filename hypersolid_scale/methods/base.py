@@ -10,7 +10,6 @@ from lightly.models.utils import deactivate_requires_grad, update_momentum
 from lightly.utils.scheduler import cosine_schedule
 from torch import nn
 
-from hypersolid_scale.data.presets import resolve_preset
 from hypersolid_scale.methods.params import check_section
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -149,34 +148,10 @@ class Method(nn.Module):
         return None
 
     @classmethod
-    def check_run(cls, cfg: Any) -> None:
-        """What this method cannot be combined with in the run config ``cfg`` (a ``Config``, a layer above
-        this package, hence untyped): one ConfigError naming the keys and the fix."""
-        if cfg.eval.features != "backbone" and not cls.projection_head:
-            raise ConfigError(
-                f"eval.features={cfg.eval.features!r} reads the method's projection head, which "
-                f"method.name={cls.name} does not have; set eval.features=backbone"
-            )
-        frozen = cls.frozen_by_schedule(getattr(cfg.method, cls.name))
-        # ZeRO 1/2 reduce the gradients into DeepSpeed's own partitioned buffers, out of reach of the step where
-        # a schedule drops the gradients of a frozen part.
-        if cfg.dist.engine == "deepspeed" and cfg.dist.zero_stage > 0 and frozen is not None:
-            key = f"method.{cls.name}.{frozen[0]}"
-            raise ConfigError(
-                f"method.name={cls.name} with dist.engine=deepspeed and dist.zero_stage={cfg.dist.zero_stage}: "
-                f"{key}={frozen[1]} freezes part of the head by dropping its gradients before the optimizer step, "
-                f"which ZeRO's partitioned gradients do not allow; use dist.engine=ddp, dist.zero_stage=0, or {key}=0"
-            )
-        if cls.tells_views_by_size:
-            # lightly's multi-crop convention: a local view is told from a global one by its size.
-            preset = resolve_preset(cfg.data)
-            if preset.num_local_views > 0 and preset.local_crop_size >= preset.global_crop_size:
-                raise ConfigError(
-                    f"method.name={cls.name} tells local views from global ones by their size, but the local crops "
-                    f"({preset.local_crop_size} px) are not smaller than the global ones ({preset.global_crop_size} "
-                    "px): every view would count as global; set a smaller data.local_crop_size (e.g. 18 for 32 px "
-                    "CIFAR) or data.num_local_views=0"
-                )
+    def per_rank_state(cls, section: Any) -> tuple[str, str] | None:
+        """``(key, what)`` when the section keeps state per rank in a buffer (SwaV's queue) that DDP would overwrite
+        with rank 0's at every step (config/combinations.check_per_rank_state); None otherwise."""
+        return None
 
     @classmethod
     def whole_step_compile_refusal(cls, section: Any) -> str:

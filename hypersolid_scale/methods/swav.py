@@ -17,10 +17,8 @@ from lightly.models.modules.memory_bank import MemoryBankModule
 from torch import nn
 
 from hypersolid_scale.distributed import get_world_size
-from hypersolid_scale.distributed.process_group import world_info_from_env
 from hypersolid_scale.methods.base import Method, Outputs, encode, project
 from hypersolid_scale.methods.registry import register
-from hypersolid_scale.safety.errors import ConfigError
 
 
 @dataclass
@@ -84,17 +82,8 @@ class SwaV(Method):
         return ("freeze_prototypes_steps", steps) if steps > 0 else None
 
     @classmethod
-    def check_run(cls, cfg: Any) -> None:
-        super().check_run(cfg)
-        # The launcher's world size: known when the config is validated, before the process group exists.
-        launched = world_info_from_env().world_size
-        if cfg.method.swav.queue_length > 0 and launched > 1 and cfg.dist.engine == "ddp":
-            # DDP broadcasts every buffer from rank 0 before each forward, the per-rank queue included.
-            raise ConfigError(
-                "method.swav.queue_length > 0 keeps a queue per rank, which DistributedDataParallel "
-                "overwrites with rank 0's at every step; set method.swav.queue_length=0 or run in one "
-                "process"
-            )
+    def per_rank_state(cls, section: SwaVConfig) -> tuple[str, str] | None:
+        return ("method.swav.queue_length", "a queue per rank") if section.queue_length > 0 else None
 
     def __init__(self, feature_dim: int, cfg: SwaVConfig, steps_per_epoch: int = 1) -> None:
         super().__init__(steps_per_epoch)

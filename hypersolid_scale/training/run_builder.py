@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from hypersolid_scale.config.combinations import METHOD_RULES, check_combinations
 from hypersolid_scale.config.schema import Config
 from hypersolid_scale.data import BatchPlan, build_train_loader, in_channels, plan_batch
 from hypersolid_scale.distributed import (
@@ -33,7 +34,7 @@ from hypersolid_scale.distributed import (
     gather_objects,
     resolve_transport,
 )
-from hypersolid_scale.methods import Method, MethodModel, build_method_model, get_method
+from hypersolid_scale.methods import Method, MethodModel, build_method_model
 from hypersolid_scale.safety.errors import ConfigError, DataError, UserError
 from hypersolid_scale.training.compile_scope import CompileScope, compile_scope
 from hypersolid_scale.training.optim import LearningRate, lr_schedule, optimizer_factory, scaled_lr
@@ -199,7 +200,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
             f"(data.dataset={cfg.data.dataset!r}); set model.in_channels={channels}"
         )
     precision = resolve_precision(cfg.dist.precision, device)
-    get_method(cfg.method.name).check_run(cfg)  # again, now that the world size is known
+    check_combinations(cfg, METHOD_RULES)  # again, for a config built without load_config (a checkpoint's)
     batch = plan_batch(cfg.data, world_size=info.world_size, accumulate_steps=cfg.optim.accumulate_steps)
     # The method's epoch schedules need the loader's length, so the loader comes first; it must not move the
     # seeded generator that initialises the weights, whatever its format does when it is built.
