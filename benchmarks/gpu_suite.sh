@@ -2,8 +2,8 @@
 # The GPU benchmark suite: CUDA tests, repulsion backends, training throughput, loaders, photos; JSON + PNG.
 #
 #     bash benchmarks/gpu_suite.sh [--device cuda|cpu] [--quick] [--out DIR] [--parts a,b]
-#         (default out: runs/bench/gpu-<UTC date-time>; parts: cuda_tests,repulsion,train_throughput,loaders,photo,speed;
-#          default all)
+#         (default out: runs/bench/gpu-<UTC date-time>; parts: cuda_tests,repulsion,ring_hop,train_throughput,loaders,
+#          photo,speed; default all)
 #
 # Budget: each part has its own time limit (at most 13 minutes together: on a 10-minute device call, run the photo
 # part in a call of its own with --parts photo); a part that cannot run records
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 DEVICE=cuda
 QUICK=0
-PARTS=cuda_tests,repulsion,train_throughput,loaders,photo,speed
+PARTS=cuda_tests,repulsion,ring_hop,train_throughput,loaders,photo,speed
 OUT=runs/bench/gpu-$(date -u +%Y%m%d-%H%M%S)
 COMMAND="bash benchmarks/gpu_suite.sh $*"
 while [ $# -gt 0 ]; do
@@ -70,7 +70,8 @@ if [ "$QUICK" = 1 ]; then
   PH_TR_ARGS="--quick --workers 2 --budget-s 20 --set-images 256"
   SP_ARGS="--quick --workers 2 --budget-s 20"
   ST_ARGS="--quick"
-  LIMITS=(240 150 200 120 240 600)
+  RH_ARGS=(--quick)
+  LIMITS=(240 150 200 120 240 600 60)
 else
   # Dense up to where it fits (24 B/pair: 32k on 80 GB); neighbors (top-k search on the GPU) up to 128k.
   REP_ARGS=(--sizes 8192 32768 65536 131072 262144 --regimes spread --dtypes bf16 fp32
@@ -86,7 +87,9 @@ else
   # The stage alone (benchmarks.stage_alone: its chain's compile, then 2 x 8 batches of 128) first, in 90 s at most.
   SP_ARGS="--workers 12 --budget-s 170 --set-images 2048"
   ST_ARGS="--batch 128 --batches 8"
-  LIMITS=(150 120 150 50 300 420)
+  # ring_hop: one hop's block and bf16 screen at m = 512..4096, D = 1024 (the cost model's per-hop compute).
+  RH_ARGS=(--rows 512 1024 2048 4096 --repeat 10)
+  LIMITS=(150 120 150 50 300 420 40)
 fi
 [ "$DEVICE" = cpu ] && [ "$QUICK" = 0 ] && echo "note: --device cpu without --quick takes long"
 
@@ -101,6 +104,8 @@ part cuda_tests "${LIMITS[0]}" "$PY" -m pytest -m cuda -q -p no:cacheprovider --
   --junitxml="$OUT/cuda_tests.xml" "${CUDA_TEST_FILES[@]:-tests/}"
 # 2. Repulsion backends (+ their share of a ResNet-50 step).
 part repulsion "${LIMITS[1]}" "$PY" -m benchmarks.repulsion --device "$DEVICE" "${REP_ARGS[@]}" --out "$OUT/repulsion"
+# 2b. One hop of the ring backend: the block computed while the next one travels (docs/design.md §3f).
+part ring_hop "${LIMITS[6]}" "$PY" -m benchmarks.ring_hop --device "$DEVICE" "${RH_ARGS[@]}" --out "$OUT"
 # 3. Training throughput: trainer vs the plain reference loop (+ compile, + DeepSpeed ZeRO-2).
 part train_throughput "${LIMITS[2]}" "$PY" -m benchmarks.train_throughput --device "$DEVICE" "${TT_ARGS[@]}" --out "$OUT"
 # 4. Loaders at 224 px: WebDataset + PIL, FFCV (where it imports), the in-memory tensor path.

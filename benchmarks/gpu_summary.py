@@ -24,6 +24,7 @@ from hypersolid_scale.safety import atomic
 PARTS: dict[str, Any] = {
     "cuda_tests": None,
     "repulsion": "repulsion.json",
+    "ring_hop": "ring_hop.json",
     "train_throughput": "train_throughput.json",
     "loaders": "loaders.json",
     # Two benchmarks in one part: its results are {"loaders": ..., "trainer": ...}, each where written.

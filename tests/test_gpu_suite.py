@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PART_FILES = {"repulsion": "repulsion.json", "train_throughput": "train_throughput.json", "loaders": "loaders.json"}
+PART_FILES = {"repulsion": "repulsion.json", "ring_hop": "ring_hop.json", "train_throughput": "train_throughput.json",
+              "loaders": "loaders.json"}
 
 
 def has_numbers_or_reason(row: dict, number_keys: tuple[str, ...]) -> bool:
@@ -74,6 +75,13 @@ def check_outputs(out: Path) -> None:
     assert {r["dtype"] for r in measured} == {"fp32", "bf16"}
     assert all(r["loss_rel_err"] < 1e-4 for r in measured if r["backend"] in ("tiled", "neighbors-flat"))
     assert rep["share"].get("cases") or rep["share"].get("skipped")
+
+    hop = json.loads((out / "ring_hop.json").read_text())["rows"]
+    assert {(r["regime"], r["rows"]) for r in hop} == {(g, m) for g in ("spread", "collapsed") for m in (64, 128)}
+    assert all(r["block_s"] > 0 and r["screen_bf16_s"] > 0 and r["hop_bytes_bf16"] * 2 == r["hop_bytes_fp32"] for r in hop)
+    # near collapse every column passes the screen (it is sent again in fp32); spread, few do
+    assert all(r["columns_needed_after_screen"] == (1.0 if r["regime"] == "collapsed" else r["columns_needed_after_screen"]) for r in hop)
+    assert all(r["columns_needed_after_screen"] < 0.5 for r in hop if r["regime"] == "spread")
 
     tt = json.loads((out / "train_throughput.json").read_text())
     assert [r["setup"] for r in tt["results"]] == ["cifar", "imagenet"]
