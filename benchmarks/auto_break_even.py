@@ -1,5 +1,5 @@
 """Where ``tiled`` and exact ``neighbors`` (the two sides of ``backend=auto``) really cost the same, and what each
-of ``auto``'s two ways of choosing (``auto_by``) runs there.
+of ``auto``'s two ways of choosing (``auto.by``) runs there.
 
     python -m benchmarks.auto_break_even [--rows 4096] [--dim 256] [--points 11] [--device cpu|cuda]
 
@@ -7,8 +7,8 @@ Embeddings of ``--rows`` rows go from near collapse (every row inside α of the 
 spread, in ``--points`` steps (``embeddings``). At each, the repulsion of ``tiled`` and of exact ``neighbors``
 (the sides of ``auto``) is timed forward and backward (the median of ``--repeat`` runs after one warm-up) with the
 saturated fraction s that ``neighbors`` reports. Per point, the JSON names the cheaper side, the side
-``auto_by=fraction`` runs there at the default thresholds (below ``auto_to_neighbors``: neighbors; above
-``auto_to_tiled``: tiled; between them: whichever it ran before, "either"), and the side ``auto_by=time`` runs
+``auto.by=fraction`` runs there at the default thresholds (below ``auto.to_neighbors``: neighbors; above
+``auto.to_tiled``: tiled; between them: whichever it ran before, "either"), and the side ``auto.by=time`` runs
 (the cheaper one unless the other is within ``SWITCH_MARGIN``). Writes runs/bench/auto_break_even.json and .png
 (``--out`` elsewhere).
 """
@@ -63,14 +63,14 @@ def plot(rows: list[dict[str, Any]], thresholds: tuple[float, float], path: Path
         s = [r["saturated_fraction"] for r in rows]
         ax.plot(s, [r["tiled_s"] * 1e3 for r in rows], "o-", label="tiled")
         ax.plot(s, [r["neighbors_s"] * 1e3 for r in rows], "s-", label="neighbors (exact)")
-        ax.axvspan(*thresholds, color="grey", alpha=0.2, label="auto_by=fraction: hysteresis band")
+        ax.axvspan(*thresholds, color="grey", alpha=0.2, label="auto.by=fraction: hysteresis band")
         ax.set_xlabel("saturated fraction s")
         ax.set_ylabel("ms per call (forward + backward)")
         ax.legend(fontsize=8)
 
 
 def fraction_side(s: float, lo: float, hi: float) -> str:
-    """What ``auto_by=fraction`` runs at a steady fraction ``s``."""
+    """What ``auto.by=fraction`` runs at a steady fraction ``s``."""
     return "neighbors" if s < lo else "tiled" if s > hi else "either"
 
 
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256, help="embedding width D")
     parser.add_argument("--views", type=int, default=8, help="views per image")
     parser.add_argument("--points", type=int, default=11, help="steps from collapsed to spread")
-    parser.add_argument("--k", type=int, default=64, help="candidates per row (method.hypersolid.k)")
+    parser.add_argument("--k", type=int, default=64, help="candidates per row (method.hypersolid.neighbors.k)")
     parser.add_argument("--index", default="torch", choices=["torch", "flat"], help="the exact search")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per side and point (median kept)")
     common.add_device(parser)
@@ -91,12 +91,12 @@ def main() -> None:
     from hypersolid_scale.losses.backends.auto import SWITCH_MARGIN
     from hypersolid_scale.losses.backends.neighbors import NeighborsBackend
     from hypersolid_scale.losses.backends.tiled import TiledBackend
-    from hypersolid_scale.losses.config import LossConfig
+    from hypersolid_scale.losses.config import loss_config
     from hypersolid_scale.losses.repulsion import PairLayout
 
-    cfg = LossConfig(backend="auto", index=args.index, k=args.k, recall_every=0)
-    tiled, neighbors = TiledBackend(cfg, saturation_k=cfg.k), NeighborsBackend(cfg)
-    layout, alpha, band = PairLayout(0, args.views), cfg.alpha, (cfg.auto_to_neighbors, cfg.auto_to_tiled)
+    cfg = loss_config(backend="auto", neighbors={"index": args.index, "k": args.k, "recall_every": 0})
+    tiled, neighbors = TiledBackend(cfg, saturation_k=args.k), NeighborsBackend(cfg)
+    layout, alpha, band = PairLayout(0, args.views), cfg.alpha, (cfg.auto.to_neighbors, cfg.auto.to_tiled)
     rows: list[dict[str, Any]] = []
     for i in range(args.points):
         t = i / max(1, args.points - 1)

@@ -98,8 +98,10 @@ def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--checkpoints", type=Path, nargs="+", required=True, help="one run's, oldest first")
     parser.add_argument("--batches", type=int, default=8, help="global batches of the training loader to embed")
-    parser.add_argument("--k", type=int, default=64, help="candidates per row (method.hypersolid.k)")
-    parser.add_argument("--nprobe", type=int, default=16, help="lists visited per query (method.hypersolid.nprobe)")
+    parser.add_argument("--k", type=int, default=64, help="candidates per row (method.hypersolid.neighbors.k)")
+    parser.add_argument(
+        "--nprobe", type=int, default=16, help="lists visited per query (method.hypersolid.neighbors.nprobe)"
+    )
     parser.add_argument("--repeat", type=int, default=5, help="runs of each search (the median is kept)")
     common.add_out(parser, "ivf_reuse")
     args = parser.parse_args()

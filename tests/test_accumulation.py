@@ -53,7 +53,7 @@ def make_model(case: str) -> MethodModel:
     cfg = small_cfg(name)
     if backend:
         cfg.hypersolid.backend = backend
-        cfg.hypersolid.tile_size, cfg.hypersolid.k = 5, 4  # several tiles; fewer candidates than rows
+        cfg.hypersolid.tile_size, cfg.hypersolid.neighbors.k = 5, 4  # several tiles; fewer candidates than rows
     if name == "swav":
         cfg.swav.queue_start_epoch = 0  # the queue takes part in the assignment from the first step
     method = build_method(cfg, backbone, 8, steps_per_epoch=2)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hypersolid_scale.losses import HypersolidLoss, LossConfig
+from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.losses.config import loss_config
 from hypersolid_scale.losses.backend_switch import BackendSwitch
 from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from hypersolid_scale.losses.repulsion import PairLayout, tiled_repulsion
@@ -90,7 +91,7 @@ def test_auto_switches_from_collapsed_to_spread_and_back_and_stays_exact():
 
 
 def test_auto_config_round_trip_and_stat_names():
-    cfg = LossConfig(backend="auto", index="torch", auto_to_neighbors=0.1, auto_to_tiled=0.3)
+    cfg = loss_config(backend="auto", neighbors={"index": "torch"}, auto={"to_neighbors": 0.1, "to_tiled": 0.3})
     fn = HypersolidLoss.from_config(cfg)
     assert fn.cfg == cfg and fn.backend.switch.to_neighbors == 0.1 and fn.backend.switch.to_tiled == 0.3
     assert "backend_neighbors" in fn.stat_names and "saturated_fraction" in fn.stat_names
@@ -98,13 +99,13 @@ def test_auto_config_round_trip_and_stat_names():
 
 
 def test_auto_by_time_runs_the_side_that_timed_cheaper_and_stays_exact(monkeypatch, capsys):
-    """Both sides timed (the second of two runs each) at call 1 and every auto_time_every calls; the other side
+    """Both sides timed (the second of two runs each) at call 1 and every auto.time_every calls; the other side
     is taken when it costs under SWITCH_MARGIN of the current one's. Between timings nothing is timed."""
     from hypersolid_scale.losses.backends import auto
 
     clock, cost = [0.0], {"tiled": 1.0, "neighbors": 1.5}
     monkeypatch.setattr(auto.time, "perf_counter", lambda: clock[0])
-    fn = HypersolidLoss(backend="auto", k=K, tile_size=40, auto_by="time", auto_time_every=3)
+    fn = HypersolidLoss(backend="auto", k=K, tile_size=40, auto={"by": "time", "time_every": 3})
     runs = {"tiled": 0, "neighbors": 0}
     for side in auto.SIDES:
         run = fn.backend._sides[side].repulsion
@@ -144,8 +145,8 @@ def test_a_resumed_auto_loss_takes_the_uninterrupted_runs_sides_bitwise():
     def build(seed: int):
         torch.manual_seed(seed)
         backbone, dim = build_backbone(ModelConfig(arch="small_cnn", small_cnn=SmallCNNOptions(width=4), in_channels=3))
-        section = get_method("hypersolid").Config(hidden_dim=16, out_dim=8, backend="auto", index="torch", k=4,
-                                                  auto_to_neighbors=0.9, auto_to_tiled=1.0)
+        section = get_method("hypersolid").Config(hidden_dim=16, out_dim=8, backend="auto")
+        section.neighbors.index, section.neighbors.k, section.auto.to_neighbors, section.auto.to_tiled = "torch", 4, 0.9, 1.0
         cfg = MethodConfig(name="hypersolid", hypersolid=section)
         return backbone, build_method(cfg, backbone, dim, steps_per_epoch=10)
 

@@ -128,3 +128,57 @@ def test_the_registration_ends_with_its_test():
     assert CountingDense.name not in backend_names()
     with pytest.raises(ValueError, match="is not valid; choose one of"):
         HypersolidLoss(backend=CountingDense.name)
+
+
+# In the copy's repository, one process: the copy's own key refused by its own name, then `launch/train.py`.
+_CHECK_THEN_TRAIN = """
+import runpy, sys
+from hypersolid_scale.config.schema import load_config
+from hypersolid_scale.safety.errors import ConfigError
+try:
+    load_config("configs/quickstart.yaml", ["method.hypersolid.backend=neighbors_copy",
+                                            "method.hypersolid.neighbors_copy.k=0"])
+except ConfigError as err:
+    print("REFUSED " + str(err), flush=True)
+sys.argv = sys.argv[1:]
+runpy.run_path("launch/train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_a_copied_backend_file_with_an_option_trains_with_its_own_section(tmp_path):
+    """Copy neighbors.py under a new name, change only the name it registers: its options are the section
+    `method.hypersolid.neighbors_copy.*`, validated under that name, read by the copy (not the original's), and
+    `launch/train.py` trains with it (2 steps); its checkpoint stores the section. In a copy of the package, so
+    that no other test running meanwhile discovers the copy."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    repo_root, repo = Path(__file__).resolve().parents[1], tmp_path / "repo"
+    for part in ("hypersolid_scale", "launch", "configs"):
+        shutil.copytree(repo_root / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    src = repo / "hypersolid_scale" / "losses" / "backends" / "neighbors.py"
+    text = src.read_text()
+    assert text.count('"neighbors"') == 1
+    src.with_name("neighbors_copy.py").write_text(text.replace('"neighbors"', '"neighbors_copy"'))
+    run_dir = tmp_path / "run"
+    train = ["launch/train.py", "--config", "configs/quickstart.yaml", "method.hypersolid.backend=neighbors_copy",
+             "method.hypersolid.neighbors_copy.k=8", "method.hypersolid.neighbors_copy.index=torch",
+             "method.hypersolid.neighbors.k=0",  # the original's section: not read by the copy, so not refused
+             "method.hypersolid.hidden_dim=32", "method.hypersolid.out_dim=16", "model.small_cnn.width=4",
+             "data.dataset=digits", "data.batch_size_per_gpu=32", "data.num_local_views=0", "max_steps=2",
+             "dist.device=cpu", "eval.every_n_epochs=0", "tracking.enabled=false", "progress=false",
+             f"run_dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _CHECK_THEN_TRAIN, *train], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REFUSED method.hypersolid.neighbors_copy.k must be a positive integer, got 0" in proc.stdout
+    ckpt = torch.load(sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1], map_location="cpu", weights_only=True)
+    section = ckpt["config"]["method"]["hypersolid"]
+    assert section["backend"] == "neighbors_copy" and section["neighbors_copy"]["k"] == 8 and ckpt["step"] == 2
+    assert json.dumps(section["neighbors_copy"]) != json.dumps(section["neighbors"])
+    assert "neighbors_copy" not in backend_names()  # this process never imported the copy

@@ -37,7 +37,7 @@ CASES = [
     ("auto-twice-spread", {"backend": "auto", "k": 4, "tile_size": 5}, {}, "spread", (4, 4)),
     ("auto-twice-collapsed", {"backend": "auto", "k": 4}, {}, "collapsed", (3, 5)),
     # the side chosen by timing both at the first call: the slowest rank's times (the same side on both ranks)
-    ("auto-twice-timed", {"backend": "auto", "k": 4, "auto_by": "time"}, {}, "collapsed", (3, 5)),
+    ("auto-twice-timed", {"backend": "auto", "k": 4, "auto": {"by": "time"}}, {}, "collapsed", (3, 5)),
 ]
 B, V, D = 8, 3, 16
 

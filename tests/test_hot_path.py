@@ -71,8 +71,8 @@ def tiny_run(tmp_path: Path, device: str, extra: list[str]) -> tuple[train_mod.R
 
 
 BACKENDS = [["method.hypersolid.backend=dense"], ["method.hypersolid.backend=tiled", "method.hypersolid.tile_size=50"],
-            ["method.hypersolid.backend=neighbors", "method.hypersolid.index=torch", "method.hypersolid.k=8", "method.hypersolid.recall_every=2"],
-            ["method.hypersolid.backend=auto", "method.hypersolid.k=8"], ["method.hypersolid.backend=neighbors", "method.hypersolid.k=8"],
+            ["method.hypersolid.backend=neighbors", "method.hypersolid.neighbors.index=torch", "method.hypersolid.neighbors.k=8", "method.hypersolid.neighbors.recall_every=2"],
+            ["method.hypersolid.backend=auto", "method.hypersolid.neighbors.k=8"], ["method.hypersolid.backend=neighbors", "method.hypersolid.neighbors.k=8"],
             ["method.hypersolid.backend=ring", "method.hypersolid.tile_size=50"],
             ["method.hypersolid.backend=dense", "optim.accumulate_steps=2"]]  # the accumulated step (docs/design.md §3d)
 
@@ -108,7 +108,7 @@ def test_train_loop_reads_on_logging_steps_and_epoch_ends_only(tmp_path, monkeyp
 
     monkeypatch.setattr(train_mod, "train_step", step_probe)
     args = [*TINY, f"run_dir={tmp_path / 'run'}", "dist.device=cpu", "epochs=2", "tracking.log_every_n_steps=3",
-            "checkpoint.every_n_steps=0", "checkpoint.every_n_epochs=0", "method.hypersolid.backend=auto", "method.hypersolid.k=8"]
+            "checkpoint.every_n_steps=0", "checkpoint.every_n_epochs=0", "method.hypersolid.backend=auto", "method.hypersolid.neighbors.k=8"]
     reads: list = []
     with host_reads(reads, tag=lambda: phase["now"]):
         assert train_mod.main(args) == 0
@@ -222,7 +222,7 @@ def sync_debug(mode: str):
 
 SYNC_FREE = [["method.hypersolid.backend=dense"], ["method.hypersolid.backend=tiled", "method.hypersolid.tile_size=50"],
              # auto's decision machinery, held on tiled (the threshold 0 is never undercut)
-             ["method.hypersolid.backend=auto", "method.hypersolid.k=8", "method.hypersolid.auto_to_neighbors=0.0"],
+             ["method.hypersolid.backend=auto", "method.hypersolid.neighbors.k=8", "method.hypersolid.auto.to_neighbors=0.0"],
              ["method.hypersolid.backend=ring", "method.hypersolid.tile_size=50"],
              ["method.hypersolid.backend=tiled", "optim.accumulate_steps=2"]]  # random state capture and replay
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hypersolid_scale.losses import HypersolidLoss, LossConfig
+from hypersolid_scale.losses import HypersolidLoss
+from hypersolid_scale.losses.config import loss_config
 from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from hypersolid_scale.losses.repulsion import PairLayout, dense_repulsion, tiled_repulsion
 from loss_reference import make_feats, reference_loss
@@ -184,16 +185,17 @@ def test_pair_exactly_at_alpha_is_inactive(backend, opts):
                                 r"neighbors, auto, ring$"),
         ({"pooling": "min"}, r"^method\.hypersolid\.pooling='min' is not valid; choose one of max, mean$"),
         ({"repel": "some"}, r"^method\.hypersolid\.repel='some' .* all, negatives, positives$"),
-        ({"backend": "neighbors", "index": "lsh"}, r"^method\.hypersolid\.index='lsh' .* flat, ivf, hnsw, torch$"),
+        ({"backend": "neighbors", "index": "lsh"},
+         r"^method\.hypersolid\.neighbors\.index='lsh' .* flat, ivf, hnsw, torch$"),
         ({"backend": "auto", "index": "ivf"},
-         r"^method\.hypersolid\.backend=auto .* method\.hypersolid\.index='ivf' is approximate; use "
-         r"method\.hypersolid\.index=flat or torch, or method\.hypersolid\.backend=neighbors"),
-        ({"backend": "auto", "auto_to_neighbors": 0.3, "auto_to_tiled": 0.2},
-         r"^method\.hypersolid\.auto_to_neighbors=0\.3 and method\.hypersolid\.auto_to_tiled=0\.2 .*hysteresis"),
-        ({"tile": 4}, "unknown backend option"),
+         r"^method\.hypersolid\.backend=auto .* method\.hypersolid\.neighbors\.index='ivf' is approximate; use "
+         r"method\.hypersolid\.neighbors\.index=flat or torch, or method\.hypersolid\.backend=neighbors"),
+        ({"backend": "auto", "auto": {"to_neighbors": 0.3, "to_tiled": 0.2}},
+         r"^method\.hypersolid\.auto\.to_neighbors=0\.3 and method\.hypersolid\.auto\.to_tiled=0\.2 .*hysteresis"),
+        ({"tile": 4}, "unknown loss option 'tile'"),
         ({"norm_weight": -1}, r"^method\.hypersolid\.norm_weight must be >= 0, got -1$"),
-        ({"k": 0}, r"^method\.hypersolid\.k must be a positive integer, got 0$"),
-        ({"recall_every": -1}, r"^method\.hypersolid\.recall_every must be >= 0"),
+        ({"backend": "neighbors", "k": 0}, r"^method\.hypersolid\.neighbors\.k must be a positive integer, got 0$"),
+        ({"backend": "neighbors", "recall_every": -1}, r"^method\.hypersolid\.neighbors\.recall_every must be >= 0"),
     ],
 )
 def test_invalid_arguments(kwargs, match):
@@ -216,7 +218,7 @@ def test_invalid_input(feats, match):
 
 
 def test_from_config_round_trip():
-    cfg = LossConfig(alpha=0.75, backend="neighbors", index="hnsw", k=8)
+    cfg = loss_config(alpha=0.75, backend="neighbors", neighbors={"index": "hnsw", "k": 8})
     fn = HypersolidLoss.from_config(cfg)
     assert fn.cfg == cfg
 

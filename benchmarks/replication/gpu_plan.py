@@ -72,7 +72,10 @@ def gpu_runs(scale: float) -> list[Run]:
         for lam in LAMBDAS
         for a in ALPHAS
     ]
-    backends = {"dense": (), "neighbors": ("method.hypersolid.backend=neighbors", f"method.hypersolid.k={NEIGHBOR_K}")}
+    backends = {
+        "dense": (),
+        "neighbors": ("method.hypersolid.backend=neighbors", f"method.hypersolid.neighbors.k={NEIGHBOR_K}"),
+    }
     runs += [
         Run(f"backend-{b}-s{s}", "hypersolid", HYPERSOLID, ov, s, "gpu", "backend", short)
         for s in range(2)

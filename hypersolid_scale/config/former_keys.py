@@ -52,6 +52,10 @@ _WEBDATASET = "WebDataset's own keys are the section data.webdataset"
 _FFCV = "FFCV's own keys are the section data.ffcv"
 _LOSS = "the section 'loss' is now 'method' (method.name, method.<method>.*, Hypersolid's keys method.hypersolid.*)"
 _BACKBONE = "a backbone's own keys are its section model.<arch> (model.small_cnn.width, model.vit_tiny.patch_size)"
+_BACKEND_KEYS = (
+    "a repulsion backend's own keys are its section method.hypersolid.<backend> (method.hypersolid.neighbors.k, "
+    "method.hypersolid.auto.to_neighbors)"
+)
 _PROJECTOR = "every method's section holds its heads' shape: Hypersolid's projector is method.hypersolid.*"
 
 
@@ -96,6 +100,14 @@ def former_keys() -> dict[str, Former]:
         "model.small_cnn_width": Former("model.small_cnn.width", _BACKBONE),
         **{f"model.{k}": Former(f"model.vit_tiny.{k}", _BACKBONE) for k in ("img_size", "patch_size")},
         # After "loss": an earlier config's loss section has become method.hypersolid by now.
+        **{
+            f"method.{DEFAULT_METHOD}.{k}": Former(f"method.{DEFAULT_METHOD}.neighbors.{k}", _BACKEND_KEYS)
+            for k in ("index", "k", "nprobe", "ef_search", "recall_every", "ivf_retrain_every")
+        },
+        **{
+            f"method.{DEFAULT_METHOD}.auto_{k}": Former(f"method.{DEFAULT_METHOD}.auto.{k}", _BACKEND_KEYS)
+            for k in ("to_neighbors", "to_tiled")
+        },
         **{
             f"model.proj_{old}": Former(f"method.hypersolid.{new}", _PROJECTOR)
             for old, new in (("layers", "num_layers"), ("hidden_dim", "hidden_dim"), ("dim", "out_dim"))

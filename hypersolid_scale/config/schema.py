@@ -35,6 +35,7 @@ from hypersolid_scale.distributed.config import CHOICES as DIST_CHOICES
 from hypersolid_scale.distributed.config import RANGES as DIST_RANGES
 from hypersolid_scale.distributed.config import DistConfig
 from hypersolid_scale.eval.config import EvalConfig
+from hypersolid_scale.losses.config import drop_missing_backend_sections
 from hypersolid_scale.methods import MethodConfig
 from hypersolid_scale.methods.config import chosen_section, drop_missing_sections
 from hypersolid_scale.models import ModelConfig
@@ -281,7 +282,7 @@ def migrate(d: dict[str, Any]) -> dict[str, Any]:
     their present names (config/former_keys.py), and the sections of methods, formats or backbones not installed
     here left out."""
     where = "a stored config"
-    d = drop_missing_sections(rename_former_keys(d, where), where)
+    d = drop_missing_backend_sections(drop_missing_sections(rename_former_keys(d, where), where), where)
     return drop_missing_model_sections(drop_missing_format_sections(d, where), where)
 
 

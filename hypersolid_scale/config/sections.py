@@ -33,19 +33,20 @@ def drop_missing(
     kind: str,
     known: Collection[str],
     also: Callable[[dict[str, Any], list[str]], str] = lambda section, gone: "",
+    shown: str = "",
 ) -> dict[str, Any]:
-    """``d`` (a stored nested config) without the dict-valued keys of its section ``name`` that are not in
-    ``known`` (sub-sections of ``kind`` not installed here); the note names them, ``where`` the config came from,
-    and ends with ``also(section, gone)``."""
+    """``d`` (a stored nested config, or a section of one) without the dict-valued keys of its section ``name``
+    that are not in ``known`` (sub-sections of ``kind`` not installed here); the note names them (as
+    ``<shown><name>.<key>``), ``where`` the config came from, and ends with ``also(section, gone)``."""
     section = d.get(name)
     if not isinstance(section, dict):
         return d
     gone = sorted(k for k, v in section.items() if isinstance(v, dict) and k not in known)
     if not gone:
         return d
-    if name not in _said and os.environ.get("RANK", "0") == "0":
-        _said.add(name)
-        names = ", ".join(f"{name}.{g}" for g in gone)
+    if shown + name not in _said and os.environ.get("RANK", "0") == "0":
+        _said.add(shown + name)
+        names = ", ".join(f"{shown}{name}.{g}" for g in gone)
         note = f"note: {where} has sections of {kind} not installed here ({names}); they are left out"
         print(note + also(section, gone), file=sys.stderr, flush=True)
     return {**d, name: {k: v for k, v in section.items() if k not in gone}}

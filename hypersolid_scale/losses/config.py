@@ -1,57 +1,54 @@
-"""Typed configuration of the Hypersolid objective (the ``method.hypersolid`` section of the run config)."""
+"""Typed configuration of the Hypersolid objective (the ``method.hypersolid`` section of the run config).
+
+The objective's keys (``alpha``, ``norm_weight``, ``pooling``, ``repel``), the ``backend`` and the keys several
+backends read (``tile_size``, ``screen``) sit in ``method.hypersolid``; a backend's own keys in its section
+``method.hypersolid.<backend>`` (``method.hypersolid.neighbors.k``, ``method.hypersolid.auto.by``), built from its
+registration (``Backend.options``) as a method's section is from the method registry, so a new backend, its keys
+included, needs no change here. Earlier versions had them flat (``method.hypersolid.k``): config/former_keys.py.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import dataclasses
+from typing import Any
 
-from hypersolid_scale.losses.backends import backend_names, get_backend
+from hypersolid_scale.config.sections import drop_missing
+from hypersolid_scale.losses.backends import SECTION, backend_names, get_backend
+from hypersolid_scale.losses.repulsion import REPEL_MODES
 
-SECTION = "method.hypersolid"  # where these keys live in the run config, as error messages name them
 POOLINGS = ("max", "mean")
-REPEL_MODES = ("all", "negatives", "positives")
-# flat: exact (FAISS IndexFlatIP on CPU, the torch blockwise top-k on CUDA); torch: the torch top-k on any device;
-# ivf / hnsw: approximate FAISS indexes (ivf runs on the GPU when faiss-gpu is installed).
-INDEXES = ("flat", "ivf", "hnsw", "torch")
-EXACT_INDEXES = ("flat", "torch")
 # off: columns exchanged and compared in the input's precision; bf16: exchanged and screened in bfloat16, every
 # pair the proven rounding bound cannot decide recomputed in full precision (exact; docs/design.md §2, screening).
 SCREENS = ("off", "bf16")
-AUTO_BY = ("fraction", "time")
-# The IVF quantizer's life in calls: kept for 100 calls, a search on 24,576 rows took 0.57x the time of one
-# that trains it, its recall 0.919 against 0.937 (benchmarks/ivf_reuse.py, docs/design.md §2 neighbors).
-IVF_RETRAIN_EVERY = 100
 
 
-@dataclass
-class LossConfig:
-    """Hyperparameters of :class:`~hypersolid_scale.losses.HypersolidLoss`.
+class LossConfigBase:
+    """Hyperparameters of :class:`~hypersolid_scale.losses.HypersolidLoss` (what :data:`LossConfig`, built from the
+    backend registry, holds besides its fields).
 
     Defaults are the paper's (alpha 0.9, lambda 1e-6, max-pooled targets, repulsion over all pairs).
+
+    Attributes:
+        alpha: exclusion threshold on cosine similarity.
+        norm_weight: lambda of the L2 normalization term; 0 disables it.
+        pooling: target per image: "max" (paper) | "mean" (ablation).
+        repel: which pairs are repelled: "all" (paper) | "negatives" | "positives".
+        backend: a registered backend (losses/backends/): "dense" (reference) | "tiled" (exact, bounded memory) |
+            "neighbors" (candidate search) | "auto" (tiled or neighbors per step; docs/design.md §3c) | "ring"
+            (tiled, rows passed round the ranks; §3f).
+        tile_size: tiled, ring, and the torch search: rows/columns per block.
+        screen: tiled, ring: "off" | "bf16" (columns sent and screened in bf16, decisions exact; §2).
+        <backend>: each registered backend's own section (its ``options``).
     """
 
-    alpha: float = 0.9  # exclusion threshold on cosine similarity
-    norm_weight: float = 1e-6  # lambda of the L2 normalization term; 0 disables it
-    pooling: str = "max"  # target per image: "max" (paper) | "mean" (ablation)
-    repel: str = "all"  # which pairs are repelled: "all" (paper) | "negatives" | "positives"
-    # a registered backend (losses/backends/): "dense" (reference) | "tiled" (exact, bounded memory) |
-    # "neighbors" (candidate search) | "auto" (tiled or neighbors per step, from the previous step's
-    # saturated-row fraction; docs/design.md §3c) | "ring" (tiled, rows passed round the ranks; §3f)
-    backend: str = "dense"
-    tile_size: int = 4096  # tiled, ring, and the torch search: rows/columns per block
-    screen: str = "off"  # tiled, ring: "off" | "bf16" (columns sent and screened in bf16, decisions exact; §2)
-    index: str = "flat"  # neighbors: "flat" | "torch" (exact) | "ivf" | "hnsw" (approximate)
-    k: int = 64  # neighbors: candidates searched per row
-    nprobe: int = 16  # neighbors/ivf: inverted lists visited per query
-    ef_search: int = 64  # neighbors/hnsw: search breadth
-    recall_every: int = 100  # neighbors: measure recall against exact search every N calls (0: never)
-    # neighbors/ivf on the host: train the coarse quantizer every N calls and keep it between them (1: every call)
-    ivf_retrain_every: int = IVF_RETRAIN_EVERY
-    auto_to_neighbors: float = 0.05  # auto: switch tiled -> neighbors when the saturated fraction drops below
-    auto_to_tiled: float = 0.20  # auto: switch neighbors -> tiled when the saturated fraction rises above
-    # auto: "fraction" (the saturated fraction against the two thresholds above) | "time" (the side that costs less,
-    # both timed at the first call and every auto_time_every calls; docs/design.md §3c)
-    auto_by: str = "fraction"
-    auto_time_every: int = 200  # auto_by=time: calls between two timings (each costs four extra repulsions)
+    alpha: float
+    norm_weight: float
+    pooling: str
+    repel: str
+    backend: str
+    tile_size: int
+    screen: str
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field and what it accepts."""
@@ -63,23 +60,12 @@ class LossConfig:
             ("pooling", self.pooling, POOLINGS),
             ("repel", self.repel, REPEL_MODES),
             ("backend", self.backend, backend_names()),
-            ("index", self.index, INDEXES),
             ("screen", self.screen, SCREENS),
-            ("auto_by", self.auto_by, AUTO_BY),
         ):
             if value not in allowed:
                 raise ValueError(f"{SECTION}.{name}={value!r} is not valid; choose one of {', '.join(allowed)}")
-        for name in ("tile_size", "k", "nprobe", "ef_search", "ivf_retrain_every", "auto_time_every"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"{SECTION}.{name} must be a positive integer, got {getattr(self, name)}")
-        if self.recall_every < 0:
-            raise ValueError(f"{SECTION}.recall_every must be >= 0 (0 disables), got {self.recall_every}")
-        if not 0.0 <= self.auto_to_neighbors < self.auto_to_tiled <= 1.0:
-            raise ValueError(
-                f"{SECTION}.auto_to_neighbors={self.auto_to_neighbors} and "
-                f"{SECTION}.auto_to_tiled={self.auto_to_tiled} must satisfy 0 <= auto_to_neighbors < "
-                "auto_to_tiled <= 1 (the gap between them is the hysteresis)"
-            )
+        if int(self.tile_size) < 1:
+            raise ValueError(f"{SECTION}.tile_size must be a positive integer, got {self.tile_size}")
         if self.screen != "off" and not get_backend(self.backend).screens:
             offer = [name for name in backend_names() if get_backend(name).screens]
             raise ValueError(
@@ -87,4 +73,73 @@ class LossConfig:
                 f"({', '.join(offer)}), not {SECTION}.backend={self.backend!r}; set {SECTION}.screen=off or "
                 f"{SECTION}.backend={offer[0]}"
             )
+        own = getattr(self, self.backend, None) if get_backend(self.backend).options is not None else None
+        if own is not None and hasattr(own, "validate"):
+            own.validate(f"{SECTION}.{self.backend}")
         get_backend(self.backend).check_config(self)  # what only this backend requires
+
+
+COMMON: list[tuple[str, type, Any]] = [
+    ("alpha", float, 0.9),
+    ("norm_weight", float, 1e-6),
+    ("pooling", str, "max"),
+    ("repel", str, "all"),
+    ("backend", str, "dense"),
+    ("tile_size", int, 4096),
+    ("screen", str, "off"),
+]
+
+
+def backend_sections() -> dict[str, type]:
+    """The registered backends with a section of their own: name -> its options dataclass."""
+    return {n: opts for n in backend_names() if (opts := get_backend(n).options) is not None}
+
+
+def _loss_config_class() -> type:
+    fields: list[Any] = [(name, kind, dataclasses.field(default=default)) for name, kind, default in COMMON]
+    fields += [(name, opts, dataclasses.field(default_factory=opts)) for name, opts in backend_sections().items()]
+    cls = dataclasses.make_dataclass("LossConfig", fields, bases=(LossConfigBase,))
+    cls.__module__ = __name__  # picklable, and named where it is defined
+    cls.__doc__ = LossConfigBase.__doc__
+    return cls
+
+
+LossConfig: Any = _loss_config_class()
+
+
+def loss_config(**options: Any) -> Any:
+    """A :data:`LossConfig` from keyword options, as :class:`~hypersolid_scale.losses.HypersolidLoss` takes them:
+    the common ones as values; a backend's section as its options dataclass or a dict of its keys
+    (``neighbors={"k": 8}``); or one of a backend's keys by its own name (``k=8``) where exactly one backend's
+    section has that key. Raises ValueError naming an option no field or section has."""
+    sections = backend_sections()
+    common = {f.name for f in dataclasses.fields(LossConfig)}
+    given: dict[str, Any] = {}
+    for name, value in options.items():
+        owners = [b for b, opts in sections.items() if name in {f.name for f in dataclasses.fields(opts)}]
+        if name in common:
+            given[name] = value
+        elif len(owners) == 1:
+            section = given.setdefault(owners[0], {})
+            if not isinstance(section, dict):
+                raise ValueError(f"{name}={value!r} and {owners[0]}= both set the section {owners[0]}; give one")
+            section[name] = value
+        else:
+            valid = sorted(common | {f.name for opts in sections.values() for f in dataclasses.fields(opts)})
+            raise ValueError(f"unknown loss option {name!r}; valid options: {', '.join(valid)}")
+    for name, value in given.items():
+        if name in sections:
+            base = value if not isinstance(value, dict) else sections[name](**value)
+            given[name] = copy.deepcopy(base)  # a config of its own, not shared with the caller's
+    return LossConfig(**given)
+
+
+def drop_missing_backend_sections(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """``d`` (a stored nested config dict) without the ``method.hypersolid.<backend>`` sections of backends not
+    installed here (config/sections.py), said once."""
+    method = d.get("method")
+    if not isinstance(method, dict):
+        return d
+    known = {f.name for f in dataclasses.fields(LossConfig)}
+    kept = drop_missing(method, where, SECTION.split(".")[1], "repulsion backends", known, shown="method.")
+    return d if kept is method else {**d, "method": kept}

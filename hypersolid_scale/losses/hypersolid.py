@@ -35,12 +35,10 @@ from torch import nn
 
 from hypersolid_scale.distributed import all_reduce_packed, get_world_size
 from hypersolid_scale.losses.backends import Backend, get_backend
-from hypersolid_scale.losses.config import LossConfig
+from hypersolid_scale.losses.config import LossConfig, loss_config
 from hypersolid_scale.losses.repulsion import RepulsionStats
 from hypersolid_scale.losses.stats import PackedStats
 
-_OBJECTIVE = ("alpha", "norm_weight", "pooling", "repel", "backend")  # the other LossConfig fields: backend options
-_BACKEND_OPTIONS = {f.name for f in fields(LossConfig)} - set(_OBJECTIVE)
 BASE_STATS = (
     "loss",
     "alignment",
@@ -74,8 +72,10 @@ class HypersolidLoss(nn.Module):
             (a GPU synchronisation); the trainer turns it off and reads the ``nonfinite`` statistic instead.
         same_rows_per_rank: every rank holds as many rows as this one (the trainer's fixed per-rank batch),
             so the all_gather skips its row-count exchange, a host synchronisation. Default False.
-        **backend_options: the other fields of :class:`LossConfig` (tile_size, index, k, ...), read by the
-            backends that use them.
+        **backend_options: the other fields of :data:`LossConfig`: ``tile_size``, ``screen``, a backend's section
+            as a dict of its keys or its options dataclass (``neighbors={"k": 8}``), or a backend's key by its own
+            name (``k=8``; :func:`~hypersolid_scale.losses.config.loss_config`), read by the backends that use
+            them.
 
     Shape:
         feats: (B, V, D) — B images on this process, V ≥ 2 views each, ordered as the model emits them.
@@ -103,10 +103,7 @@ class HypersolidLoss(nn.Module):
         **backend_options: Any,
     ) -> None:
         super().__init__()
-        unknown = set(backend_options) - _BACKEND_OPTIONS
-        if unknown:
-            raise ValueError(f"unknown backend option(s) {sorted(unknown)}; valid options: {sorted(_BACKEND_OPTIONS)}")
-        self.cfg = LossConfig(
+        self.cfg = loss_config(
             alpha=alpha, norm_weight=norm_weight, pooling=pooling, repel=repel, backend=backend, **backend_options
         )
         self.cfg.validate()

@@ -42,13 +42,17 @@ from hypersolid_scale.losses.candidates import (
     faiss_search,
     topk_inner_product,
 )
-from hypersolid_scale.losses.config import INDEXES
 from hypersolid_scale.losses.repulsion import LinearizedRowSum, PairLayout, RepulsionStats, blockwise_rows
 
 # FAISS searches in float32; a row counts as saturated when its k-th score is within this margin of alpha,
 # so float32 rounding can never hide a neighbour from a float64 recomputation.
 _SATURATION_MARGIN = 1e-4
 _RECALL_ROWS = 256
+
+# flat: exact (FAISS IndexFlatIP on CPU, the torch blockwise top-k on CUDA); torch: the torch top-k on any device;
+# ivf / hnsw: approximate FAISS indexes (ivf runs on the GPU when faiss-gpu is installed).
+INDEXES = ("flat", "ivf", "hnsw", "torch")
+EXACT_INDEXES = ("flat", "torch")
 
 
 class NeighborRepulsion:
@@ -99,9 +103,9 @@ class NeighborRepulsion:
         if x_rows.is_cuda and not self._warned:
             self._warned = True
             warnings.warn(
-                f"method.hypersolid.index={self.index_kind} searches on the CPU (faiss-gpu "
+                f"method.hypersolid.neighbors.index={self.index_kind} searches on the CPU (faiss-gpu "
                 f"{'has no HNSW' if self.index_kind == 'hnsw' else 'is not installed'}): the embeddings "
-                "are copied to the host every step. Use method.hypersolid.index=flat for an exact search "
+                "are copied to the host every step. Use method.hypersolid.neighbors.index=flat for an exact search "
                 "on the GPU.",
                 stacklevel=3,
             )

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from hypersolid_scale.losses.config import REPEL_MODES
+REPEL_MODES = ("all", "negatives", "positives")  # which pairs are repelled: all (the paper), or one kind
 
 
 @dataclass(frozen=True)

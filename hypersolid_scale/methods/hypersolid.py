@@ -20,7 +20,7 @@ from hypersolid_scale.models import Projector
 
 
 @dataclass
-class HypersolidConfig(LossConfig):
+class HypersolidConfig(LossConfig):  # type: ignore[misc]  # LossConfig is built from the backend registry
     """``method.hypersolid``: the loss's hyperparameters and its projector's shape.
 
     The paper fixes the projector's OUTPUT dimension (1024, Sec. "Training Protocol"), not its depth or hidden

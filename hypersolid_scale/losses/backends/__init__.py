@@ -38,10 +38,17 @@ if TYPE_CHECKING:
     from hypersolid_scale.losses.stats import PackedStats
 
 
+SECTION = "method.hypersolid"  # where the loss's keys live in the run config, as error messages name them
+
+
 class Backend:
     """How the repulsion is computed. Subclasses set :attr:`name` and implement :meth:`repulsion`."""
 
     name: str = ""
+    # Its own config keys: a dataclass with defaults (and a ``validate(key)`` raising ValueError that names
+    # ``key``.<field>), the section ``method.hypersolid.<name>`` of a backend found at import (a module of this
+    # package), read as ``getattr(cfg, self.name)`` (so that a copy of the file reads its own). None: it has none.
+    options: type | None = None
     order: int = DEFAULT_ORDER  # place in backend_names() (then by name): the built-ins list in their documented order
     stat_names: tuple[str, ...] = ()  # extra statistics, packed after the loss's own, in this order
     # Why dist.compile=true must not compile the loss with this backend (a host read or a data-dependent shape

@@ -7,8 +7,8 @@ saturated fraction. The decision reads the previous call's fraction, copied to t
 on its ``tiled`` side a call reads nothing on the host. Extra statistics: those of ``neighbors``, then
 ``backend_neighbors`` (1: this call ran ``neighbors``).
 
-With ``auto_by=time`` the side is chosen by timing instead: both sides, on the call's own rows, at the first call
-and every ``auto_time_every`` calls (:meth:`AutoBackend.time_sides`), since where they cost the same depends on
+With ``auto.by=time`` the side is chosen by timing instead: both sides, on the call's own rows, at the first call
+and every ``auto.time_every`` calls (:meth:`AutoBackend.time_sides`), since where they cost the same depends on
 the machine, the batch and the embeddings' spread (benchmarks/auto_break_even.py). The side, the fraction waiting
 to be read, the call count and the latest times travel in checkpoints (:meth:`AutoBackend.state`).
 """
@@ -16,6 +16,7 @@ to be read, the call count and the latest times travel in checkpoints (:meth:`Au
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,20 +29,48 @@ if TYPE_CHECKING:
 import torch
 
 from hypersolid_scale.losses.backend_switch import BackendSwitch
-from hypersolid_scale.losses.backends import Backend, register_backend
+from hypersolid_scale.losses.backends import SECTION, Backend, register_backend
 from hypersolid_scale.losses.backends.neighbors import SEARCH_STATS, NeighborsBackend, search_stats
 from hypersolid_scale.losses.backends.tiled import TiledBackend
-from hypersolid_scale.losses.config import EXACT_INDEXES, SECTION
+from hypersolid_scale.losses.neighbor_search import EXACT_INDEXES
 
 SIDES = ("tiled", "neighbors")
-# auto_by=time: the other side must cost under this share of the current side's to be taken (timing noise)
+# auto.by=time: the other side must cost under this share of the current side's to be taken (timing noise)
 SWITCH_MARGIN = 0.9
+
+
+BY = ("fraction", "time")
+
+
+@dataclass
+class AutoOptions:
+    """The section ``method.hypersolid.auto`` (its neighbors side reads ``method.hypersolid.neighbors``)."""
+
+    to_neighbors: float = 0.05  # by=fraction: switch tiled -> neighbors when the saturated fraction drops below
+    to_tiled: float = 0.20  # by=fraction: switch neighbors -> tiled when the saturated fraction rises above
+    # fraction (the saturated fraction against the two thresholds above) | time (the side that costs less, both
+    # timed at the first call and every time_every calls; docs/design.md §3c)
+    by: str = "fraction"
+    time_every: int = 200  # by=time: calls between two timings (each costs four extra repulsions)
+
+    def validate(self, key: str = f"{SECTION}.auto") -> None:
+        """Raise ValueError naming the first bad key (``key``: the section, as the config names it)."""
+        if self.by not in BY:
+            raise ValueError(f"{key}.by={self.by!r} is not valid; choose one of {', '.join(BY)}")
+        if int(self.time_every) < 1:
+            raise ValueError(f"{key}.time_every must be a positive integer, got {self.time_every}")
+        if not 0.0 <= self.to_neighbors < self.to_tiled <= 1.0:
+            raise ValueError(
+                f"{key}.to_neighbors={self.to_neighbors} and {key}.to_tiled={self.to_tiled} must satisfy "
+                "0 <= to_neighbors < to_tiled <= 1 (the gap between them is the hysteresis)"
+            )
 
 
 @register_backend
 class AutoBackend(Backend):
     name = "auto"
     order = 3
+    options = AutoOptions
     stat_names = SEARCH_STATS + ("backend_neighbors",)
     compile_refusal = (
         "it picks tiled or neighbors per step from a value read on the host, and neighbors' pair lists have "
@@ -51,19 +80,24 @@ class AutoBackend(Backend):
     def __init__(self, cfg: LossConfig) -> None:
         super().__init__(cfg)
         neighbors = NeighborsBackend(cfg)
-        self._sides: dict[str, Backend] = {"tiled": TiledBackend(cfg, saturation_k=cfg.k), "neighbors": neighbors}
+        tiled = TiledBackend(cfg, saturation_k=cfg.neighbors.k)
+        self._sides: dict[str, Backend] = {"tiled": tiled, "neighbors": neighbors}
         self.neighbors = neighbors.neighbors  # the search, as on the neighbors backend
-        self.switch = BackendSwitch(cfg.auto_to_neighbors, cfg.auto_to_tiled)
+        own = getattr(cfg, self.name)  # its own section: method.hypersolid.<name>
+        self.switch = BackendSwitch(own.to_neighbors, own.to_tiled)
         self.current = self.switch.mode  # the side the latest call ran
-        self.calls = 0  # calls so far: auto_by=time times both sides at call 1 and every auto_time_every after
-        self.timed: dict[str, float] | None = None  # auto_by=time: the latest seconds a call per side
+        self.calls = 0  # calls so far: auto.by=time times both sides at call 1 and every auto.time_every after
+        self.timed: dict[str, float] | None = None  # auto.by=time: the latest seconds a call per side
 
     @classmethod
     def check_config(cls, cfg: LossConfig) -> None:
-        if cfg.index not in EXACT_INDEXES:
+        cfg.neighbors.validate(f"{SECTION}.neighbors")  # its neighbors side's section
+        index = cfg.neighbors.index
+        if index not in EXACT_INDEXES:
+            key = f"{SECTION}.neighbors.index"
             raise ValueError(
-                f"{SECTION}.backend=auto switches between exact backends, but {SECTION}.index={cfg.index!r} is "
-                f"approximate; use {SECTION}.index={' or '.join(EXACT_INDEXES)}, or {SECTION}.backend=neighbors "
+                f"{SECTION}.backend=auto switches between exact backends, but {key}={index!r} is "
+                f"approximate; use {key}={' or '.join(EXACT_INDEXES)}, or {SECTION}.backend=neighbors "
                 "for an approximate index"
             )
 
@@ -71,15 +105,16 @@ class AutoBackend(Backend):
         self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float
     ) -> tuple[torch.Tensor, RepulsionStats]:
         self.calls += 1
-        if self.cfg.auto_by == "time":
-            if (self.calls - 1) % self.cfg.auto_time_every == 0:
+        own = getattr(self.cfg, self.name)
+        if own.by == "time":
+            if (self.calls - 1) % own.time_every == 0:
                 self.time_sides(x_rows, x_all, layout, alpha)
         else:
             self.current = self.switch.choose()
         return self._sides[self.current].repulsion(x_rows, x_all, layout, alpha)
 
     def time_sides(self, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float) -> None:
-        """``auto_by=time``, at the first call and every ``auto_time_every`` calls after: both sides timed on this
+        """``auto.by=time``, at the first call and every ``auto.time_every`` calls after: both sides timed on this
         call's rows, and the side set to the cheaper one (the other must cost under ``SWITCH_MARGIN`` times the
         current side's, so that timing noise does not flip it).
 
