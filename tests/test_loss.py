@@ -193,6 +193,7 @@ def test_pair_exactly_at_alpha_is_inactive(backend, opts):
         ({"backend": "auto", "auto": {"to_neighbors": 0.3, "to_tiled": 0.2}},
          r"^method\.hypersolid\.auto\.to_neighbors=0\.3 and method\.hypersolid\.auto\.to_tiled=0\.2 .*hysteresis"),
         ({"tile": 4}, "unknown loss option 'tile'"),
+        ({"backend": "neighbors", "k": 4, "neighbors": {"k": 8}}, r"^k and neighbors= both set the section neighbors"),
         ({"norm_weight": -1}, r"^method\.hypersolid\.norm_weight must be >= 0, got -1$"),
         ({"backend": "neighbors", "k": 0}, r"^method\.hypersolid\.neighbors\.k must be a positive integer, got 0$"),
         ({"backend": "neighbors", "recall_every": -1}, r"^method\.hypersolid\.neighbors\.recall_every must be >= 0"),

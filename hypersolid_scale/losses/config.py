@@ -115,18 +115,20 @@ def loss_config(**options: Any) -> Any:
     sections = backend_sections()
     common = {f.name for f in dataclasses.fields(LossConfig)}
     given: dict[str, Any] = {}
+    by_key: dict[str, dict[str, Any]] = {}  # a section's keys given by their own names
     for name, value in options.items():
         owners = [b for b, opts in sections.items() if name in {f.name for f in dataclasses.fields(opts)}]
         if name in common:
             given[name] = value
         elif len(owners) == 1:
-            section = given.setdefault(owners[0], {})
-            if not isinstance(section, dict):
-                raise ValueError(f"{name}={value!r} and {owners[0]}= both set the section {owners[0]}; give one")
-            section[name] = value
+            by_key.setdefault(owners[0], {})[name] = value
         else:
             valid = sorted(common | {f.name for opts in sections.values() for f in dataclasses.fields(opts)})
             raise ValueError(f"unknown loss option {name!r}; valid options: {', '.join(valid)}")
+    for section, keys in by_key.items():
+        if section in given:
+            raise ValueError(f"{', '.join(keys)} and {section}= both set the section {section}; give one of them")
+        given[section] = keys
     for name, value in given.items():
         if name in sections:
             base = value if not isinstance(value, dict) else sections[name](**value)
