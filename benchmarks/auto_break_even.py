@@ -5,19 +5,18 @@ of ``auto``'s two ways of choosing (``auto.by``) runs there.
 
 Embeddings of ``--rows`` rows go from near collapse (every row inside α of the others, as at a run's start) to
 spread, in ``--points`` steps (``embeddings``). At each, the repulsion of ``tiled`` and of exact ``neighbors``
-(the sides of ``auto``) is timed forward and backward (the median of ``--repeat`` runs after one warm-up) with the
-saturated fraction s that ``neighbors`` reports. Per point, the JSON names the cheaper side, the side
-``auto.by=fraction`` runs there at the default thresholds (below ``auto.to_neighbors``: neighbors; above
-``auto.to_tiled``: tiled; between them: whichever it ran before, "either"), and the side ``auto.by=time`` runs
-(the cheaper one unless the other is within ``SWITCH_MARGIN``). Writes runs/bench/auto_break_even.json and .png
+(the sides of ``auto``) is timed forward and backward as ``auto.by=time`` times it (``auto.side_seconds``: the
+median of ``--repeat`` runs after one warm-up) with the saturated fraction s that ``neighbors`` reports. Per
+point, the JSON names the cheaper side, the side ``auto.by=fraction`` runs there at the default thresholds (below
+``auto.to_neighbors``: neighbors; above ``auto.to_tiled``: tiled; between them: whichever it ran before,
+"either"), and the side ``auto.by=time`` runs (the cheaper one unless the other is within ``SWITCH_MARGIN``).
+Writes runs/bench/auto_break_even.json and .png
 (``--out`` elsewhere).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +39,6 @@ def embeddings(rows: int, dim: int, t: float, seed: int = 0) -> torch.Tensor:
 
 
 SPREAD = 16.0
-
-
-def time_side(backend: Any, x: torch.Tensor, layout: Any, alpha: float, repeat: int) -> tuple[float, Any]:
-    """Median seconds of forward + backward of ``backend``'s repulsion of ``x`` against itself, and its stats."""
-    times, stats = [], None
-    for i in range(repeat + 1):
-        leaf = x.detach().requires_grad_(True)
-        common.sync(x.device)
-        start = time.perf_counter()
-        rep, stats = backend.repulsion(leaf, x, layout, alpha)
-        if rep.requires_grad:
-            torch.autograd.grad(rep, leaf)
-        common.sync(x.device)
-        if i:  # the first run is the warm-up
-            times.append(time.perf_counter() - start)
-    return statistics.median(times), stats
 
 
 def plot(rows: list[dict[str, Any]], thresholds: tuple[float, float], path: Path) -> None:
@@ -88,7 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     common.check_device(args.device)
 
-    from hypersolid_scale.losses.backends.auto import SWITCH_MARGIN
+    from hypersolid_scale.losses.backends.auto import SWITCH_MARGIN, side_seconds
     from hypersolid_scale.losses.backends.neighbors import NeighborsBackend
     from hypersolid_scale.losses.backends.tiled import TiledBackend
     from hypersolid_scale.losses.config import loss_config
@@ -101,8 +84,8 @@ def main() -> None:
     for i in range(args.points):
         t = i / max(1, args.points - 1)
         x = embeddings(args.rows, args.dim, t).to(args.device)
-        t_tiled, _ = time_side(tiled, x, layout, alpha, args.repeat)
-        t_neighbors, st = time_side(neighbors, x, layout, alpha, args.repeat)
+        t_tiled, _ = side_seconds(tiled, x, x, layout, alpha, args.repeat)
+        t_neighbors, st = side_seconds(neighbors, x, x, layout, alpha, args.repeat)
         s = float(st.saturated_rows) / args.rows
         cheaper = "tiled" if t_tiled <= t_neighbors else "neighbors"
         by_time = cheaper if min(t_tiled, t_neighbors) < SWITCH_MARGIN * max(t_tiled, t_neighbors) else "either"

@@ -2,6 +2,7 @@
 ``data.<format>`` (a file format's), one per registered entry, read only for the chosen one.
 
 One helper for every such section:
+* :func:`sectioned_class`: the section's dataclass, its own fields and one sub-section per registered plugin;
 * :func:`chosen_only`: what a checkpoint stores, the section cut to the chosen plugin's own sub-section, so that
   removing or renaming another plugin leaves the checkpoint readable;
 * :func:`drop_missing`: a stored config (a checkpoint's, an earlier version's) without the sub-sections of
@@ -11,12 +12,35 @@ One helper for every such section:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 _said: set[str] = set()  # the sections whose dropped sub-sections this process has already reported
+
+
+def sectioned_class(
+    name: str,
+    module: str,
+    own: list[tuple[str, type, Any]],
+    plugins: Mapping[str, type],
+    *,
+    base: type | None = None,
+    namespace: dict[str, Any] | None = None,
+    doc: str | None = None,
+) -> type:
+    """A dataclass ``name`` (defined in ``module``: picklable, and named where it is) with the fields ``own``
+    ((name, type, default), in order), then one field per entry of ``plugins`` (plugin name -> its options
+    dataclass, defaulting to its defaults); methods from ``base`` or ``namespace``. Built from a registry when its
+    module is imported, so that a new plugin's keys need no edit of the section's module."""
+    fields: list[Any] = [(n, kind, dataclasses.field(default=default)) for n, kind, default in own]
+    fields += [(n, options, dataclasses.field(default_factory=options)) for n, options in plugins.items()]
+    cls = dataclasses.make_dataclass(name, fields, bases=(base,) if base else (), namespace=namespace)
+    cls.__module__ = module
+    cls.__doc__ = doc if doc is not None else (base.__doc__ if base is not None else None)
+    return cls
 
 
 def chosen_only(section: dict[str, Any], chooser: str, default: str, plugins: Collection[str]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from hypersolid_scale.config.sections import drop_missing
+from hypersolid_scale.config.sections import drop_missing, sectioned_class
 from hypersolid_scale.losses.backends import SECTION, backend_names, get_backend
 from hypersolid_scale.losses.repulsion import REPEL_MODES
 
@@ -95,16 +95,7 @@ def backend_sections() -> dict[str, type]:
     return {n: opts for n in backend_names() if (opts := get_backend(n).options) is not None}
 
 
-def _loss_config_class() -> type:
-    fields: list[Any] = [(name, kind, dataclasses.field(default=default)) for name, kind, default in COMMON]
-    fields += [(name, opts, dataclasses.field(default_factory=opts)) for name, opts in backend_sections().items()]
-    cls = dataclasses.make_dataclass("LossConfig", fields, bases=(LossConfigBase,))
-    cls.__module__ = __name__  # picklable, and named where it is defined
-    cls.__doc__ = LossConfigBase.__doc__
-    return cls
-
-
-LossConfig: Any = _loss_config_class()
+LossConfig: Any = sectioned_class("LossConfig", __name__, COMMON, backend_sections(), base=LossConfigBase)
 
 
 def loss_config(**options: Any) -> Any:

@@ -12,10 +12,9 @@ Earlier versions called this section ``loss``: Hypersolid's keys sat at ``loss.<
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
-from hypersolid_scale.config.sections import chosen_only, drop_missing
+from hypersolid_scale.config.sections import chosen_only, drop_missing, sectioned_class
 from hypersolid_scale.methods.registry import get_method, method_names
 
 DEFAULT_METHOD = "hypersolid"
@@ -32,18 +31,14 @@ def _validate(self: Any) -> None:
     get_method(self.name).validate_section(self.section())
 
 
-def _method_config_class() -> type:
-    fields: list[Any] = [("name", str, dataclasses.field(default=DEFAULT_METHOD))]
-    for name in method_names():
-        section = get_method(name).Config
-        fields.append((name, section, dataclasses.field(default_factory=section)))
-    cls = dataclasses.make_dataclass("MethodConfig", fields, namespace={"section": _section, "validate": _validate})
-    cls.__module__ = __name__  # picklable, and named where it is defined
-    cls.__doc__ = "The ``method`` section: ``name`` and one section per registered method (``method.<name>.*``)."
-    return cls
-
-
-MethodConfig: Any = _method_config_class()
+MethodConfig: Any = sectioned_class(
+    "MethodConfig",
+    __name__,
+    [("name", str, DEFAULT_METHOD)],
+    {name: get_method(name).Config for name in method_names()},
+    namespace={"section": _section, "validate": _validate},
+    doc="The ``method`` section: ``name`` and one section per registered method (``method.<name>.*``).",
+)
 
 
 def chosen_section(method: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hypersolid_scale.config.sections import chosen_only, drop_missing
+from hypersolid_scale.config.sections import chosen_only, drop_missing, sectioned_class
 from hypersolid_scale.models.backbones import backbone_names, get_backbone
 
 CHANNELS_LAST = ("auto", "true", "false")
@@ -80,36 +80,25 @@ class ModelConfigBase:
             backbone.check(self)  # the backbone's own fields, e.g. the ViT's img_size and patch_size
 
 
-def _model_config_class() -> type:
-    fields: list[Any] = [
-        ("arch", str, dataclasses.field(default="small_cnn")),
-        ("in_channels", int, dataclasses.field(default=3)),
-        ("small_stem", bool, dataclasses.field(default=False)),
-        ("channels_last", str, dataclasses.field(default="auto")),
-    ]
-    for name in backbone_names():
-        options = get_backbone(name).options
-        if options is not None:
-            fields.append((name, options, dataclasses.field(default_factory=options)))
-    cls = dataclasses.make_dataclass("ModelConfig", fields, bases=(ModelConfigBase,))
-    cls.__module__ = __name__  # picklable, and named where it is defined
-    cls.__doc__ = ModelConfigBase.__doc__
-    return cls
+def backbone_sections() -> dict[str, type]:
+    """The registered backbones with a section ``model.<name>``: name -> its options dataclass."""
+    return {n: options for n in backbone_names() if (options := get_backbone(n).options) is not None}
 
 
 # The ``model`` section: its common fields and one section per registered backbone with keys of its own.
-ModelConfig: Any = _model_config_class()
-
-
-def backbones_with_sections() -> list[str]:
-    """The registered backbones that have a section ``model.<name>``."""
-    return [n for n in backbone_names() if get_backbone(n).options is not None]
+ModelConfig: Any = sectioned_class(
+    "ModelConfig",
+    __name__,
+    [("arch", str, "small_cnn"), ("in_channels", int, 3), ("small_stem", bool, False), ("channels_last", str, "auto")],
+    backbone_sections(),
+    base=ModelConfigBase,
+)
 
 
 def chosen_model_section(model: dict[str, Any]) -> dict[str, Any]:
     """A ``model`` section (a nested dict) with only the chosen backbone's own section (what a checkpoint
     stores)."""
-    return chosen_only(model, "arch", "small_cnn", backbones_with_sections())
+    return chosen_only(model, "arch", "small_cnn", backbone_sections())
 
 
 def drop_missing_model_sections(d: dict[str, Any], where: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ to be read, the call count and the latest times travel in checkpoints (:meth:`Au
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -124,7 +125,7 @@ class AutoBackend(Backend):
         calls only; they cost four extra repulsions each."""
         from hypersolid_scale.distributed import all_reduce_packed, get_rank
 
-        seconds = [_seconds(self._sides[side], x_rows, x_all, layout, alpha) for side in SIDES]
+        seconds = [side_seconds(self._sides[side], x_rows, x_all, layout, alpha)[0] for side in SIDES]
         _, slowest = all_reduce_packed(
             torch.zeros(0, dtype=torch.float64, device=x_rows.device),
             torch.tensor(seconds, dtype=torch.float64, device=x_rows.device),
@@ -161,18 +162,23 @@ class AutoBackend(Backend):
         self.switch.observe(packed["saturated_fraction"])
 
 
-def _seconds(side: Backend, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float) -> float:
-    """Seconds of ``side``'s repulsion, forward and backward, on a detached copy of the rows: the second of two
-    runs."""
-    for _ in range(2):
+def side_seconds(
+    side: Backend, x_rows: torch.Tensor, x_all: torch.Tensor, layout: PairLayout, alpha: float, repeat: int = 1
+) -> tuple[float, RepulsionStats]:
+    """Seconds of ``side``'s repulsion, forward and backward, on a detached copy of the rows: the median of
+    ``repeat`` runs after one (the first pays one-off costs), and the last run's statistics. ``auto.by=time``
+    times one run; benchmarks/auto_break_even.py the median of several."""
+    times: list[float] = []
+    for i in range(repeat + 1):
         leaf = x_rows.detach().requires_grad_(True)
         if x_rows.is_cuda:
             torch.cuda.synchronize(x_rows.device)
         start = time.perf_counter()
-        rep, _ = side.repulsion(leaf, x_all, layout, alpha)
+        rep, st = side.repulsion(leaf, x_all, layout, alpha)
         if rep.requires_grad:
             torch.autograd.grad(rep, leaf)
         if x_rows.is_cuda:
             torch.cuda.synchronize(x_rows.device)
-        seconds = time.perf_counter() - start
-    return seconds
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), st
