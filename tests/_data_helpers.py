@@ -7,7 +7,7 @@ import io
 import math
 import tarfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,8 +16,8 @@ from lightly.transforms.dino_transform import DINOTransform
 from PIL import Image
 
 from hypersolid_scale.data.builtin_sets import fashion_mnist_dir, load_fashion_mnist
-from hypersolid_scale.data.webdataset.shard_writer import ShardWriter
 from hypersolid_scale.data.transforms import build_pil_multicrop
+from hypersolid_scale.data.webdataset.shard_writer import ShardWriter
 
 
 def fashion_mnist_or_skip(split: str = "train"):
@@ -197,10 +197,10 @@ class _Stage:
     generator state, so the recorded decision is exactly the one the stage then makes.
     """
 
-    def __init__(self, inner: Any, key: str, sink: list[dict], view: Optional[str], keep: bool) -> None:
+    def __init__(self, inner: Any, key: str, sink: list[dict], view: str | None, keep: bool) -> None:
         self.inner, self.key, self.sink, self.view, self.keep = inner, key, sink, view, keep
 
-    def _applied(self) -> Optional[bool]:
+    def _applied(self) -> bool | None:
         if self.key in ("blur", "solarize"):
             state = np.random.get_state()
             u = float(np.random.random_sample())

@@ -8,12 +8,11 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from _warm_python import run_python
 
-from hypersolid_scale.checkpoint import save_checkpoint
+from hypersolid_scale.checkpoint import initial_weights, save_checkpoint
 from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
-from hypersolid_scale.checkpoint import initial_weights
-from _warm_python import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_EVAL = ROOT / "launch" / "eval.py"

@@ -86,7 +86,7 @@ class LocalSlurm:
                               timeout=timeout)
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60) -> "LocalSlurm":
+    def start(self, timeout: float = 60) -> LocalSlurm:
         reason = unavailable_reason()
         if reason:
             raise SlurmUnavailable(reason)
@@ -132,7 +132,7 @@ class LocalSlurm:
         except subprocess.TimeoutExpired:
             pass
 
-    def __enter__(self) -> "LocalSlurm":
+    def __enter__(self) -> LocalSlurm:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

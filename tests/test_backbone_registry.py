@@ -15,8 +15,14 @@ import torch
 from torch import nn
 
 from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
-from hypersolid_scale.models import (ModelConfig, backbone_names, build_backbone, get_backbone,
-                                     register_backbone, unregister_backbone)
+from hypersolid_scale.models import (
+    ModelConfig,
+    backbone_names,
+    build_backbone,
+    get_backbone,
+    register_backbone,
+    unregister_backbone,
+)
 from hypersolid_scale.safety.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from loss_reference import make_feats
 
 from hypersolid_scale.losses import HypersolidLoss
-from hypersolid_scale.losses.config import loss_config
 from hypersolid_scale.losses.backend_switch import BackendSwitch
+from hypersolid_scale.losses.config import loss_config
 from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from hypersolid_scale.losses.repulsion import PairLayout, tiled_repulsion
-from loss_reference import make_feats
 
 B, V, D, K = 48, 4, 16, 8
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from loss_reference import make_feats
 from torch import nn
 
 from hypersolid_scale.losses import HypersolidLoss, LossConfig
@@ -20,7 +21,6 @@ from hypersolid_scale.losses.backends import (
 )
 from hypersolid_scale.losses.repulsion import dense_repulsion
 from hypersolid_scale.safety.errors import ConfigError
-from loss_reference import make_feats
 
 
 class CountingDense(Backend):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from _update import relative_move, update_gap
+from _warm_python import run_processes
 
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.config.fingerprint import fingerprint
@@ -19,8 +21,6 @@ from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.trainer import main
-from _update import relative_move, update_gap
-from _warm_python import run_processes
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()

@@ -11,12 +11,16 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
-
-from hypersolid_scale.distributed import (GlobalBatchNorm, all_reduce_sum_differentiable, cleanup,
-                                          convert_global_batchnorm)
 from _net import spawn_ranks
 from test_dist_loss import join_gloo_group
+from torch import nn
+
+from hypersolid_scale.distributed import (
+    GlobalBatchNorm,
+    all_reduce_sum_differentiable,
+    cleanup,
+    convert_global_batchnorm,
+)
 
 WORLD = 2
 STEPS = 3  # training steps (different global batches), then one eval forward

@@ -54,8 +54,7 @@ def test_channels_last_gives_the_nchw_loss_and_gradients(tmp_path: Path, arch: s
 
 
 def test_auto_is_on_for_convolutional_backbones_on_cuda_only() -> None:
-    from hypersolid_scale.models import build_backbone
-    from hypersolid_scale.models import ModelConfig, ViTOptions
+    from hypersolid_scale.models import ModelConfig, ViTOptions, build_backbone
     from hypersolid_scale.training.run_builder import resolve_channels_last
 
     cnn, _ = build_backbone(ModelConfig(arch="small_cnn", in_channels=1))

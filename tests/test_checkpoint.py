@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from hypersolid_scale import checkpoint as ck
+from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
-from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety.errors import CheckpointError
 

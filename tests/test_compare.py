@@ -14,14 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from _eval_helpers import one_error_line
+from _warm_python import run_python
 
 from hypersolid_scale.compare import figures, table
 from hypersolid_scale.compare.plan import Training, check_budget, parse_methods, plan, roles, setting_config
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import acquire_run_lock
-from _eval_helpers import one_error_line
-from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()

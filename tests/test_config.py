@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from hypersolid_scale.config import former_keys
+from hypersolid_scale.config import sections as config_sections
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
 from hypersolid_scale.config.schema import Config, from_dict, load_config, save_config, to_dict
 from hypersolid_scale.config.sweep import load_sweep
-from hypersolid_scale.config import sections as config_sections
 from hypersolid_scale.data.formats.ffcv import FFCVOptions
 from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.safety.errors import ConfigError

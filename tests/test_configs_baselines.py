@@ -24,12 +24,11 @@ from hypersolid_scale.compare.plan import setting_config
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.schema import Config, load_config, to_dict
 from hypersolid_scale.data.presets import resolve_preset
-from hypersolid_scale.methods import Method, count_global_views, get_method, method_names
+from hypersolid_scale.methods import Method, build_method_model, count_global_views, get_method, method_names
 from hypersolid_scale.methods.dino import DINO
 from hypersolid_scale.methods.swav import SwaV
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.training.optim import lr_schedule, optimizer_factory, scaled_lr
-from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.training.run_builder import _trainable_only
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -3,16 +3,15 @@ DeepSpeed and the tensor augmentations on the device. Each one is small (seconds
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
+from _net import free_port
 
 from hypersolid_scale.losses import HypersolidLoss
 from hypersolid_scale.methods import MethodModel
 from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig
 from hypersolid_scale.models import ModelConfig, build_backbone
-from _net import free_port
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -8,13 +8,26 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from _data_helpers import (
+    assert_same_mean,
+    check_pil_against,
+    fashion_mnist_or_skip,
+    limit_batches,
+    pil_records,
+    probe_images,
+)
 from PIL import Image
 from torchvision import transforms as T
 
-from _data_helpers import (assert_same_mean, check_pil_against, fashion_mnist_or_skip, limit_batches,
-                           pil_records, probe_images)
-from hypersolid_scale.data import (PRESETS, DataConfig, build_eval_datasets, build_train_loader, in_channels,
-                                   num_classes, resolve_preset)
+from hypersolid_scale.data import (
+    PRESETS,
+    DataConfig,
+    build_eval_datasets,
+    build_train_loader,
+    in_channels,
+    num_classes,
+    resolve_preset,
+)
 from hypersolid_scale.data.builtin_sets import fashion_mnist_dir, load_digits, read_idx
 from hypersolid_scale.data.tensor_aug import COL_CROP, COL_FLIP, TensorMultiCrop, keyed_uniforms, sample_crop_boxes
 from hypersolid_scale.data.transforms import build_eval_transform, build_pil_multicrop

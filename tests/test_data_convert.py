@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _data_helpers import fashion_mnist_or_skip, jpg_bytes, limit_batches, png_bytes
 from PIL import Image
 
-from _data_helpers import fashion_mnist_or_skip, jpg_bytes, limit_batches, png_bytes
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.convert import main
 from hypersolid_scale.data.webdataset.shard_writer import sha256

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _data_helpers import check_pil_against, crop_geometry, limit_batches, pil_records, png_bytes, probe_images
 from PIL import Image
 
-from _data_helpers import (check_pil_against, crop_geometry, limit_batches, pil_records, png_bytes,
-                           probe_images)
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes, resolve_preset
 from hypersolid_scale.data.convert import main as convert
 from hypersolid_scale.data.ffcv.loader import FFCV_IMPORT_ERROR, check_beton

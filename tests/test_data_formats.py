@@ -7,15 +7,22 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from hypersolid_scale.config.schema import load_config
-from hypersolid_scale.data import (DataConfig, build_eval_datasets, build_train_loader, formats, in_channels,
-                                   num_classes, resolve_preset)
+from hypersolid_scale.data import (
+    DataConfig,
+    build_eval_datasets,
+    build_train_loader,
+    formats,
+    in_channels,
+    num_classes,
+    resolve_preset,
+)
 from hypersolid_scale.data.formats.ffcv import FFCVOptions
 from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.safety.errors import ConfigError
@@ -71,7 +78,7 @@ def test_each_format_s_options_are_its_own_section() -> None:
     ("webdataset", "cifar100", "cifar100"), ("ffcv", "ImageNet1k", "imagenet"), ("imagefolder", "stl10", "stl10"),
     ("webdataset", "my_photos", "default"), ("webdataset", "fashion_mnist", "fashion_mnist"),
 ])
-def test_preset_auto_follows_the_dataset_name(fmt: str, dataset: Optional[str], preset: str) -> None:
+def test_preset_auto_follows_the_dataset_name(fmt: str, dataset: str | None, preset: str) -> None:
     cfg = DataConfig(format=fmt, dataset=dataset, path=None if fmt == "builtin" else "x")
     assert resolve_preset(cfg).name == preset
     assert resolve_preset(DataConfig(format=fmt, dataset=dataset, path="x", preset="cifar")).name == "cifar"
@@ -118,7 +125,7 @@ class _Arrays(formats.Format):
     def eval_dataset(self, cfg: DataConfig, preset: Any, split: str) -> Any:
         return torch.utils.data.TensorDataset(torch.zeros(8 if split == "train" else 4, 1, 16, 16))
 
-    def num_classes(self, cfg: DataConfig) -> Optional[int]:
+    def num_classes(self, cfg: DataConfig) -> int | None:
         return 4
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from _data_helpers import probe_images
+
 from hypersolid_scale.data import PRESETS
 from hypersolid_scale.data.builtin_sets import ArraySplit
 from hypersolid_scale.data.common import batches_per_epoch, epoch_permutation, rank_indices

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from _data_helpers import convert_shards, fashion_mnist_or_skip, jpg_bytes, limit_batches, png_bytes, write_shard
+
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader
 from hypersolid_scale.data.presets import PRESETS
 from hypersolid_scale.data.webdataset.stream import ShardIndexDataset, WebDatasetLoader

@@ -9,20 +9,20 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import pytest
 import torch
-
 from _data_helpers import member_offsets, truncate_before_sample, truncate_inside_sample
+from test_data_webdataset import CPU, converted, loader, make_shards  # noqa: F401 (a fixture)
+
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
 from hypersolid_scale.data.webdataset.stream import ShardIndexDataset
 from hypersolid_scale.data.webdataset.urls import shard_key, split_urls
 from hypersolid_scale.safety.errors import DataError
-from test_data_webdataset import CPU, converted, loader, make_shards  # noqa: F401 (a fixture)
 
 SHARDS = "shard-{000000..000003}.tar"
 

@@ -11,11 +11,11 @@ import os
 
 import pytest
 import torch
+from _net import spawn_ranks
+from loss_reference import make_feats
 
 from hypersolid_scale.distributed import cleanup, init_distributed
 from hypersolid_scale.losses import HypersolidLoss
-from loss_reference import make_feats
-from _net import spawn_ranks
 
 WORLD = 2
 CASES = [

@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hypersolid_scale.distributed import (deepspeed_config, ensure_process_group, first_host, has_process_group,
-                                          resolve_transport, world_info_from_env)
-from hypersolid_scale.safety.errors import ConfigError
 from _warm_python import run_processes, run_python, run_python_together
+
+from hypersolid_scale.distributed import (
+    deepspeed_config,
+    ensure_process_group,
+    first_host,
+    has_process_group,
+    resolve_transport,
+    world_info_from_env,
+)
+from hypersolid_scale.safety.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 HELPERS = REPO / "tests" / "_trainer_helpers.py"

@@ -9,10 +9,10 @@ import subprocess
 from pathlib import Path
 
 import torch
-
-from hypersolid_scale.config.schema import load_config
-from hypersolid_scale.checkpoint import initial_weights
 from _eval_helpers import TINY_MODEL, make_checkpoint, one_error_line, run_launch_eval
+
+from hypersolid_scale.checkpoint import initial_weights
+from hypersolid_scale.config.schema import load_config
 
 # Words of an instruction: every message must say what to do, not only what went wrong.
 FIX = re.compile(r"\b(use|pass|point|choose|write|evaluate|copy|list|set|upgrade|correct|drop|remove)\b", re.IGNORECASE)

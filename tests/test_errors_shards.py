@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _data_helpers import convert_shards, truncate_before_sample
 from _eval_helpers import make_checkpoint, one_error_line, run_launch_eval
 from _net import free_port

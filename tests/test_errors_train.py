@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hypersolid_scale import checkpoint as ck
-from hypersolid_scale.config.fingerprint import fingerprint
-from hypersolid_scale.config.schema import load_config, to_dict
-from hypersolid_scale.checkpoint import initial_weights
-from hypersolid_scale.safety.errors import CheckpointError
 from _net import free_port
 from _warm_python import run_python
+
+from hypersolid_scale import checkpoint as ck
+from hypersolid_scale.checkpoint import initial_weights
+from hypersolid_scale.config.fingerprint import fingerprint
+from hypersolid_scale.config.schema import load_config, to_dict
+from hypersolid_scale.safety.errors import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH = REPO / "launch" / "train.py"

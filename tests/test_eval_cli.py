@@ -10,17 +10,16 @@ from typing import Any
 
 import pytest
 import torch
+from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
+from _net import free_port, spawn
 
+from hypersolid_scale.checkpoint import initial_weights
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets
 from hypersolid_scale.eval.app import main
 from hypersolid_scale.eval.embed import cached_embeddings, extract_embeddings
-from hypersolid_scale.checkpoint import initial_weights
 from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
-from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
-from _net import free_port, spawn
-
 
 # ---------------------------------------------------------------------------------------------- errors
 

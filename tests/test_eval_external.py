@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torchvision
+from _eval_helpers import EXTERNAL_FAST, make_checkpoint, one_error_line, run_launch_eval
 from torch import nn
 
 from hypersolid_scale.config.schema import load_config
@@ -24,7 +25,6 @@ from hypersolid_scale.eval.embed import extract_embeddings
 from hypersolid_scale.eval.source import external_source
 from hypersolid_scale.models.external import build_external, load_external_backbone, match_state_dict, parse_backbone
 from hypersolid_scale.safety.errors import CheckpointError, ConfigError
-from _eval_helpers import EXTERNAL_FAST, make_checkpoint, one_error_line, run_launch_eval
 
 
 def _resnet18(seed: int = 0) -> nn.Module:

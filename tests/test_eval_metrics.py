@@ -16,8 +16,14 @@ from sklearn.neighbors import KNeighborsClassifier
 from sklearn.preprocessing import StandardScaler
 
 from hypersolid_scale.eval import geometry as G
-from hypersolid_scale.eval.clustering import (cluster_scores, cosine_radius_graph, dbscan_from_graph, dbscan_sweep,
-                                              hdbscan_cluster, kmeans)
+from hypersolid_scale.eval.clustering import (
+    cluster_scores,
+    cosine_radius_graph,
+    dbscan_from_graph,
+    dbscan_sweep,
+    hdbscan_cluster,
+    kmeans,
+)
 from hypersolid_scale.eval.config import EvalConfig
 from hypersolid_scale.eval.cosine_search import as_unit_float32
 from hypersolid_scale.eval.knn import knn_accuracy, knn_predict

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 import torch
+from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
 from PIL import Image
 
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data import build_eval_datasets, resolve_preset
 from hypersolid_scale.eval.app import main
-from hypersolid_scale.eval.sampling import subsample
 from hypersolid_scale.eval.config import FEATURE_SUITES, SUITES, EvalConfig
+from hypersolid_scale.eval.sampling import subsample
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog
 from hypersolid_scale.eval.suites import run_suites
-from _eval_helpers import FAST_EVAL, TINY_MODEL, make_checkpoint, run_launch_eval
 
 RENDERER = "hypersolid_scale.eval.qualitative"
 

@@ -23,11 +23,11 @@ from safetensors.torch import load_file
 from torch import nn
 
 from hypersolid_scale.checkpoint import build_model_from_checkpoint, load_checkpoint, save_checkpoint
+from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.config.fingerprint import fingerprint
 from hypersolid_scale.config.schema import load_config, to_dict
 from hypersolid_scale.export import export_checkpoint, load_backbone, load_projector_state, read_export
 from hypersolid_scale.export.cli import cli
-from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.models import build_backbone
 from hypersolid_scale.safety.errors import CheckpointError

@@ -12,12 +12,13 @@ import contextlib
 import math
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
 import torch
+from loss_reference import make_feats
 
 import hypersolid_scale.training.trainer as train_mod
 from hypersolid_scale.config.schema import load_config
@@ -26,7 +27,6 @@ from hypersolid_scale.losses import HypersolidLoss, PackedStats
 from hypersolid_scale.losses.stats import HostValue, pack
 from hypersolid_scale.training.optim import scaled_lr
 from hypersolid_scale.training.step_bookkeeping import EpochMeter, NonFiniteGuard, NonFiniteLossError, StopVote
-from loss_reference import make_feats
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = str(REPO / "hypersolid_scale")

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from _net import free_port
 from test_run_lock import ENV, REPO, TINY, _processes_with
 

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from loss_reference import make_feats, reference_loss
 
 from hypersolid_scale.losses import HypersolidLoss
 from hypersolid_scale.losses.config import loss_config
 from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
 from hypersolid_scale.losses.repulsion import PairLayout, dense_repulsion, tiled_repulsion
-from loss_reference import make_feats, reference_loss
 
 BACKENDS = [
     ("dense", {}),

@@ -20,9 +20,17 @@ from torch import nn
 from hypersolid_scale.checkpoint import build_model_from_checkpoint
 from hypersolid_scale.checkpoint.layout import split_method_state
 from hypersolid_scale.config import combinations, former_keys
-from hypersolid_scale.config.schema import from_dict, load_config, to_dict
-from hypersolid_scale.methods import Method, MethodModel, build_method, build_method_model, get_method, method_names, register
 from hypersolid_scale.config import sections as config_sections
+from hypersolid_scale.config.schema import from_dict, load_config, to_dict
+from hypersolid_scale.methods import (
+    Method,
+    MethodModel,
+    build_method,
+    build_method_model,
+    get_method,
+    method_names,
+    register,
+)
 from hypersolid_scale.methods.base import encode
 from hypersolid_scale.methods.registry import unregister
 from hypersolid_scale.models import ModelConfig, SmallCNNOptions, build_backbone

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_methods import build, make_views
 
 from hypersolid_scale.methods import method_names
-from test_methods import build, make_views
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
               pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")]

@@ -12,11 +12,11 @@ import os
 
 import pytest
 import torch
+from _net import spawn_ranks
+from test_methods import B, build, make_views
 
 from hypersolid_scale.distributed import cleanup, convert_global_batchnorm, init_distributed
 from hypersolid_scale.methods import method_names
-from test_methods import B, build, make_views
-from _net import spawn_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*weight_norm.*:FutureWarning")
 

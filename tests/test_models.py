@@ -9,7 +9,14 @@ from torch import nn
 
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.methods.hypersolid import HypersolidConfig
-from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, ViTOptions, backbone_names, build_backbone
+from hypersolid_scale.models import (
+    BackboneWithProjector,
+    ModelConfig,
+    Projector,
+    ViTOptions,
+    backbone_names,
+    build_backbone,
+)
 from hypersolid_scale.safety.errors import ConfigError
 
 

@@ -25,8 +25,8 @@ from _venv import seed_pinned_torch
 from packaging.requirements import Requirement
 
 from hypersolid_scale.config.setups import resolve_config, setup_names
-from hypersolid_scale.safety.extras import EXTRA_MODULES
 from hypersolid_scale.safety.errors import ConfigError
+from hypersolid_scale.safety.extras import EXTRA_MODULES
 
 try:
     import tomllib

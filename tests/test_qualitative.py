@@ -24,7 +24,14 @@ from hypersolid_scale.eval.qualitative._common import pca_rgb, stretch_display, 
 from hypersolid_scale.eval.qualitative.gradcam import own_targets
 from hypersolid_scale.eval.qualitative.inversion import canvas_sizes, total_variation
 from hypersolid_scale.eval.skips import NotApplicable, SkipLog, SkippedWarning
-from hypersolid_scale.models import BackboneWithProjector, ModelConfig, Projector, SmallCNNOptions, ViTOptions, build_backbone
+from hypersolid_scale.models import (
+    BackboneWithProjector,
+    ModelConfig,
+    Projector,
+    SmallCNNOptions,
+    ViTOptions,
+    build_backbone,
+)
 
 
 def _model(arch: str, **kw: object) -> torch.nn.Module:

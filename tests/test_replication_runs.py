@@ -11,12 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _warm_python import run_python
+
 from benchmarks.replication import plan as planmod
 from benchmarks.replication import runspec
-from benchmarks.replication.plan import plan
 from benchmarks.replication.commands import EVAL_ARGS, eval_command
+from benchmarks.replication.plan import plan
 from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.methods.registry import method_names
 from hypersolid_scale.training.epoch_records import read_epochs, record_epoch

@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 import torch.nn.functional as F
+from loss_reference import make_feats
 
 from hypersolid_scale.losses import HypersolidLoss, topk_inner_product
 from hypersolid_scale.losses.candidates import ReusedIVF, faiss_gpu_available, faiss_search, ivf_lists
 from hypersolid_scale.losses.neighbor_search import NeighborRepulsion
-from loss_reference import make_feats
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _net import free_port
+from _warm_python import run_python
+from test_train import _finish, _wait_for  # the trainer tests' subprocess helpers
 
 from hypersolid_scale import checkpoint as ck
 from hypersolid_scale.safety.errors import UserError
 from hypersolid_scale.safety.run_lock import RunDirLocked, RunDirNotADirectory, acquire_run_lock, holds_lock, lock_path
-from test_train import _finish, _wait_for  # the trainer tests' subprocess helpers
-from _net import free_port
-from _warm_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

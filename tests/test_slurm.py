@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_cluster import LocalSlurm, SlurmUnavailable, unavailable_reason  # noqa: E402
+from slurm_cluster import LocalSlurm, SlurmUnavailable, unavailable_reason
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_DIR = REPO / "launch" / "slurm"

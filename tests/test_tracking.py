@@ -20,12 +20,17 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 
 from hypersolid_scale.tracking import (  # noqa: E402
-    MAX_PARAM_VALUE_LENGTH, Tracker, TrackingConfig, git_commit, make_tracker, sync_spool,
+    MAX_PARAM_VALUE_LENGTH,
+    Tracker,
+    TrackingConfig,
+    git_commit,
+    make_tracker,
+    sync_spool,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-from conftest import HTTP_ENV  # noqa: E402  (the variables restore_http_env restores)
 from _warm_python import run_python  # noqa: E402
+from conftest import HTTP_ENV  # noqa: E402  (the variables restore_http_env restores)
 
 
 def steps_of(client: MlflowClient, run_id: str, key: str) -> list[int]:

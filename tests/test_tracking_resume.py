@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 mlflow = pytest.importorskip("mlflow")
+from _warm_python import run_python  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 from hypersolid_scale.safety.errors import UserError  # noqa: E402
 from hypersolid_scale.tracking import TrackingConfig, make_tracker  # noqa: E402
 from hypersolid_scale.tracking.spool import LoggedSteps  # noqa: E402
-from _warm_python import run_python  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hypersolid_scale import checkpoint as ck
 from _update import relative_move, update_gap
 from _warm_python import run_processes
+
+from hypersolid_scale import checkpoint as ck
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 3
