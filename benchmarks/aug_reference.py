@@ -2,7 +2,7 @@
 
 Used by the tests (tests/test_device_stage.py) and by benchmarks/device_stage.py (the "before" rows).
 
-They are what the batched code replaced (`data/batched_resize.py`, `BatchPhotometric`): each step written the
+They are what the batched code replaced (`data/device/batched_resize.py`, `BatchPhotometric`): each step written the
 plain way, per crop or per masked subset of the batch, with host reads where convenient. The tests hold the
 batched code to them.
 """
@@ -15,11 +15,11 @@ import kornia
 import torch
 import torch.nn.functional as F
 
-from hypersolid_scale.data import view_params as vp
-from hypersolid_scale.data.batched_resize import crop_resize, pad_images
-from hypersolid_scale.data.color import gray as _gray
-from hypersolid_scale.data.device_views import DeviceStage, _decisions
-from hypersolid_scale.data.photometric import BatchPhotometric, Decisions
+from hypersolid_scale.data.augment import view_params as vp
+from hypersolid_scale.data.augment.color import gray as _gray
+from hypersolid_scale.data.augment.photometric import BatchPhotometric, Decisions
+from hypersolid_scale.data.device.batched_resize import crop_resize, pad_images
+from hypersolid_scale.data.device.views import DeviceStage, _decisions
 
 
 def crop_resize_one(img: torch.Tensor, row: list[float], size: int) -> torch.Tensor:
@@ -32,7 +32,7 @@ def crop_resize_one(img: torch.Tensor, row: list[float], size: int) -> torch.Ten
 
 
 def kornia_blur(x: torch.Tensor, sigma: torch.Tensor, sigma_max: float) -> torch.Tensor:
-    """What `data/blur.py` replaced: kornia's per-sample Gaussian blur (a grouped convolution, reflect padding),
+    """What `data/augment/blur.py` replaced: kornia's per-sample Gaussian blur (a grouped convolution, reflect padding),
     the kernel 3 sigma each side of the preset's largest sigma and smaller than the image."""
     _, _, h, w = x.shape
     k = min(2 * math.ceil(3 * sigma_max) + 1, (min(h, w) - 1) | 1)

@@ -10,7 +10,7 @@ Rows, measured in one run on the same decoded batches:
   CPU, PIL's algorithm), the photometric chain on boolean-mask subsets with kornia's hue
   (benchmarks/aug_reference.py);
 * ``after``: ``DeviceStage.views_of``: every crop of a view in one batched resize, the chain as per-sample
-  ``where`` over the whole batch (data/batched_resize.py, data/tensor_aug.py).
+  ``where`` over the whole batch (data/device/batched_resize.py, data/augment/tensor_aug.py).
 
 Each row: host CPU ms per image (this thread's CPU time; on a CPU "device" that is the device's work too),
 wall ms per image, and the operator calls per batch at --batch and at half of it (from torch.profiler: the
@@ -41,8 +41,8 @@ from benchmarks.aug_reference import crop_resize_one, masked_photometric
 from benchmarks.common import RESULTS
 from benchmarks.photo_set import generate, load_sources
 from hypersolid_scale.data import PRESETS
-from hypersolid_scale.data.device_views import DeviceStage, HostStage, _decisions, collate_host
-from hypersolid_scale.data.transforms import build_pil_multicrop, seeded_global_rngs
+from hypersolid_scale.data.augment.transforms import build_pil_multicrop, seeded_global_rngs
+from hypersolid_scale.data.device.views import DeviceStage, HostStage, _decisions, collate_host
 from hypersolid_scale.safety import atomic
 
 SEED, EPOCH = 0, 0

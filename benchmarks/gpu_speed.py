@@ -41,7 +41,7 @@ from benchmarks import common
 from benchmarks.common import sync
 from benchmarks.photo_loaders import DEFAULT_SOURCES, prepare_set
 from benchmarks.train_throughput import DeviceImages, make_config
-from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.data.augment.presets import resolve_preset
 from hypersolid_scale.distributed import WorldInfo
 from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import trainer

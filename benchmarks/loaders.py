@@ -62,7 +62,7 @@ def format_options(fmt: str, **values: Any) -> dict[str, Any]:
 
 def builtin_source() -> str:
     """Fashion-MNIST where its files are installed, else sklearn's digits (bundled with scikit-learn)."""
-    from hypersolid_scale.data.builtin_sets import load_builtin
+    from hypersolid_scale.data.loading.builtin_sets import load_builtin
 
     try:
         load_builtin("fashion_mnist", "train")
@@ -102,8 +102,8 @@ def prepare(cache: Path, size: int, images: int, source: str, with_ffcv: bool) -
 
 def time_tensor_path(size: int, images: int, batch: int, device: torch.device, epochs: int) -> dict:
     """TensorMultiCrop (crop + flip + photometric, batched on `device`) over uint8 images already in memory."""
-    from hypersolid_scale.data.presets import PRESETS
-    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+    from hypersolid_scale.data.augment.presets import PRESETS
+    from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
 
     g = torch.Generator(device=device).manual_seed(0)
     src = 256 if size == 224 else size  # ImageNet-style: crops of slightly larger images

@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     common.check_device(args.device)
     device = torch.device(args.device)
-    # One intra-op thread, as loaders.py: on shared cores more threads spin rather than work.
+    # One intra-op thread, as data/loading/random_access.py: on shared cores more threads spin rather than work.
     torch.set_num_threads(args.threads)
     t_set = time.perf_counter()
     n_set = args.set_images or args.images + 6 * args.batch

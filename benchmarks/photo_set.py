@@ -34,8 +34,8 @@ import numpy as np
 from PIL import Image
 
 from benchmarks import common
-from hypersolid_scale.data.converter import Converter
-from hypersolid_scale.data.sources import Item
+from hypersolid_scale.data.convert.converter import Converter
+from hypersolid_scale.data.convert.sources import Item
 from hypersolid_scale.safety import atomic
 
 IMAGENET_MEAN_KB = 110.0  # ImageNet-1k train: ~140 GB / 1.28 M JPEGs

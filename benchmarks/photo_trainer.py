@@ -33,7 +33,7 @@ from benchmarks import common
 from benchmarks.loaders import option_key
 from benchmarks.photo_loaders import DEFAULT_SOURCES, decode_missing, prepare_set, views_key
 from benchmarks.train_throughput import DeviceImages, make_config
-from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.data.augment.presets import resolve_preset
 from hypersolid_scale.distributed import WorldInfo
 from hypersolid_scale.safety import atomic
 from hypersolid_scale.training import trainer

@@ -21,7 +21,7 @@ import torch
 
 from hypersolid_scale.checkpoint import build_model_from_checkpoint
 from hypersolid_scale.data import build_eval_datasets, resolve_preset
-from hypersolid_scale.data.builtin_sets import FASHION_MNIST_CLASSES
+from hypersolid_scale.data.loading.builtin_sets import FASHION_MNIST_CLASSES
 from hypersolid_scale.eval.qualitative import render_qualitative
 from hypersolid_scale.eval.skips import SkipLog, SkippedWarning
 

@@ -31,7 +31,7 @@ from PIL import Image
 from benchmarks import common
 from benchmarks.device_stage import draws, operator_calls
 from hypersolid_scale.data import PRESETS
-from hypersolid_scale.data.device_views import DeviceStage
+from hypersolid_scale.data.device.views import DeviceStage
 from hypersolid_scale.safety import atomic
 
 

@@ -32,9 +32,9 @@ import torch
 from benchmarks import common
 from benchmarks.common import sync
 from hypersolid_scale.data import DataConfig, build_train_loader
-from hypersolid_scale.data.builtin_sets import ArraySplit
-from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
-from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.data.augment.presets import resolve_preset
+from hypersolid_scale.data.loading.builtin_sets import ArraySplit
+from hypersolid_scale.data.loading.random_access import InMemoryMultiCropLoader
 from hypersolid_scale.distributed import all_reduce_sum, cleanup, get_rank, get_world_size, init_distributed
 from hypersolid_scale.methods import MethodModel
 from hypersolid_scale.methods.hypersolid import Hypersolid, HypersolidConfig

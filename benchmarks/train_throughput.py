@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from benchmarks import common
 from benchmarks.common import ROOT
 from hypersolid_scale.config.schema import load_config
+from hypersolid_scale.data.augment.presets import resolve_preset
+from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
 from hypersolid_scale.data.batch import plan_batch
-from hypersolid_scale.data.presets import resolve_preset
-from hypersolid_scale.data.tensor_aug import TensorMultiCrop
 from hypersolid_scale.distributed import WorldInfo, cleanup
 from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety import atomic

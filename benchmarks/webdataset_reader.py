@@ -37,12 +37,12 @@ from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from benchmarks import common
-from hypersolid_scale.data.common import mix_seed
+from hypersolid_scale.data.augment.presets import PRESETS
+from hypersolid_scale.data.augment.transforms import build_pil_multicrop
 from hypersolid_scale.data.convert import main as convert
-from hypersolid_scale.data.loaders import _seed_worker
-from hypersolid_scale.data.presets import PRESETS
-from hypersolid_scale.data.transforms import build_pil_multicrop
-from hypersolid_scale.data.webdataset.stream import WebDatasetLoader, decode_image, decode_label
+from hypersolid_scale.data.formats.webdataset.stream import WebDatasetLoader, decode_image, decode_label
+from hypersolid_scale.data.loading.common import mix_seed
+from hypersolid_scale.data.loading.random_access import _seed_worker
 from hypersolid_scale.safety import atomic
 
 PRESET = PRESETS["cifar"]

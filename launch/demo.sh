@@ -48,7 +48,7 @@ stage_done() { STAGES+=("$1=$(( $(date +%s) - t_start ))"); t_start=$(date +%s);
 
 say "1/4 Fashion-MNIST (Debian package dataset-fashion-mnist)"
 "$PY" - <<'PYEOF'
-from hypersolid_scale.data.builtin_sets import fashion_mnist_dir, load_fashion_mnist
+from hypersolid_scale.data.loading.builtin_sets import fashion_mnist_dir, load_fashion_mnist
 tr, te = load_fashion_mnist("train"), load_fashion_mnist("test")
 print(f"Fashion-MNIST in {fashion_mnist_dir()}: {len(tr.labels)} train / {len(te.labels)} test images, 10 classes")
 PYEOF

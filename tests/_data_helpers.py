@@ -15,9 +15,9 @@ import torch
 from lightly.transforms.dino_transform import DINOTransform
 from PIL import Image
 
-from hypersolid_scale.data.builtin_sets import fashion_mnist_dir, load_fashion_mnist
-from hypersolid_scale.data.transforms import build_pil_multicrop
-from hypersolid_scale.data.webdataset.shard_writer import ShardWriter
+from hypersolid_scale.data.augment.transforms import build_pil_multicrop
+from hypersolid_scale.data.loading.builtin_sets import fashion_mnist_dir, load_fashion_mnist
+from hypersolid_scale.data.formats.webdataset.shard_writer import ShardWriter
 
 
 def fashion_mnist_or_skip(split: str = "train"):
@@ -145,8 +145,8 @@ def convert_shards(out: Path, splits: dict[str, int], shard_size: int) -> dict:
     splits: {split: number of samples}. The label of a sample is its index in the split (so tests can
     tell which samples came through); num_classes = the largest split's size.
     """
-    from hypersolid_scale.data.converter import Converter
-    from hypersolid_scale.data.sources import Item
+    from hypersolid_scale.data.convert.converter import Converter
+    from hypersolid_scale.data.convert.sources import Item
 
     images = fashion_mnist_or_skip().images
     n_max = max(splits.values())

@@ -40,10 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 # (data formats, MLflow and its SQL store, the plots, the evaluation's scikit-learn): imported once here. A
 # name missing here (moved, renamed) costs time only: the run imports what it needs.
 _PRELOAD = ("hypersolid_scale.training.trainer", "hypersolid_scale.safety.errors", "hypersolid_scale.safety.lifeline",
-            "hypersolid_scale.eval.app", "hypersolid_scale.compare.app", "hypersolid_scale.data.loaders",
+            "hypersolid_scale.eval.app", "hypersolid_scale.compare.app", "hypersolid_scale.data.loading.random_access",
             "hypersolid_scale.data.formats.builtin", "hypersolid_scale.data.formats.imagefolder",
-            "hypersolid_scale.data.formats.webdataset", "hypersolid_scale.data.tensor_aug",
-            "hypersolid_scale.data.transforms", "hypersolid_scale.distributed.engines.ddp", "hypersolid_scale.tracking",
+            "hypersolid_scale.data.formats.webdataset", "hypersolid_scale.data.augment.tensor_aug",
+            "hypersolid_scale.data.augment.transforms", "hypersolid_scale.distributed.engines.ddp", "hypersolid_scale.tracking",
             "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store", "alembic", "sqlalchemy",
             "matplotlib.pyplot", "sklearn.neighbors", "sklearn.cluster", "sklearn.linear_model", "kornia")
 

@@ -23,7 +23,7 @@ import yaml
 from hypersolid_scale.compare.plan import setting_config
 from hypersolid_scale.config.nested import flatten
 from hypersolid_scale.config.schema import Config, load_config, to_dict
-from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.data.augment.presets import resolve_preset
 from hypersolid_scale.methods import Method, build_method_model, count_global_views, get_method, method_names
 from hypersolid_scale.methods.dino import DINO
 from hypersolid_scale.methods.swav import SwaV

@@ -159,8 +159,8 @@ def test_deepspeed_zero2_one_rank_step():
 
 
 def test_tensor_multicrop_cuda_matches_cpu():
-    from hypersolid_scale.data.presets import PRESETS
-    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+    from hypersolid_scale.data.augment.presets import PRESETS
+    from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
 
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (16, 3, 40, 40), dtype=torch.uint8, generator=g)
@@ -177,8 +177,8 @@ def test_tensor_multicrop_cuda_matches_cpu():
 
 
 def test_tensor_multicrop_inside_autocast_stays_float32():
-    from hypersolid_scale.data.presets import PRESETS
-    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+    from hypersolid_scale.data.augment.presets import PRESETS
+    from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
 
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (8, 3, 64, 64), dtype=torch.uint8, generator=g).to(DEV)

@@ -28,9 +28,15 @@ from hypersolid_scale.data import (
     num_classes,
     resolve_preset,
 )
-from hypersolid_scale.data.builtin_sets import fashion_mnist_dir, load_digits, read_idx
-from hypersolid_scale.data.tensor_aug import COL_CROP, COL_FLIP, TensorMultiCrop, keyed_uniforms, sample_crop_boxes
-from hypersolid_scale.data.transforms import build_eval_transform, build_pil_multicrop
+from hypersolid_scale.data.augment.tensor_aug import (
+    COL_CROP,
+    COL_FLIP,
+    TensorMultiCrop,
+    keyed_uniforms,
+    sample_crop_boxes,
+)
+from hypersolid_scale.data.augment.transforms import build_eval_transform, build_pil_multicrop
+from hypersolid_scale.data.loading.builtin_sets import fashion_mnist_dir, load_digits, read_idx
 
 CPU = torch.device("cpu")
 
@@ -214,7 +220,7 @@ def test_eval_datasets_of_fashion_mnist_and_holdout() -> None:
 def test_tensor_multicrop_inside_autocast_gives_the_same_float32_views() -> None:
     """A caller's bf16 autocast (the training forward) must not reach the augmentations: blur under autocast
     returns bf16 and writing it back into the float32 batch failed; the views must not depend on the caller."""
-    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+    from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
 
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (8, 3, 48, 48), dtype=torch.uint8, generator=g)

@@ -16,8 +16,8 @@ from PIL import Image
 
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.convert import main
-from hypersolid_scale.data.webdataset.shard_writer import sha256
-from hypersolid_scale.data.webdataset.stream import ShardIndexDataset
+from hypersolid_scale.data.loading.common import sha256
+from hypersolid_scale.data.formats.webdataset.stream import ShardIndexDataset
 
 CLASSES = ("coat", "sandal", "bag")
 
@@ -116,7 +116,7 @@ def test_torchvision_root_to_shards(tmp_path) -> None:
     """A torchvision FashionMNIST root (the layout its downloader writes), made from the Debian idx files."""
     import gzip
 
-    from hypersolid_scale.data.builtin_sets import fashion_mnist_dir
+    from hypersolid_scale.data.loading.builtin_sets import fashion_mnist_dir
 
     fashion_mnist_or_skip()
     raw = tmp_path / "tv" / "FashionMNIST" / "raw"
@@ -221,7 +221,7 @@ def test_memory_stays_bounded_while_converting(tmp_path) -> None:
 
 
 def test_an_interrupted_run_resumes_without_decoding_finished_shards_again(tmp_path, monkeypatch) -> None:
-    from hypersolid_scale.data.converter import Converter
+    from hypersolid_scale.data.convert.converter import Converter
 
     src = photo_folder(tmp_path / "photos")
     convert("--folder", str(src), "--out", str(tmp_path / "whole"), "--formats", "webdataset,imagefolder")
@@ -307,7 +307,7 @@ def test_a_later_split_without_good_images_keeps_the_earlier_shards_for_resume(t
 
 # ----------------------------------------------------------------------------- FFCV page size --
 def test_ffcv_page_size_holds_the_largest_raw_image() -> None:
-    from hypersolid_scale.data.ffcv.beton_writer import MAX_PAGE, page_size_for
+    from hypersolid_scale.data.formats.ffcv.beton_writer import MAX_PAGE, page_size_for
     from hypersolid_scale.safety.errors import DataError
 
     for h, w in [(32, 32), (512, 512), (513, 513), (1673, 1673), (2400, 2400), (8192, 8192), (6000, 8000)]:

@@ -18,12 +18,13 @@ from PIL import Image
 
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes, resolve_preset
 from hypersolid_scale.data.convert import main as convert
-from hypersolid_scale.data.ffcv.loader import FFCV_IMPORT_ERROR, check_beton
+from hypersolid_scale.data.loading.protocol import TrainLoader
 from hypersolid_scale.data.formats.ffcv import FFCVOptions
+from hypersolid_scale.data.formats.ffcv.loader import FFCV_IMPORT_ERROR, check_beton
 
 pytestmark = [
     pytest.mark.slow,
-    # The keyed crop decoder reads its epoch key in numba object mode (see data/ffcv/crop.py): expected.
+    # The keyed crop decoder reads its epoch key in numba object mode (see data/formats/ffcv/crop.py): expected.
     pytest.mark.filterwarnings("ignore:Code running in object mode"),
     pytest.mark.skipif(FFCV_IMPORT_ERROR is not None, reason=f"FFCV is not installed: {FFCV_IMPORT_ERROR}"),
 ]
@@ -57,6 +58,8 @@ def test_ffcv_views_have_the_statistics_of_the_pil_path(probe_dataset: Path) -> 
     preset = resolve_preset(cfg)
     loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU)
     assert len(loader) == N // 32 and num_classes(cfg) == 2
+    # FFCV's loader is what the trainer asks of every format's (the other formats: test_data_formats.py)
+    assert isinstance(loader, TrainLoader) and loader.device_stage is None and loader.world_size_invariant
     views = ["global_0", "global_1", "local", "local"]
     other: dict = {v: {k: [] for k in ("area", "flipped", "jitter", "gray", "blur", "solarize")} for v in views}
     for raw, labels, indices in loader.raw_batches():
@@ -129,7 +132,7 @@ def _ddp_worker(rank: int, world: int, beton: str, init: str, out: str) -> None:
 
 def test_ffcv_under_ddp_gives_each_rank_its_own_equal_share(tmp_path) -> None:
     """Under a real process group: same batch count on both ranks, disjoint samples (label = sample index)."""
-    from hypersolid_scale.data.ffcv.loader import write_beton
+    from hypersolid_scale.data.formats.ffcv.beton_writer import write_beton
 
     images = probe_images(100, 40)
     write_beton(str(tmp_path / "ids.beton"), [lambda a=a: a for a in images], list(range(100)), num_workers=1,
@@ -177,7 +180,7 @@ def test_raw_images_larger_than_a_default_page_are_written_whole(tmp_path) -> No
 
 @pytest.mark.timeout(300)  # the old writer waited forever here
 def test_a_failing_writer_worker_stops_the_write_with_its_error(tmp_path) -> None:
-    from hypersolid_scale.data.ffcv.beton_writer import write_beton
+    from hypersolid_scale.data.formats.ffcv.beton_writer import write_beton
     from hypersolid_scale.safety.errors import DataError
 
     def load(i: int) -> np.ndarray:
@@ -198,7 +201,7 @@ def test_a_failing_writer_worker_stops_the_write_with_its_error(tmp_path) -> Non
 
 _RSS_SCRIPT = """
 import resource, sys
-import hypersolid_scale.data.ffcv.beton_writer  # FFCV, numba, torch: ~850 MB of RSS before any image
+import hypersolid_scale.data.formats.ffcv.beton_writer  # FFCV, numba, torch: ~850 MB of RSS before any image
 from hypersolid_scale.data.convert import main
 peak = lambda who: resource.getrusage(who).ru_maxrss / 1024
 start = peak(resource.RUSAGE_SELF)

@@ -115,8 +115,8 @@ class _Arrays(formats.Format):
 
     def train_loader(self, cfg: DataConfig, preset: Any, *, rank: int, world_size: int, seed: int,
                      device: torch.device) -> Any:
-        from hypersolid_scale.data.builtin_sets import ArraySplit
-        from hypersolid_scale.data.loaders import InMemoryMultiCropLoader
+        from hypersolid_scale.data.loading.builtin_sets import ArraySplit
+        from hypersolid_scale.data.loading.random_access import InMemoryMultiCropLoader
 
         images = np.random.default_rng(0).integers(0, 256, (64, 20, 20), dtype=np.uint8)
         return InMemoryMultiCropLoader(ArraySplit(images, np.arange(64) % 4, ()), preset, rank=rank,
@@ -223,3 +223,38 @@ def test_validating_configs_and_converting_do_not_import_torch_or_the_readers() 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_every_format_s_training_loader_is_a_train_loader(tmp_path: Path) -> None:
+    """What the trainer, the builder and the resume ask of a loader (data/loading/protocol.py), for the loader of
+    every format (and the device stage's), built from one small conversion: a format that gives another kind of
+    object fails here, not in the middle of a run. FFCV's (its conversion and first batch cost ~60 s here) is
+    checked where test_data_ffcv.py builds one."""
+    from hypersolid_scale.data.convert import main as convert
+    from hypersolid_scale.data.loading.protocol import TrainLoader
+
+    out = tmp_path / "out"
+    files = [f for f in formats.conversion_formats() if f != "ffcv"]
+    assert convert(["--builtin", "digits", "--out", str(out), "--formats", ",".join(files), "--limit", "16",
+                    "--shard-size", "8"]) == 0
+    base = dict(preset="digits", batch_size_per_gpu=4, num_local_views=1, num_workers=0)
+    cases = [("builtin", DataConfig(dataset="digits", **base)),
+             ("builtin pil", DataConfig(dataset="digits", augment="pil", **base))]
+    cases += [(f, DataConfig(format=f, path=str(out), **base)) for f in files]
+    cases += [(f"{f} views_on=device", DataConfig(format=f, path=str(out), views_on="device", **base))
+              for f in formats.device_view_formats()]
+    assert {c[0].split()[0] for c in cases} | {"ffcv"} == set(formats.names()), "a format without a case here"
+    for name, cfg in cases:
+        cfg.validate()
+        loader = build_train_loader(cfg, rank=0, world_size=1, seed=0, device=CPU)
+        try:
+            assert isinstance(loader, TrainLoader), name
+            assert (loader.device_stage is not None) == ("device" in name), name
+            assert isinstance(loader.world_size_invariant, bool) and len(loader) >= 1, name
+            loader.set_epoch(0)
+            views, labels = next(iter(loader))
+            assert views[0].shape[0] == len(labels) == 4, name
+            assert loader.state_dict()["batches_done"] == 1, name
+        finally:
+            loader.close()
+

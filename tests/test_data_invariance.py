@@ -14,14 +14,18 @@ import torch
 from _data_helpers import probe_images
 
 from hypersolid_scale.data import PRESETS
-from hypersolid_scale.data.builtin_sets import ArraySplit
-from hypersolid_scale.data.common import batches_per_epoch, epoch_permutation, rank_indices
-from hypersolid_scale.data.loaders import ArrayPILDataset, InMemoryMultiCropLoader, MapStyleMultiCropLoader
-from hypersolid_scale.data.tensor_aug import NUM_COLUMNS, keyed_uniforms
-from hypersolid_scale.data.transforms import build_pil_multicrop
+from hypersolid_scale.data.augment.tensor_aug import NUM_COLUMNS, keyed_uniforms
+from hypersolid_scale.data.augment.transforms import build_pil_multicrop
+from hypersolid_scale.data.loading.builtin_sets import ArraySplit
+from hypersolid_scale.data.loading.common import batches_per_epoch, epoch_permutation, rank_indices
+from hypersolid_scale.data.loading.random_access import (
+    ArrayPILDataset,
+    InMemoryMultiCropLoader,
+    MapStyleMultiCropLoader,
+)
 
 N, GLOBAL_BATCH, SEED = 40, 8, 11
-# The keyed FFCV crop decoder reads its epoch key in numba object mode (see data/ffcv/crop.py): expected.
+# The keyed FFCV crop decoder reads its epoch key in numba object mode (see data/formats/ffcv/crop.py): expected.
 OBJMODE = pytest.mark.filterwarnings("ignore:Code running in object mode")
 # Every augmentation on, small views: crops, flips, jitter (all four, RGB), grayscale, blur, solarize.
 PRESET = replace(PRESETS["default"], global_crop_size=16, local_crop_size=8, num_local_views=2,
@@ -175,7 +179,7 @@ def test_pil_resume_and_the_callers_random_streams() -> None:
 
 # ---------------------------------------------------------------- FFCV ----------------------------
 def _ffcv_or_skip() -> Any:
-    from hypersolid_scale.data.ffcv import loader as ffcv
+    from hypersolid_scale.data.formats.ffcv import loader as ffcv
 
     if ffcv.FFCV_IMPORT_ERROR is not None:
         pytest.skip(f"FFCV is not installed: {ffcv.FFCV_IMPORT_ERROR}")
@@ -184,12 +188,14 @@ def _ffcv_or_skip() -> Any:
 
 @pytest.fixture(scope="module")
 def ids_beton(tmp_path_factory) -> Path:
-    ffcv = _ffcv_or_skip()
+    _ffcv_or_skip()
+    from hypersolid_scale.data.formats.ffcv.beton_writer import write_beton
+
     path = tmp_path_factory.mktemp("ffcv_ids") / "ids.beton"
     # 120 kB images in FFCV's smallest pages (2 MiB): several pages, so that the quasi-random order has
     # something to do.
     images = probe_images(N, 200, seed=4)
-    ffcv.write_beton(str(path), [lambda a=a: a for a in images], list(range(N)), num_workers=1, page_size=1 << 21)
+    write_beton(str(path), [lambda a=a: a for a in images], list(range(N)), num_workers=1, page_size=1 << 21)
     return path
 
 
@@ -245,7 +251,7 @@ def test_ffcv_ranks_concatenate_to_one_process(ids_beton: Path) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_draws_match_the_cpu_and_batch_splits_do_not_matter() -> None:
-    from hypersolid_scale.data.tensor_aug import TensorMultiCrop
+    from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
 
     idx = torch.arange(0, 4000, 3)
     assert torch.equal(keyed_uniforms(SEED, 2, idx.cuda(), 1).cpu(), keyed_uniforms(SEED, 2, idx, 1))

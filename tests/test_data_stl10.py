@@ -12,7 +12,7 @@ import torch
 
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.convert import main as convert
-from hypersolid_scale.data.webdataset.index import ShardIndexDataset
+from hypersolid_scale.data.formats.webdataset.index import ShardIndexDataset
 from hypersolid_scale.safety.errors import ConfigError, DataError
 
 CLASSES = ["airplane", "bird", "car", "cat", "deer", "dog", "horse", "monkey", "ship", "truck"]
@@ -41,7 +41,7 @@ def write_stl10(root: Path, splits: dict[str, int] = SIZES) -> Path:
 def test_stl10_binary_files_are_read_as_torchvision_reads_them(tmp_path) -> None:
     from torchvision.datasets import STL10
 
-    from hypersolid_scale.data.sources import stl10_source
+    from hypersolid_scale.data.convert.sources import stl10_source
 
     root = write_stl10(tmp_path / "stl10")
     source = stl10_source(str(root), ["train", "unlabeled"])

@@ -11,8 +11,8 @@ import torch
 from _data_helpers import convert_shards, fashion_mnist_or_skip, jpg_bytes, limit_batches, png_bytes, write_shard
 
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader
-from hypersolid_scale.data.presets import PRESETS
-from hypersolid_scale.data.webdataset.stream import ShardIndexDataset, WebDatasetLoader
+from hypersolid_scale.data.augment.presets import PRESETS
+from hypersolid_scale.data.formats.webdataset.stream import ShardIndexDataset, WebDatasetLoader
 from hypersolid_scale.safety.errors import DataError
 
 CPU = torch.device("cpu")

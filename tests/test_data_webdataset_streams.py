@@ -20,8 +20,8 @@ from test_data_webdataset import CPU, converted, loader, make_shards  # noqa: F4
 
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes
 from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
-from hypersolid_scale.data.webdataset.stream import ShardIndexDataset
-from hypersolid_scale.data.webdataset.urls import shard_key, split_urls
+from hypersolid_scale.data.formats.webdataset.stream import ShardIndexDataset
+from hypersolid_scale.data.formats.webdataset.urls import shard_key, split_urls
 from hypersolid_scale.safety.errors import DataError
 
 SHARDS = "shard-{000000..000003}.tar"

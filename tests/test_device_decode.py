@@ -18,10 +18,10 @@ from PIL import Image, ImageFilter, ImageOps
 from torchvision.transforms import v2
 
 from hypersolid_scale.data import PRESETS, DataConfig, build_train_loader
-from hypersolid_scale.data import view_params as vp
-from hypersolid_scale.data.device_views import DeviceStage, HostStage, collate_host
+from hypersolid_scale.data.augment import view_params as vp
+from hypersolid_scale.data.augment.transforms import build_pil_multicrop, seeded_global_rngs
+from hypersolid_scale.data.device.views import DeviceStage, HostStage, collate_host
 from hypersolid_scale.data.formats.webdataset import WebDatasetOptions
-from hypersolid_scale.data.transforms import build_pil_multicrop, seeded_global_rngs
 from hypersolid_scale.safety.errors import ConfigError
 
 SEED, EPOCH = 5, 3

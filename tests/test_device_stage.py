@@ -1,6 +1,6 @@
 """The batched device stage (docs/design.md §3e): every crop of a view in one resize, the photometric chain
 as per-sample `where`, a number of calls that does not grow with the batch, no host synchronisation (CUDA),
-and the stage run ahead of the step (data/prefetch.py). Held to the plain per-crop / masked references."""
+and the stage run ahead of the step (data/device/prefetch.py). Held to the plain per-crop / masked references."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from test_device_decode import EPOCH, SEED, SMALL, photos
 
 from benchmarks.aug_reference import crop_resize_one, masked_photometric
 from hypersolid_scale.data import PRESETS
-from hypersolid_scale.data import view_params as vp
-from hypersolid_scale.data.batched_resize import crop_resize, pack_images, pad_images, window_buckets
-from hypersolid_scale.data.device_views import DeviceStage, HostBatch, HostStage, _decisions, collate_host
-from hypersolid_scale.data.prefetch import staged
-from hypersolid_scale.data.tensor_aug import TensorMultiCrop, keyed_uniforms
-from hypersolid_scale.data.transforms import seeded_global_rngs
+from hypersolid_scale.data.augment import view_params as vp
+from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop, keyed_uniforms
+from hypersolid_scale.data.augment.transforms import seeded_global_rngs
+from hypersolid_scale.data.device.batched_resize import crop_resize, pack_images, pad_images, window_buckets
+from hypersolid_scale.data.device.prefetch import staged
+from hypersolid_scale.data.device.views import DeviceStage, HostBatch, HostStage, _decisions, collate_host
 
 
 def host_batch(preset: Any, data: list[bytes]) -> HostBatch:
@@ -114,7 +114,7 @@ def test_hue_shift_is_kornias_hsv_rotation() -> None:
     """color.hue_shift against kornia's adjust_hue on random colours, gray pixels and ties included."""
     import kornia
 
-    from hypersolid_scale.data.color import hue_shift
+    from hypersolid_scale.data.augment.color import hue_shift
 
     x = torch.rand(6, 3, 17, 19)
     x[:, :, 0] = x[:, :1, 0]  # gray pixels: no hue
@@ -127,11 +127,11 @@ def test_hue_shift_is_kornias_hsv_rotation() -> None:
 
 @pytest.mark.parametrize("shape", [(6, 3, 32, 32), (4, 1, 20, 27), (3, 3, 7, 5)], ids=str)
 def test_the_blur_is_kornias_grouped_convolution(shape: tuple[int, ...]) -> None:
-    """data/blur.py's two matrix products against kornia's per-sample blur (what they replaced), on values and
+    """data/augment/blur.py's two matrix products against kornia's per-sample blur (what they replaced), on values and
     gradients: square and oblong images, one channel, a kernel cut to the image (7 x 5). Measured: 2e-7.
     A sigma given to the wrong sample is far off."""
     from benchmarks.aug_reference import kornia_blur
-    from hypersolid_scale.data.blur import gaussian_blur, kernel_size
+    from hypersolid_scale.data.augment.blur import gaussian_blur, kernel_size
 
     x = torch.rand(shape, requires_grad=True)
     sigma = torch.linspace(0.1, 2.0, shape[0])

@@ -1,4 +1,4 @@
-"""A training loader lives for the run (data/run_stream.py): one worker pool from the first epoch to the last, no
+"""A training loader lives for the run (data/loading/run_stream.py): one worker pool from the first epoch to the last, no
 stall at an epoch boundary, and the same images in every batch as a loader that starts at that epoch or resumes
 mid-way through it."""
 
@@ -14,7 +14,7 @@ import torch
 from test_data_invariance import _map_style
 from test_data_webdataset import PRESET, loader, make_shards
 
-from hypersolid_scale.data.device_views import DeviceStage, HostStage
+from hypersolid_scale.data.device.views import DeviceStage, HostStage
 
 
 def worker_pids() -> set[int]:

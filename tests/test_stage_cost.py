@@ -13,10 +13,10 @@ from torch._inductor.exc import InductorError, InvalidCxxCompiler
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hypersolid_scale.data import PRESETS
-from hypersolid_scale.data import view_params as vp
-from hypersolid_scale.data.batched_resize import BANDED_FROM
-from hypersolid_scale.data.device_views import DeviceStage
-from hypersolid_scale.data.photometric import compile_failure
+from hypersolid_scale.data.augment import view_params as vp
+from hypersolid_scale.data.augment.photometric import compile_failure
+from hypersolid_scale.data.device.batched_resize import BANDED_FROM
+from hypersolid_scale.data.device.views import DeviceStage
 
 
 class HostToDevice(TorchDispatchMode):
@@ -57,7 +57,7 @@ def test_a_batch_sends_its_decisions_in_one_copy(compiled: bool) -> None:
 
 
 def _host_decisions(p: torch.Tensor) -> Any:
-    from hypersolid_scale.data.device_views import _decisions
+    from hypersolid_scale.data.device.views import _decisions
 
     return _decisions(p)
 
@@ -164,7 +164,7 @@ import torch
 from test_stage_cost import jpeg
 from test_device_stage import host_batch
 from hypersolid_scale.data import PRESETS
-from hypersolid_scale.data.device_views import DeviceStage
+from hypersolid_scale.data.device.views import DeviceStage
 import numpy as np
 rng = np.random.default_rng(0)
 data = [jpeg(int(rng.integers(160, 301)), int(rng.integers(160, 301)), i) for i in range(32)]

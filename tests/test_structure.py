@@ -103,6 +103,101 @@ def test_the_layer_check_catches_an_upward_import(tmp_path):
         fake.unlink()
 
 
+def _runtime_imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports when it runs (inside functions too; not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for stmt in node.body for n in ast.walk(stmt)}
+    known = {_module(f) for f in _package_files()} | {""}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.level or not node.module):
+            continue  # the package uses absolute imports only
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+            f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            if not name.startswith("hypersolid_scale."):
+                continue
+            mod = name.removeprefix("hypersolid_scale.")
+            while mod not in known:  # a name imported from a module: that module
+                mod = mod.rpartition(".")[0]
+            if mod:
+                out.add(mod)
+    return out
+
+
+def _import_circles(files: list[Path]) -> list[list[str]]:
+    """Groups of modules that import each other, directly or through others (strongly connected components)."""
+    graph = {_module(f): _runtime_imports(f) - {_module(f)} for f in files}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circle():
+    """No module imports one that imports it back, directly or through others, counting imports inside
+    functions: a circle works only while its imports stay in a lucky order or inside functions."""
+    circles = _import_circles(_package_files())
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_catches_a_circle(tmp_path, monkeypatch):
+    # Two modules importing each other, one of them only inside a function, form a circle; a TYPE_CHECKING
+    # import does not.
+    pkg = tmp_path / "hypersolid_scale"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from hypersolid_scale.a.y import f\n")
+    (pkg / "a" / "y.py").write_text("def f():\n    from hypersolid_scale.a import x\n")
+    (pkg / "a" / "z.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hypersolid_scale.a import x\n")
+    (pkg / "a" / "w.py").write_text("from hypersolid_scale.a import z\n")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
+    files = sorted(p for p in pkg.rglob("*.py"))
+    monkeypatch.setattr(sys.modules[__name__], "_package_files", lambda: files)
+    assert _import_circles(files) == [["a.x", "a.y"]]
+
+
+def test_a_format_s_files_are_imported_by_it_alone():
+    """A format's own files (data/formats/<name>/ or <name>.py) are imported by that format only: the package
+    reaches a format through the registry (data.formats), so removing a format's folder breaks nothing else."""
+    bad = []
+    for path in _package_files():
+        here = _module(path)
+        own = here.split(".")[2] if here.startswith("data.formats.") else None
+        for line, mod in _imports(path):
+            parts = mod.split(".")
+            if parts[:3] == ["hypersolid_scale", "data", "formats"] and len(parts) > 3 and parts[3] != own:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    assert not bad, "a format's own module imported from outside it: " + "; ".join(bad)
+
+
 def test_torch_distributed_only_under_distributed():
     bad = [f"{p.relative_to(ROOT)}:{line}" for p in _package_files() if _component(p) != "distributed"
            for line, mod in _imports(p) if mod.startswith("torch.distributed")]
@@ -210,8 +305,8 @@ def _repeated_file_names(folder: Path) -> list[str]:
 
 
 def test_no_file_name_repeats_in_data():
-    """One name, one file: a format's files live in its subpackage (data/webdataset/, data/ffcv/) under names of
-    their own, and its registry entry in data/formats/. (Package-wide, config.py, app.py and others repeat by
+    """One name, one file: a format's files live in its folder under data/formats/ (its registry entry is the
+    folder's __init__.py) under names of their own. (Package-wide, config.py, app.py and others repeat by
     design: one per package; data/ is where a repeated name was ambiguous.)"""
     repeated = _repeated_file_names(PKG / "data")
     assert not repeated, "file names that repeat under hypersolid_scale/data/ (rename one): " + "; ".join(repeated)

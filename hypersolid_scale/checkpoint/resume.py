@@ -24,6 +24,7 @@ from hypersolid_scale.checkpoint.rng import set_rng_state
 from hypersolid_scale.checkpoint.sharded import read_part
 from hypersolid_scale.config.fingerprint import config_diff, fingerprint
 from hypersolid_scale.config.schema import Config, to_dict
+from hypersolid_scale.data.loading.protocol import TrainLoader
 from hypersolid_scale.distributed import Engine, barrier, broadcast_object, get_rank
 from hypersolid_scale.safety.errors import CheckpointError
 
@@ -79,7 +80,7 @@ def restore_run_state(
     ckpt: dict[str, Any],
     *,
     engine: Engine,
-    loader: Any,
+    loader: TrainLoader,
     rank: int,
     world_size: int,
     global_batch: int,
@@ -143,9 +144,11 @@ def restore_run_state(
     return step, epoch
 
 
-def _resized_note(path: str, saved: int, world: int, batch: int, step: int, loader: Any, epoch: int, done: int) -> str:
+def _resized_note(
+    path: str, saved: int, world: int, batch: int, step: int, loader: TrainLoader, epoch: int, done: int
+) -> str:
     """The one line of a resume on another world size: what carries over, and what does not."""
-    keyed = getattr(loader, "world_size_invariant", True)  # False: WebDataset, its streams split by rank
+    keyed = loader.world_size_invariant  # False: WebDataset, its streams split by rank
     stream = (
         ""
         if keyed or done <= 0 or done >= len(loader)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hypersolid_scale.data import plan_batch
-from hypersolid_scale.data.presets import resolve_preset
+from hypersolid_scale.data.augment.presets import resolve_preset
 from hypersolid_scale.distributed.precision import check_precision
 from hypersolid_scale.distributed.process_group import world_info_from_env
 from hypersolid_scale.methods.registry import get_method

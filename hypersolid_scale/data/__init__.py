@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hypersolid_scale.data import formats
+from hypersolid_scale.data.augment.presets import PRESETS, MultiCropPreset, resolve_preset
 from hypersolid_scale.data.batch import BatchPlan, plan_batch
 from hypersolid_scale.data.config import DataConfig
-from hypersolid_scale.data.presets import PRESETS, MultiCropPreset, resolve_preset
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:

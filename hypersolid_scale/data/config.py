@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from hypersolid_scale.config.sections import chosen_only, drop_missing
 from hypersolid_scale.data import formats
-from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
+from hypersolid_scale.data.loading.builtin_sets import BUILTIN_DATASETS
 from hypersolid_scale.safety.errors import ConfigError
 
 AUGMENT_MODES = ("auto", "pil", "tensor")
@@ -84,7 +84,7 @@ class DataConfigBase:
     # webdataset/imagefolder: where the multi-crop views are made (formerly data.decode, still read).
     # "workers": PIL decode + the PIL multi-crop in DataLoader workers. "device": the workers read the bytes
     # and draw each view's parameters (the PIL path's own draws); each JPEG is decoded once, every view is
-    # cut from it and the photometric augmentations run batched on the training device (data/device_views.py,
+    # cut from it and the photometric augmentations run batched on the training device (data/device/views.py,
     # docs/design.md §3e).
     views_on: str = "workers"
     # views_on=device: where JPEGs are decoded: "device" (nvJPEG on CUDA; torchvision.io.decode_jpeg) or

@@ -62,7 +62,7 @@ def _config(ckpt: dict[str, Any], path: Path) -> Any:
 
 def _preprocessing(cfg: Any) -> dict[str, Any]:
     """What an image goes through before the encoder at evaluation: resize, centre crop, normalise."""
-    from hypersolid_scale.data.presets import resolve_preset
+    from hypersolid_scale.data.augment.presets import resolve_preset
 
     preset = resolve_preset(cfg.data)
     return {

@@ -47,7 +47,7 @@ class RandomState:
 
 def split_views(views: list[torch.Tensor], parts: int) -> list[list[torch.Tensor]]:
     """Micro-batch k = rows [k*m, (k+1)*m) of every view: what rank k of ``parts`` ranks would get
-    (data/common.py ``split_global_batches``), so 1 process x K micro-batches sees what K processes see."""
+    (data/loading/common.py ``split_global_batches``), so 1 process x K micro-batches sees what K processes see."""
     chunks = [v.chunk(parts) for v in views]
     return [[c[k] for c in chunks] for k in range(parts)]
 

@@ -26,6 +26,7 @@ from torch import nn
 from hypersolid_scale.config.combinations import METHOD_RULES, check_combinations
 from hypersolid_scale.config.schema import Config
 from hypersolid_scale.data import BatchPlan, build_train_loader, in_channels, plan_batch
+from hypersolid_scale.data.loading.protocol import TrainLoader
 from hypersolid_scale.distributed import (
     Engine,
     WorldInfo,
@@ -91,7 +92,7 @@ def on_every_rank(build_part: Callable[[], T], rank: int) -> T:
     raise error
 
 
-def _train_loader(cfg: Config, info: WorldInfo, device: torch.device, batch: BatchPlan) -> Any:
+def _train_loader(cfg: Config, info: WorldInfo, device: torch.device, batch: BatchPlan) -> TrainLoader:
     try:
         return build_train_loader(
             cfg.data,
@@ -114,7 +115,7 @@ class Run:
     info: WorldInfo
     device: torch.device
     engine: Engine
-    loader: Any
+    loader: TrainLoader
     lr: np.ndarray
     steps_per_epoch: int
     total_steps: int
@@ -169,7 +170,7 @@ def batch_lines(run: Run) -> list[str]:
     return lines
 
 
-def _steps_per_epoch(loader: Any, batch: BatchPlan) -> int:
+def _steps_per_epoch(loader: TrainLoader, batch: BatchPlan) -> int:
     if len(loader) < 1:
         raise ConfigError(
             f"the training set gives no full global batch ({batch.describe()}); lower data.global_batch_size"
@@ -232,7 +233,7 @@ def build(cfg: Config, info: WorldInfo, device: torch.device) -> Run:
         batch_size_per_gpu=batch.micro_batch,
         accumulate_steps=batch.accumulate_steps,
     )
-    stage = getattr(loader, "device_stage", None)
+    stage = loader.device_stage
     if stage is not None:  # its photometric chain compiled here, on the main thread, before any step (§3e)
         stage.prepare(batch.rank_batch, bf16=precision == "bf16")
     total = cfg.epochs * steps_per_epoch

@@ -245,7 +245,7 @@ def _start(run: Run, tracker: Tracker, ckpt: dict | None, step: int, epoch: int)
 
 def _stage_params(run: Run) -> dict[str, str]:
     """What the run records of its device stage (data.views_on=device): which photometric chain runs, and why."""
-    stage = getattr(run.loader, "device_stage", None)
+    stage = run.loader.device_stage
     return {} if stage is None else {"data.photometric_chain": stage.photometric.chain}
 
 
@@ -321,9 +321,7 @@ def train_loop(run: Run, tracker: Tracker, step: int, epoch: int, *, resumed: bo
             if status != "FAILED":  # a save still in flight is the run's newest checkpoint: wait for it
                 checkpoint.close()
         finally:
-            close_loader = getattr(run.loader, "close", None)  # the run's DataLoader workers and stage thread
-            if close_loader is not None:
-                close_loader()
+            run.loader.close()  # the run's DataLoader workers and stage thread
             bar.close()
             tracker.close(status=status)
 

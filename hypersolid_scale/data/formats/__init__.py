@@ -20,22 +20,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.config.registry import DEFAULT_ORDER, Registry
-from hypersolid_scale.data.common import find_manifest
+from hypersolid_scale.data.loading.common import find_manifest
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
-    from hypersolid_scale.data.presets import MultiCropPreset
 
 SPLITS = ("train", "test")
 
 
 class ConversionTarget:
     """What the converter writes for one format (``python -m hypersolid_scale.data.convert --formats NAME``),
-    one instance per conversion, made by ``Format.target(converter)``. The converter (data/converter.py, the
+    one instance per conversion, made by ``Format.target(converter)``. The converter (data/convert/converter.py, the
     shared wiring) streams each split's images once, decodes and checks each, encodes each good one once,
     lists the bad ones, and calls every target in ``--formats`` order:
 
@@ -85,7 +85,7 @@ class Format:
     # The dataclass of this format's own keys, the config section data.<name>.* (None: it has none).
     Options: type | None = None
     # Its images can be decoded and cropped into views on the training device (data.views_on=device: the
-    # loader hands over encoded images, data/device_views.py); a format that decodes in a pipeline of its own
+    # loader hands over encoded images, data/device/views.py); a format that decodes in a pipeline of its own
     # (FFCV) or holds decoded tensors in memory (builtin) does not.
     device_views: bool = False
     # What ``python -m hypersolid_scale.data.convert --formats <name>`` writes for it; None: not a conversion
@@ -102,7 +102,7 @@ class Format:
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
     ) -> Any:
-        """An iterable of `(views, labels)` batches with set_epoch/state_dict/load_state_dict (common.py)."""
+        """An iterable of `(views, labels)` batches a `TrainLoader` (data/loading/protocol.py)."""
         raise NotImplementedError
 
     def eval_dataset(self, cfg: DataConfig, preset: MultiCropPreset, split: str) -> Dataset:

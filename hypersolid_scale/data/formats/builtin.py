@@ -1,18 +1,18 @@
-"""data.format=builtin: Fashion-MNIST or sklearn digits, held in memory as uint8 arrays (data/builtin_sets.py)."""
+"""data.format=builtin: Fashion-MNIST or sklearn digits, held in memory as uint8 arrays (loading/builtin_sets.py)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hypersolid_scale.data.builtin_sets import load_builtin
 from hypersolid_scale.data.formats import Format, register
+from hypersolid_scale.data.loading.builtin_sets import load_builtin
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
-    from hypersolid_scale.data.presets import MultiCropPreset
 
 
 class BuiltinFormat(Format):
@@ -25,8 +25,12 @@ class BuiltinFormat(Format):
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
     ) -> Any:
-        from hypersolid_scale.data.loaders import ArrayPILDataset, InMemoryMultiCropLoader, MapStyleMultiCropLoader
-        from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
+        from hypersolid_scale.data.augment.transforms import build_pil_multicrop, pil_mode
+        from hypersolid_scale.data.loading.random_access import (
+            ArrayPILDataset,
+            InMemoryMultiCropLoader,
+            MapStyleMultiCropLoader,
+        )
 
         split = load_builtin(cfg.builtin_name(), "train", cfg.path)
         common = dict(
@@ -42,7 +46,7 @@ class BuiltinFormat(Format):
         return MapStyleMultiCropLoader(ds, num_workers=cfg.num_workers, **common)  # type: ignore[arg-type]
 
     def eval_dataset(self, cfg: DataConfig, preset: MultiCropPreset, split: str) -> Dataset:
-        from hypersolid_scale.data.eval_datasets import ArrayEvalDataset
+        from hypersolid_scale.data.loading.eval_datasets import ArrayEvalDataset
 
         return ArrayEvalDataset(load_builtin(cfg.builtin_name(), split, cfg.path), preset)
 

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
-    from hypersolid_scale.data.presets import MultiCropPreset
 
 
 def image_folder(root: str, mode: str | None, transform: Callable | None) -> Dataset:
@@ -53,7 +53,7 @@ class FolderTarget(ConversionTarget):
             )
 
     def dest(self, split: str, item: Any) -> Path:
-        from hypersolid_scale.data.converter import hash_name
+        from hypersolid_scale.data.convert.converter import hash_name
 
         name = f"{Path(item.name).stem}_{hash_name(item.name)}.{self.conv.ext}"
         return self.conv.out / "imagefolder" / split / folder_class_name(item.label, self.classes) / name
@@ -86,19 +86,17 @@ class ImageFolderFormat(FileFormat):
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
     ) -> Any:
-        from hypersolid_scale.data.loaders import MapStyleMultiCropLoader
-        from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
+        from hypersolid_scale.data.augment.transforms import build_pil_multicrop, pil_mode
+        from hypersolid_scale.data.loading.random_access import MapStyleMultiCropLoader
 
         assert cfg.path is not None
         root = self.split_path(cfg.path, "train")
-        device_stage: dict[str, Any] = {}
+        stage = None
         if cfg.views_on == "device":  # the workers read bytes and draw; this process decodes and augments
-            from hypersolid_scale.data.device_views import DeviceStage, HostStage, collate_host
+            from hypersolid_scale.data.device.views import device_stages
 
-            ds = image_folder(root, None, HostStage(preset, cfg.jpeg_decoder))
-            device_stage = dict(
-                device_stage=DeviceStage(preset, device), collate_fn=collate_host, pin_memory=device.type == "cuda"
-            )
+            host, stage = device_stages(preset, cfg.jpeg_decoder, device)
+            ds = image_folder(root, None, host)
         else:
             ds = image_folder(root, pil_mode(preset), build_pil_multicrop(preset))
         return MapStyleMultiCropLoader(
@@ -109,11 +107,11 @@ class ImageFolderFormat(FileFormat):
             batch_size=cfg.loader_batch(),
             num_workers=cfg.num_workers,
             max_samples=cfg.max_pretrain_samples,
-            **device_stage,
+            device_stage=stage,
         )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
-        from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
+        from hypersolid_scale.data.augment.transforms import build_eval_transform, pil_mode
 
         return image_folder(path, pil_mode(preset), build_eval_transform(preset))
 

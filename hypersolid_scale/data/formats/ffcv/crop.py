@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hypersolid_scale.data.common import DOMAIN_FFCV_CROP, hash32, stream_key
+from hypersolid_scale.data.loading.common import DOMAIN_FFCV_CROP, hash32, stream_key
 
 try:
     from ffcv.fields.decoders import RandomResizedCropRGBImageDecoder

@@ -1,5 +1,16 @@
-"""data.format=webdataset: tar shards read through the webdataset library (data/webdataset/stream.py), PIL
-multi-crop in DataLoader workers; evaluation reads the shards at random (data/webdataset/index.py)."""
+"""data.format=webdataset: tar shards of (image, class) samples read through the webdataset library, PIL
+multi-crop in DataLoader workers; evaluation reads the shards at random.
+
+This module is the format's registry entry (and the converter's `--formats webdataset` target); the folder holds
+the rest, each module importing only what it needs:
+- `stream.py`: the training loader (`WebDatasetLoader`): shards streamed through the webdataset library into
+  multi-crop batches, split by rank and by worker, one DataLoader for the whole run;
+- `rank_streams.py`: what each DataLoader worker reads and decodes, epoch after epoch (`ShardStream`);
+- `index.py`: random access into shards for evaluation (`ShardIndexDataset`);
+- `shards.py`: the conversion manifest, and reading one shard with its integrity checks;
+- `urls.py`: the shard URLs data.path names, and opening one as a byte stream;
+- `shard_writer.py`: writing shards (`ShardWriter`).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +25,8 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
-    from hypersolid_scale.data.presets import MultiCropPreset
 
 
 @dataclass
@@ -35,7 +46,7 @@ class WebDatasetOptions:
 def sample_key(name: str) -> str:
     """A sample's key in the shards: the source file's stem and a short hash of its name (file stems repeat
     across classes). No dots: WebDataset splits "<key>.<ext>" at the first dot."""
-    from hypersolid_scale.data.converter import hash_name
+    from hypersolid_scale.data.convert.converter import hash_name
 
     return f"{Path(name).stem.replace('.', '_')}_{hash_name(name)}"
 
@@ -54,7 +65,7 @@ class ShardTarget(ConversionTarget):
 
     def resume_records(self, split: str) -> list[dict]:
         """The recorded shards of ``split`` up to the first missing or changed one (those get rewritten)."""
-        from hypersolid_scale.data.webdataset.shard_writer import sha256
+        from hypersolid_scale.data.loading.common import sha256
 
         d = self.conv.out / split
         done: list[dict] = self.conv.progress.setdefault(split, [])
@@ -73,7 +84,7 @@ class ShardTarget(ConversionTarget):
         (self.conv.out / split).mkdir(exist_ok=True)
 
     def add(self, split: str, k: int, item: Any, data: bytes | None, pending: list[dict]) -> None:
-        from hypersolid_scale.data.webdataset.shard_writer import ShardWriter
+        from hypersolid_scale.data.formats.webdataset.shard_writer import ShardWriter
 
         if self.writer is None:
             self.writer = ShardWriter(self.conv.out / split / f"shard-{len(self.done):06d}.tar")
@@ -118,15 +129,16 @@ class WebDatasetFormat(FileFormat):
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
     ) -> Any:
-        from hypersolid_scale.data.webdataset.stream import WebDatasetLoader
+        from hypersolid_scale.data.formats.webdataset.stream import WebDatasetLoader
 
         assert cfg.path is not None
         opts: WebDatasetOptions = self.options(cfg)
         device_stage: dict[str, Any] = {}
         if cfg.views_on == "device":  # the workers read bytes and draw; this process decodes and augments
-            from hypersolid_scale.data.device_views import DeviceStage, HostStage
+            from hypersolid_scale.data.device.views import device_stages
 
-            device_stage = dict(transform=HostStage(preset, cfg.jpeg_decoder), device_stage=DeviceStage(preset, device))
+            host, stage = device_stages(preset, cfg.jpeg_decoder, device)
+            device_stage = dict(transform=host, device_stage=stage)
         return WebDatasetLoader(
             self.split_path(cfg.path, "train"),
             preset,
@@ -144,8 +156,8 @@ class WebDatasetFormat(FileFormat):
         )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
-        from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
-        from hypersolid_scale.data.webdataset.index import ShardIndexDataset
+        from hypersolid_scale.data.augment.transforms import build_eval_transform, pil_mode
+        from hypersolid_scale.data.formats.webdataset.index import ShardIndexDataset
 
         opts: WebDatasetOptions = self.options(cfg)
         return ShardIndexDataset(
@@ -158,7 +170,7 @@ class WebDatasetFormat(FileFormat):
 
     def manifest(self, cfg: DataConfig) -> dict | None:
         if manifest := self.options(cfg).manifest:  # remote shards: the one data.webdataset.manifest names
-            from hypersolid_scale.data.webdataset.shards import Manifest
+            from hypersolid_scale.data.formats.webdataset.shards import Manifest
 
             return Manifest.load(manifest).data
         return super().manifest(cfg)

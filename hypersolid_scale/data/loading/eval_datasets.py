@@ -6,10 +6,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hypersolid_scale.data.builtin_sets import ArraySplit
-from hypersolid_scale.data.loaders import array_to_tensor
-from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.transforms import build_eval_transform, pil_mode
+from hypersolid_scale.data.augment.presets import MultiCropPreset
+from hypersolid_scale.data.augment.transforms import build_eval_transform, pil_mode
+from hypersolid_scale.data.loading.builtin_sets import ArraySplit
+from hypersolid_scale.data.loading.random_access import array_to_tensor
 
 
 class ArrayEvalDataset(Dataset):

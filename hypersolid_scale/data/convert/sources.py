@@ -16,7 +16,7 @@ from typing import Any, overload
 import numpy as np
 from PIL import Image
 
-from hypersolid_scale.data.builtin_sets import load_builtin
+from hypersolid_scale.data.loading.builtin_sets import load_builtin
 from hypersolid_scale.safety.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}

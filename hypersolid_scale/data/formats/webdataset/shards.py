@@ -27,8 +27,8 @@ from typing import IO, Any
 
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
-from hypersolid_scale.data.common import find_manifest
-from hypersolid_scale.data.webdataset.urls import is_local, local_path, open_url, shard_key
+from hypersolid_scale.data.formats.webdataset.urls import is_local, local_path, open_url, shard_key
+from hypersolid_scale.data.loading.common import find_manifest
 from hypersolid_scale.safety.errors import DataError
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")

@@ -4,20 +4,12 @@ always whole. What `python -m hypersolid_scale.data.convert` writes and `shards.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from pathlib import Path
 
+from hypersolid_scale.data.loading.common import sha256
 from hypersolid_scale.safety import atomic
-
-
-def sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class ShardWriter:

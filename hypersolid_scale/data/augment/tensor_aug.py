@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from hypersolid_scale.data.keyed_draws import (
+from hypersolid_scale.data.augment.keyed_draws import (
     COL_CROP,
     COL_FLIP,
     CROP_ATTEMPTS,
@@ -26,8 +26,8 @@ from hypersolid_scale.data.keyed_draws import (
     check_indices,
     keyed_uniforms,
 )
-from hypersolid_scale.data.photometric import BatchPhotometric
-from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.augment.photometric import BatchPhotometric
+from hypersolid_scale.data.augment.presets import MultiCropPreset
 
 __all__ = ["NUM_COLUMNS", "TensorMultiCrop", "crop_resize_flip", "keyed_uniforms", "sample_crop_boxes"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hypersolid_scale.data.common import DOMAIN_TENSOR_VIEW, hash32, sample_hash, stream_key
+from hypersolid_scale.data.loading.common import DOMAIN_TENSOR_VIEW, hash32, sample_hash, stream_key
 
 # Column layout of one view's row of uniforms.
 CROP_ATTEMPTS = 10  # torchvision's RandomResizedCrop tries

@@ -12,13 +12,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from hypersolid_scale.data.builtin_sets import ArraySplit
-from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed, rank_indices
-from hypersolid_scale.data.device_views import DeviceStage
-from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.run_stream import RunStream
-from hypersolid_scale.data.tensor_aug import TensorMultiCrop
-from hypersolid_scale.data.transforms import seeded_global_rngs
+from hypersolid_scale.data.augment.presets import MultiCropPreset
+from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
+from hypersolid_scale.data.augment.transforms import seeded_global_rngs
+from hypersolid_scale.data.device.views import DeviceStage, collate_host
+from hypersolid_scale.data.loading.builtin_sets import ArraySplit
+from hypersolid_scale.data.loading.common import ResumableEpochs, batches_per_epoch, mix_seed, rank_indices
+from hypersolid_scale.data.loading.run_stream import RunStream
 
 Batch = tuple[list[torch.Tensor], torch.Tensor]
 
@@ -179,15 +179,15 @@ class MapStyleMultiCropLoader(ResumableEpochs):
         num_workers: int,
         max_samples: int | None = None,
         device_stage: DeviceStage | None = None,
-        collate_fn: Callable | None = None,
-        pin_memory: bool = False,
     ) -> None:
-        """device_stage: turns what the workers collated (`collate_fn`) into the views, in this process and ahead
-        of the step (data.views_on=device, data/device_views.py); pin_memory: pin the workers' tensors for async
-        copies."""
+        """device_stage: turns what the workers collated (`collate_host`) into the views, in this process and
+        ahead of the step (data.views_on=device, data/device/views.py; on CUDA the workers' tensors are pinned
+        for async copies); the dataset's items are then its `HostStage`'s."""
         super().__init__()
         self.dataset = dataset
-        self.device_stage, self.collate_fn, self.pin_memory = device_stage, collate_fn, pin_memory
+        self.device_stage = device_stage
+        self.collate_fn = collate_host if device_stage is not None else None
+        self.pin_memory = device_stage is not None and device_stage.device.type == "cuda"
         n = len(dataset)  # type: ignore[arg-type]
         self.num_samples = n if max_samples is None else min(n, max_samples)
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -197,11 +197,6 @@ class MapStyleMultiCropLoader(ResumableEpochs):
 
     def __len__(self) -> int:
         return self._len
-
-    @property
-    def device_stage_cpu_s(self) -> float:
-        """This process's CPU seconds in the device stage (data.views_on=device; 0 otherwise)."""
-        return self.device_stage.cpu_seconds if self.device_stage is not None else 0.0
 
     def __iter__(self) -> Iterator[Batch]:
         start = self._begin()
@@ -243,7 +238,7 @@ class MapStyleMultiCropLoader(ResumableEpochs):
 
 
 def _handed_over(batches: Iterator[Any], ahead: Iterator[Any] | None) -> Iterator[Batch]:
-    """The workers' `batches`, or the views the device stage made of them `ahead` (data/prefetch.py)."""
+    """The workers' `batches`, or the views the device stage made of them `ahead` (data/device/prefetch.py)."""
     try:
         if ahead is None:
             yield from batches

@@ -12,7 +12,7 @@ for (a `.beton` of large raw images works; the loader's page cache then holds la
 `--resize` or `--ffcv-mode jpg` with smaller images avoids). Only images that no FFCV page can hold
 (FFCV's page size is below 2^32, its stored sides below 2^16) are refused, before anything is written.
 
-This module imports FFCV's writer and fields only, not the loader side (`hypersolid_scale.data.ffcv.loader`).
+This module imports FFCV's writer and fields only, not the loader side (`hypersolid_scale.data.formats.ffcv.loader`).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ def write_beton(
     `page_size_for` them; a given one that cannot hold the largest image is refused before writing.
     """
     if FFCV_WRITER_IMPORT_ERROR is not None:
-        from hypersolid_scale.data.ffcv.loader import require_ffcv
+        from hypersolid_scale.data.formats.ffcv.loader import require_ffcv
 
         require_ffcv()
     if max_pixels is None:

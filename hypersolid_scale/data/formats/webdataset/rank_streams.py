@@ -15,10 +15,10 @@ import webdataset as wds
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
-from hypersolid_scale.data.common import mix_seed
-from hypersolid_scale.data.transforms import seeded_global_rngs
-from hypersolid_scale.data.view_params import sample_id
-from hypersolid_scale.data.webdataset.shards import IMAGE_EXTS, RECREATE, Manifest, Sample, ShardReader
+from hypersolid_scale.data.augment.transforms import seeded_global_rngs
+from hypersolid_scale.data.augment.view_params import sample_id
+from hypersolid_scale.data.formats.webdataset.shards import IMAGE_EXTS, RECREATE, Manifest, Sample, ShardReader
+from hypersolid_scale.data.loading.common import mix_seed
 from hypersolid_scale.safety.errors import DataError
 
 __all__ = ["ShardStream", "decode_image", "decode_label", "image_bytes"]

@@ -1,4 +1,4 @@
-"""The converter behind `python -m hypersolid_scale.data.convert` (convert.py holds its command line): streams
+"""The converter behind `python -m hypersolid_scale.data.convert` (cli.py holds its command line): streams
 a source's splits, one image at a time, to the chosen formats' writers (each format's `ConversionTarget`, in
 its own module under data/formats/: WebDataset shards, FFCV `.beton` files, an image folder), resumes where the
 recorded parts end (`--resume`), lists the bad images and writes the manifest."""
@@ -16,11 +16,11 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from hypersolid_scale.data.common import MANIFEST
-from hypersolid_scale.data.convert_images import ImageTooLarge, encode_image, pixel_limit, prepare_image
+from hypersolid_scale.data.convert.images import ImageTooLarge, encode_image, pixel_limit, prepare_image
+from hypersolid_scale.data.convert.sources import Item
 from hypersolid_scale.data.formats import ConversionTarget
 from hypersolid_scale.data.formats import get as get_format
-from hypersolid_scale.data.sources import Item
+from hypersolid_scale.data.loading.common import MANIFEST
 from hypersolid_scale.safety import atomic
 from hypersolid_scale.safety.errors import ConfigError, DataError
 

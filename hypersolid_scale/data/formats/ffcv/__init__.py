@@ -1,31 +1,28 @@
-"""data.format=ffcv: .beton files; decode + crop + flip in FFCV, photometric augmentations batched on the
-training device (data/ffcv/). data.path: a .beton file or a conversion output root holding <split>.beton."""
+"""data.format=ffcv: .beton files (image + label); decode + crop + flip in FFCV, photometric augmentations
+batched on the training device. data.path: a .beton file or a conversion output root holding <split>.beton.
+
+This module is the format's registry entry (and the converter's `--formats ffcv` target); the folder holds the
+rest, each module importing FFCV only when it runs:
+- `options.py`: the section data.ffcv.* (`FFCVOptions`);
+- `loader.py`: the training loader (`FFCVLoader`) and the evaluation dataset of a `.beton`;
+- `crop.py`: the loader's crop + flip decoder, its draws keyed per sample;
+- `beton_writer.py`: writing `.beton` files (`write_beton`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hypersolid_scale.data.formats import ConversionTarget, FileFormat, register
+from hypersolid_scale.data.formats.ffcv.options import ORDERS, FFCVOptions
 from hypersolid_scale.safety.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
 
+    from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
-    from hypersolid_scale.data.presets import MultiCropPreset
-
-ORDERS = ("random", "quasi_random", "sequential")
-
-
-@dataclass
-class FFCVOptions:
-    """The section data.ffcv.*: how FFCV reads the .beton file."""
-
-    order: str = "quasi_random"  # random | quasi_random (memory-friendly) | sequential
-    os_cache: bool = False  # True: memory-map the whole file (dataset fits in RAM)
-    batches_ahead: int = 3
 
 
 class BetonTarget(ConversionTarget):
@@ -41,7 +38,7 @@ class BetonTarget(ConversionTarget):
         holds is refused now, not after the other outputs."""
         from tqdm import tqdm
 
-        from hypersolid_scale.data.ffcv.beton_writer import largest_image, page_size_for
+        from hypersolid_scale.data.formats.ffcv.beton_writer import largest_image, page_size_for
 
         conv = self.conv
         for split, items in splits.items():
@@ -51,8 +48,8 @@ class BetonTarget(ConversionTarget):
             self.bounds[split] = bounds
 
     def end_split(self, split: str, good: list[Any], consumed: int, pending: list[dict]) -> dict[str, Any]:
-        from hypersolid_scale.data.ffcv.beton_writer import write_beton
-        from hypersolid_scale.data.webdataset.shard_writer import sha256
+        from hypersolid_scale.data.formats.ffcv.beton_writer import write_beton
+        from hypersolid_scale.data.loading.common import sha256
 
         conv = self.conv
         dest = conv.out / f"{split}.beton"
@@ -86,7 +83,7 @@ class FFCVFormat(FileFormat):
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
     ) -> Any:
-        from hypersolid_scale.data.ffcv.loader import FFCVLoader
+        from hypersolid_scale.data.formats.ffcv.loader import FFCVLoader
 
         assert cfg.path is not None
         opts: FFCVOptions = self.options(cfg)
@@ -105,7 +102,7 @@ class FFCVFormat(FileFormat):
         )
 
     def open_eval(self, cfg: DataConfig, preset: MultiCropPreset, path: str) -> Dataset:
-        from hypersolid_scale.data.ffcv.loader import ffcv_eval_dataset
+        from hypersolid_scale.data.formats.ffcv.loader import ffcv_eval_dataset
 
         return ffcv_eval_dataset(path, preset)
 

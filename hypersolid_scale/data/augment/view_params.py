@@ -6,7 +6,7 @@ blur and solarization from Python's, numpy's and torch's global generators, seed
 order and makes the same generator calls (torchvision v2's `make_params` and the `torch.rand(1) >= p` tests
 of its random-apply transforms, lightly's numpy draws), given only the image's size. So, under the same
 seeding, it returns exactly the parameters the PIL path uses, and leaves the generators in the same state,
-while the pixels are done later, batched on the training device (`device_views.py`). A transform it does not
+while the pixels are done later, batched on the training device (`data/device/views.py`). A transform it does not
 know raises, so a change in lightly's recipe cannot silently desynchronise the two paths.
 
 Hand-written: torchvision and lightly draw and apply in one call; neither exposes the draws alone.

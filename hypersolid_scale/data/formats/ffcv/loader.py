@@ -32,12 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from hypersolid_scale.data.common import ResumableEpochs, epoch_permutation, mix_seed, split_global_batches
-from hypersolid_scale.data.ffcv.beton_writer import write_beton  # noqa: F401  (part of this module's API)
-from hypersolid_scale.data.ffcv.crop import KeyedRandomResizedCropFlip, _SharedKernel
-from hypersolid_scale.data.formats.ffcv import ORDERS
-from hypersolid_scale.data.photometric import BatchPhotometric
-from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.augment.photometric import BatchPhotometric
+from hypersolid_scale.data.augment.presets import MultiCropPreset
+from hypersolid_scale.data.formats.ffcv.crop import KeyedRandomResizedCropFlip, _SharedKernel
+from hypersolid_scale.data.formats.ffcv.options import ORDERS
+from hypersolid_scale.data.loading.common import ResumableEpochs, epoch_permutation, mix_seed, split_global_batches
 
 try:
     from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder

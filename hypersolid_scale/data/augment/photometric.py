@@ -4,7 +4,7 @@ normalisation, per sample, with the PIL path's semantics (lightly's DINOViewTran
 normalize).
 
 Used by the FFCV loader (after FFCV decoded, cropped and flipped each view), the in-memory multi-crop
-(`tensor_aug.TensorMultiCrop`) and the device stage of data.views_on=device (`device_views.py`, with the PIL
+(`tensor_aug.TensorMultiCrop`) and the device stage of data.views_on=device (`data/device/views.py`, with the PIL
 path's own draws). Decisions are made on the CPU and travel with the views (the device stage sends a whole
 batch's in one copy); the chain reads nothing back from the device, and its number of calls does not depend on
 the batch (docs/design.md §3e).
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hypersolid_scale.data.blur import gaussian_blur, kernel_size
-from hypersolid_scale.data.color import gray, hue_shift
-from hypersolid_scale.data.keyed_draws import (
+from hypersolid_scale.data.augment.blur import gaussian_blur, kernel_size
+from hypersolid_scale.data.augment.color import gray, hue_shift
+from hypersolid_scale.data.augment.keyed_draws import (
     COL_BLUR,
     COL_GRAY,
     COL_JITTER,
@@ -32,7 +32,7 @@ from hypersolid_scale.data.keyed_draws import (
     check_indices,
     keyed_uniforms,
 )
-from hypersolid_scale.data.presets import MultiCropPreset
+from hypersolid_scale.data.augment.presets import MultiCropPreset
 
 
 def _jitter_op(k: int, x: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
@@ -94,9 +94,10 @@ class BatchPhotometric:
         self.std = torch.tensor(preset.std, device=self.device).view(1, -1, 1, 1)
         if compile is None:
             compile = self.device.type == "cuda"
-        # The device stage calls it from its prefetch thread (data/prefetch.py). torch.compile is not thread-safe:
-        # `prepare` compiles it on the main thread before training starts (the model's compile, if any, comes
-        # later on that same thread); the thread's batches of the same shapes only check the graph's guards.
+        # The device stage calls it from its prefetch thread (data/device/prefetch.py). torch.compile is not
+        # thread-safe: `prepare` compiles it on the main thread before training starts (the model's compile, if
+        # any, comes later on that same thread); the thread's batches of the same shapes only check the graph's
+        # guards.
         self._compiled = torch.compile(self._chain, fullgraph=True, dynamic=False) if compile else None
         self.chain = "compiled" if compile else "eager (compile off)"
 

@@ -31,7 +31,7 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
   fewer than S shards, samples i with i % S == s of every shard) and shuffles them with the library's
   buffer shuffle seeded by (seed, epoch, rank, worker), flushed at the end of each pass over its shards.
   Batch t of a rank is produced whole by stream t % W of that epoch. One DataLoader (one pool of W worker
-  processes) serves the whole run (data/run_stream.py): the workers run the streams of epoch e + 1 while
+  processes) serves the whole run (data/loading/run_stream.py): the workers run the streams of epoch e + 1 while
   the main process still takes epoch e's batches, each worker playing whichever stream the DataLoader's
   round robin gives its batches in that epoch, so no worker idles at an epoch boundary even when an epoch
   has fewer batches than workers.
@@ -43,7 +43,7 @@ FFCV loaders meet). Let P = world size, W = max(1, data.num_workers), S = P * W 
   changing num_workers changes the batches.
 - Augmentations are keyed per sample: each sample's transform runs with the generators seeded by (seed, epoch,
   a hash of its ``__key__``) (`seeded_global_rngs`), so its views do not depend on the rank, worker or order.
-  With data.views_on=device the workers only read the bytes and draw the same parameters (device_views.py).
+  With data.views_on=device the workers only read the bytes and draw the same parameters (data/device/views.py).
 - Resume at (epoch, batches done): the same samples in the same batches as the uninterrupted run (each
   stream re-reads and drops the samples of the skipped batches without decoding them; each sample that
   failed to decode before the restored position shifts that stream's later samples by one) with the same
@@ -62,16 +62,16 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from hypersolid_scale.data.common import ResumableEpochs, batches_per_epoch, mix_seed
-from hypersolid_scale.data.device_views import DeviceStage, collate_host
-from hypersolid_scale.data.loaders import _seed_worker
-from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.run_stream import RunStream
-from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
-from hypersolid_scale.data.webdataset.index import ShardIndexDataset
-from hypersolid_scale.data.webdataset.rank_streams import ShardStream, decode_image, decode_label
-from hypersolid_scale.data.webdataset.shards import COUNTERS, Event, Manifest, apply_events, count_samples
-from hypersolid_scale.data.webdataset.urls import expand_shards, is_local
+from hypersolid_scale.data.augment.presets import MultiCropPreset
+from hypersolid_scale.data.augment.transforms import build_pil_multicrop, pil_mode
+from hypersolid_scale.data.device.views import DeviceStage, collate_host
+from hypersolid_scale.data.formats.webdataset.index import ShardIndexDataset
+from hypersolid_scale.data.formats.webdataset.rank_streams import ShardStream, decode_image, decode_label
+from hypersolid_scale.data.formats.webdataset.shards import COUNTERS, Event, Manifest, apply_events, count_samples
+from hypersolid_scale.data.formats.webdataset.urls import expand_shards, is_local
+from hypersolid_scale.data.loading.common import ResumableEpochs, batches_per_epoch, mix_seed
+from hypersolid_scale.data.loading.random_access import _seed_worker
+from hypersolid_scale.data.loading.run_stream import RunStream
 from hypersolid_scale.safety.errors import DataError
 
 __all__ = ["WebDatasetLoader", "ShardIndexDataset", "decode_image", "decode_label", "expand_shards"]
@@ -136,11 +136,6 @@ class WebDatasetLoader(ResumableEpochs):
     def __len__(self) -> int:
         return self._len
 
-    @property
-    def device_stage_cpu_s(self) -> float:
-        """This process's CPU seconds in the device stage (data.views_on=device; 0 otherwise)."""
-        return self.device_stage.cpu_seconds if self.device_stage is not None else 0.0
-
     def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
         start = self._begin()
         per_epoch = self._len * self.batch_size
@@ -190,7 +185,7 @@ class WebDatasetLoader(ResumableEpochs):
             pin_memory=bool(self.device_stage and self.device_stage.device.type == "cuda"),
         )
         items = _unwrapped(loader)
-        # The views prepared ahead of the step (data/prefetch.py), across epoch boundaries too.
+        # The views prepared ahead of the step (data/device/prefetch.py), across epoch boundaries too.
         return _handed_over(items, None if self.device_stage is None else self.device_stage.ahead(items))
 
     def _record(self, events: list[Event], lost: dict[str, list[Any]]) -> None:

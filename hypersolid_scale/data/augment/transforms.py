@@ -17,8 +17,8 @@ from lightly.transforms.dino_transform import DINOTransform
 from PIL import Image
 from torchvision import transforms as T
 
-from hypersolid_scale.data.common import mix_seed
-from hypersolid_scale.data.presets import MultiCropPreset, normalize_dict
+from hypersolid_scale.data.augment.presets import MultiCropPreset, normalize_dict
+from hypersolid_scale.data.loading.common import mix_seed
 
 
 def build_pil_multicrop(preset: MultiCropPreset) -> DINOTransform:

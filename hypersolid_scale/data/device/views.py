@@ -36,13 +36,13 @@ from PIL import Image
 from torch.utils.data import default_collate
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from hypersolid_scale.data import view_params as vp
-from hypersolid_scale.data.batched_resize import crop_resize_packed, pack_images, window_buckets
+from hypersolid_scale.data.augment import view_params as vp
+from hypersolid_scale.data.augment.photometric import BatchPhotometric, Decisions
+from hypersolid_scale.data.augment.presets import MultiCropPreset
+from hypersolid_scale.data.augment.transforms import build_pil_multicrop, pil_mode
 from hypersolid_scale.data.config import JPEG_DECODERS
-from hypersolid_scale.data.photometric import BatchPhotometric, Decisions
-from hypersolid_scale.data.prefetch import staged
-from hypersolid_scale.data.presets import MultiCropPreset
-from hypersolid_scale.data.transforms import build_pil_multicrop, pil_mode
+from hypersolid_scale.data.device.batched_resize import crop_resize_packed, pack_images, window_buckets
+from hypersolid_scale.data.device.prefetch import staged
 from hypersolid_scale.safety.errors import DataError
 
 _EOI = b"\xff\xd9"  # a JPEG's end-of-image marker
@@ -290,3 +290,9 @@ def _decisions(p: torch.Tensor) -> Decisions:
         sigma=p[:, vp.SIGMA],
         solarize=on(vp.SOLARIZE),
     )
+
+
+def device_stages(preset: MultiCropPreset, jpeg_decoder: str, device: torch.device) -> tuple[HostStage, DeviceStage]:
+    """data.views_on=device's two halves, as every format that offers it wires them: the workers' `HostStage`
+    (bytes -> draws, the loader's per-sample transform) and this process's `DeviceStage` (decode and augment)."""
+    return HostStage(preset, jpeg_decoder), DeviceStage(preset, device)

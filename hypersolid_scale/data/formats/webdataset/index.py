@@ -26,7 +26,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from hypersolid_scale.data.webdataset.shards import (
+from hypersolid_scale.data.formats.webdataset.shards import (
     COUNTERS,
     IMAGE_EXTS,
     Event,
@@ -35,7 +35,7 @@ from hypersolid_scale.data.webdataset.shards import (
     apply_events,
     scan_local,
 )
-from hypersolid_scale.data.webdataset.urls import expand_shards, is_local, local_path
+from hypersolid_scale.data.formats.webdataset.urls import expand_shards, is_local, local_path
 from hypersolid_scale.safety.errors import DataError
 
 Item = tuple[str, int, int, int]  # (file, offset, size, label)

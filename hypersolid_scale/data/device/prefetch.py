@@ -1,6 +1,6 @@
 """Run a loader's device stage ahead of the training step: in its own thread, on its own CUDA stream.
 
-`data.views_on=device` finishes each batch in the training process (`device_views.DeviceStage`: decode, crops,
+`data.views_on=device` finishes each batch in the training process (`views.DeviceStage`: decode, crops,
 photometric chain). Called from the loader's generator, that work sits on the step's critical path: the
 step waits for the next batch's views while the GPU idles. `staged` instead runs the stage `depth` batches
 ahead in a background thread, on a side stream, and hands each batch over with an event the consumer's stream

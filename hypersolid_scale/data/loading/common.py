@@ -3,13 +3,17 @@ bookkeeping for resume, seeds, manifests."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hypersolid_scale.safety.errors import DataError
+
+if TYPE_CHECKING:
+    from hypersolid_scale.data.device.views import DeviceStage
 
 MANIFEST = "manifest.json"
 
@@ -104,7 +108,8 @@ def sample_hash(key: Any, index: Any) -> Any:
 
 
 class ResumableEpochs:
-    """`set_epoch` / `state_dict` / `load_state_dict` / `stats` of every training loader.
+    """What every training loader shares (loading/protocol.py's `TrainLoader`): `set_epoch` / `state_dict` /
+    `load_state_dict` / `stats`, and the defaults of a loader with no device stage and nothing to close.
 
     The position is (epoch, batches handed out in that epoch). A batch counts as consumed as soon as it
     is handed out, so a checkpoint written after training on batch k resumes at batch k + 1.
@@ -120,6 +125,16 @@ class ResumableEpochs:
     # Batch t holds the same samples and views whatever the world size, so the position (which counts global
     # batches) carries over to another world size at the same global batch (docs/design.md §3b, §5).
     world_size_invariant = True
+    # data.views_on=device: the stage that finishes each batch in the training process (device/views.py).
+    device_stage: DeviceStage | None = None
+
+    @property
+    def device_stage_cpu_s(self) -> float:
+        """This process's CPU seconds in the device stage (data.views_on=device; 0 otherwise)."""
+        return self.device_stage.cpu_seconds if self.device_stage is not None else 0.0
+
+    def close(self) -> None:
+        """Stop what the loader started (DataLoader workers, a stage thread); nothing here."""
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -145,6 +160,15 @@ class ResumableEpochs:
 
     def _count(self) -> None:
         self._done += 1
+
+
+def sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes, as a conversion manifest records each output file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def find_manifest(path: str | None) -> dict | None:

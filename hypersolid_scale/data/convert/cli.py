@@ -22,14 +22,13 @@ the source to the outputs, so memory does not grow with the number of images.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
-from hypersolid_scale.data.builtin_sets import BUILTIN_DATASETS
-from hypersolid_scale.data.converter import DEFAULT_MAX_SIDE, Converter
+from hypersolid_scale.data.convert.converter import DEFAULT_MAX_SIDE, Converter
+from hypersolid_scale.data.convert.sources import Source, builtin_source, folder_source, torchvision_source
 from hypersolid_scale.data.formats import conversion_formats
-from hypersolid_scale.data.sources import Source, builtin_source, folder_source, torchvision_source
-from hypersolid_scale.safety.errors import ConfigError, run_cli
+from hypersolid_scale.data.loading.builtin_sets import BUILTIN_DATASETS
+from hypersolid_scale.safety.errors import ConfigError
 
 __all__ = ["main"]
 
@@ -123,7 +122,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({n_bad['too_large']} over --max-side, {n_bad['undecodable']} undecodable)"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_cli(main, sys.argv[1:]))
