@@ -56,7 +56,7 @@ def make(rec: Recorder, *, epochs: int = 3, total_steps: int | None = None, ever
         cfg=cfg, info=SimpleNamespace(rank=rank), loader=loader, steps_per_epoch=STEPS_PER_EPOCH,
         total_steps=epochs * STEPS_PER_EPOCH if total_steps is None else total_steps, device=CPU,
         batch=SimpleNamespace(global_batch=8), guard=NonFiniteGuard(CPU, "runs/x"),
-        method=SimpleNamespace(epoch_terms=lambda mean: f"loss {mean['loss']:.3f}"),
+        method=SimpleNamespace(name="m", epoch_terms=(("loss", "loss", ".3f"),)),
     )
     return EpochEnd(run, rec, rec, rec, rec.checkpoint, monitor=rec.monitor)  # type: ignore[arg-type]
 

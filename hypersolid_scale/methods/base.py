@@ -105,11 +105,10 @@ class Method(nn.Module):
             ``export`` writes as the encoder's projector (``projector.safetensors``); empty: it has none.
         stateful: a step changes state beyond what the optimizer updates (a momentum teacher, a queue, a
             center), so a second step does not start where the first did; tests take two steps of such a method.
+        epoch_terms: the epoch line's terms, ``(label, statistic, format)`` each, read from the epoch's mean
+            statistics; empty: ``<name> loss``.
         steps_per_epoch: converts the papers' epoch-based schedules (DINO, SwaV) into steps.
         target_keys: the keys of :meth:`embed`'s outputs computed without gradient (a momentum teacher's).
-        compile_refusal: why ``dist.compile=true`` must not compile this method's forward with the backbone
-            (a host read or Python state that changes the graph between steps); empty: it may
-            (:mod:`hypersolid_scale.training.compile_scope`).
     """
 
     name: ClassVar[str] = ""
@@ -121,8 +120,8 @@ class Method(nn.Module):
     stats_reduced: ClassVar[bool] = False
     projection_head: ClassVar[str] = ""
     target_keys: ClassVar[tuple[str, ...]] = ()
-    compile_refusal: ClassVar[str] = ""
     stateful: ClassVar[bool] = False
+    epoch_terms: ClassVar[tuple[tuple[str, str, str], ...]] = ()
 
     @classmethod
     def build(cls, section: Any, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int) -> Method:
@@ -154,19 +153,12 @@ class Method(nn.Module):
         return None
 
     @classmethod
-    def whole_step_compile_refusal(cls, section: Any) -> str:
-        """Why ``dist.compile=true`` compiles only the backbone of a run of this method with ``section``, as one
-        line naming the key; empty: the whole step's module may be compiled. Default: ``compile_refusal``."""
-        return f"method.name={cls.name}: {cls.compile_refusal}" if cls.compile_refusal else ""
-
-    @classmethod
-    def run_tags(cls, section: Any) -> dict[str, Any]:
-        """Tags of a training run of this method beyond ``method`` (e.g. Hypersolid's loss backend)."""
-        return {}
-
-    def epoch_terms(self, mean: dict[str, float]) -> str:
-        """The epoch line's loss terms from the epoch's mean statistics."""
-        return f"{self.name} loss {mean['loss']:.4f}"
+    def compile_refusal(cls, section: Any) -> str:
+        """Why ``dist.compile=true`` must not compile this method's forward with the backbone, with ``section``
+        (a host read or Python state that changes the graph between steps), as one line naming the key that
+        decides it; empty: the whole step's module may be compiled (:mod:`hypersolid_scale.training.compile_scope`).
+        """
+        return ""
 
     def __init__(self, steps_per_epoch: int = 1) -> None:
         super().__init__()

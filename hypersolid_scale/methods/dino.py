@@ -9,6 +9,7 @@ buffer on every rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from lightly.loss import DINOLoss
@@ -64,10 +65,14 @@ class DINO(EMAMethod):
     uses_local_views = True
     tells_views_by_size = True
     target_keys = ("teacher",)
-    compile_refusal = (
-        "its loss takes the epoch as a Python number (lightly's DINOLoss, the teacher temperature's warm-up): "
-        "a recompilation every epoch, and eager once torch's recompile limit is reached"
-    )
+
+    @classmethod
+    def compile_refusal(cls, section: Any) -> str:
+        return (
+            "method.name=dino: "
+            "its loss takes the epoch as a Python number (lightly's DINOLoss, the teacher temperature's warm-up): "
+            "a recompilation every epoch, and eager once torch's recompile limit is reached"
+        )
 
     @classmethod
     def build(cls, section: DINOConfig, *, backbone: nn.Module, feature_dim: int, steps_per_epoch: int) -> DINO:

@@ -39,6 +39,7 @@ class HypersolidConfig(LossConfig):  # type: ignore[misc]  # LossConfig is built
     out_dim: int = 1024
 
     KINDS: ClassVar[dict[str, str]] = {"num_layers": "pos_int", "hidden_dim": "pos_int", "out_dim": "pos_int"}
+    TAGS: ClassVar[dict[str, str]] = {"loss_backend": "backend"}  # a run's MLflow tag -> the key it shows
 
 
 @register
@@ -56,6 +57,12 @@ class Hypersolid(Method):
     projection_head = "projector"
     uses_local_views = True
     stats_reduced = True
+    epoch_terms = (
+        ("loss", "loss", ".4f"),
+        ("align", "alignment", ".4f"),
+        ("repel", "repulsion", ".4f"),
+        ("active pairs", "active_pairs", ".0f"),
+    )
 
     def __init__(
         self,
@@ -73,13 +80,9 @@ class Hypersolid(Method):
         )
 
     @classmethod
-    def whole_step_compile_refusal(cls, section: HypersolidConfig) -> str:
-        refusal = get_backend(section.backend).compile_refusal
+    def compile_refusal(cls, section: HypersolidConfig) -> str:
+        refusal = get_backend(section.backend).compile_refusal  # its repulsion backend's reason, if any
         return f"method.hypersolid.backend={section.backend}: {refusal}" if refusal else ""
-
-    @classmethod
-    def run_tags(cls, section: HypersolidConfig) -> dict[str, Any]:
-        return {"loss_backend": section.backend}
 
     def embed_views(self, views: list[torch.Tensor], backbone: nn.Module) -> torch.Tensor:
         """Projector outputs (B, V, D) of every view, the loss's input."""
@@ -101,9 +104,3 @@ class Hypersolid(Method):
     def set_extra_state(self, state: dict[str, Any]) -> None:
         super().set_extra_state(state)
         self.criterion.backend.load_state(state.get("backend") or {})
-
-    def epoch_terms(self, mean: dict[str, float]) -> str:
-        return (
-            f"loss {mean['loss']:.4f} | align {mean['alignment']:.4f} | repel {mean['repulsion']:.4f} | "
-            f"active pairs {mean['active_pairs']:.0f}"
-        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
 from hypersolid_scale.safety.errors import ConfigError
 
@@ -48,3 +49,9 @@ def check_section(prefix: str, section: object) -> None:
             f"{prefix}.momentum_base={base} must be <= {prefix}.momentum_end={end} (the teacher's "
             "EMA momentum rises from base to end)"
         )
+
+
+def section_tags(section: Any) -> dict[str, Any]:
+    """A run's tags from its method section: the section's ``TAGS`` maps a tag to the key whose value it shows
+    (Hypersolid's ``loss_backend`` is its ``backend``); most sections have none."""
+    return {tag: getattr(section, key) for tag, key in getattr(type(section), "TAGS", {}).items()}

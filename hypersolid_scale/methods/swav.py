@@ -71,10 +71,14 @@ class SwaV(Method):
 
     uses_local_views = True
     tells_views_by_size = True
-    compile_refusal = (
-        "it re-normalises its prototypes in place at every forward and its queue reads its pointer on the host "
-        "(lightly's MemoryBankModule): a parameter mutation and a host read inside the graph"
-    )
+
+    @classmethod
+    def compile_refusal(cls, section: Any) -> str:
+        return (
+            "method.name=swav: "
+            "it re-normalises its prototypes in place at every forward and its queue reads its pointer on the host "
+            "(lightly's MemoryBankModule): a parameter mutation and a host read inside the graph"
+        )
 
     @classmethod
     def frozen_by_schedule(cls, section: SwaVConfig) -> tuple[str, int] | None:

@@ -9,8 +9,8 @@ epoch, every step) or breaks the graph at each host read, and after ``torch._dyn
 recompilations it silently runs the frame eagerly. There the backbone alone is compiled (the fusions that
 matter most in a ResNet step) and the method runs eagerly.
 
-Each method says why its forward must not be compiled whole (:meth:`Method.whole_step_compile_refusal`, from
-its ``compile_refusal``; Hypersolid asks its repulsion backend's ``compile_refusal``; empty: safe). The
+Each method says why its forward must not be compiled whole (:meth:`Method.compile_refusal`, from its
+section; Hypersolid asks its repulsion backend's ``compile_refusal``; empty: safe). The
 scope chosen and the reason go into the run's parameters (``dist.compile_scope``, ``dist.compile_reason``).
 
 ``dist.compile_mode`` is torch.compile's mode. ``reduce-overhead`` (and ``max-autotune``) replay the compiled
@@ -80,7 +80,7 @@ def compile_scope(cfg: Any, world_size: int = 1) -> CompileScope:
             "only (an all-reduce between the graphs is not)"
         )
         mode = "default"
-    refusal = get_method(cfg.method.name).whole_step_compile_refusal(cfg.method.section())
+    refusal = get_method(cfg.method.name).compile_refusal(cfg.method.section())
     if refusal:
         reasons.insert(0, refusal)
     return CompileScope("backbone" if refusal else "step", "; ".join(reasons), mode)

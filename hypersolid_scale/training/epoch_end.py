@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
@@ -27,10 +28,19 @@ from hypersolid_scale.training.epoch_report import log_monitor, summed_loader_st
 from hypersolid_scale.training.run_builder import Run
 from hypersolid_scale.training.step_bookkeeping import EpochMeter, StopVote
 
+if TYPE_CHECKING:
+    from hypersolid_scale.methods.base import Method
+
 __all__ = ["Decision", "EpochEnd"]
 
 # (run, tracker, bar, epoch, step) -> False when the monitor cannot run on this data (it then stays off).
 Monitor = Callable[[Run, Tracker, tqdm, int, int], bool]
+
+
+def epoch_terms(method: Method, mean: dict[str, float]) -> str:
+    """The epoch line's loss terms: the method's ``epoch_terms`` from the epoch's mean statistics."""
+    terms = method.epoch_terms or ((f"{method.name} loss", "loss", ".4f"),)
+    return " | ".join(f"{label} {mean[key]:{fmt}}" for label, key, fmt in terms)
 
 
 class Decision(enum.Enum):
@@ -96,7 +106,7 @@ class EpochEnd:
         loader_stats = summed_loader_stats(run)  # collective: every rank, before rank 0 logs
         if rank0:
             self.bar.write(
-                f"epoch {epoch:3d} | step {step:7d} | {run.method.epoch_terms(mean)} | "
+                f"epoch {epoch:3d} | step {step:7d} | {epoch_terms(run.method, mean)} | "
                 f"{mean['images_per_s']:.0f} img/s | data wait {mean['data_wait_share']:.0%} "
                 f"(first batch {mean['boundary_stall_s']:.2f} s, then {mean['steady_wait_share']:.0%}) | "
                 f"{time.perf_counter() - meter.t_epoch:.0f} s"

@@ -57,8 +57,9 @@ from hypersolid_scale.distributed import (
     init_distributed,
     start_heartbeat,
 )
-from hypersolid_scale.methods import get_method, method_names
+from hypersolid_scale.methods import method_names
 from hypersolid_scale.methods.config import DEFAULT_METHOD
+from hypersolid_scale.methods.params import section_tags
 from hypersolid_scale.safety.errors import EXIT_BAD_INPUT, UserError, report
 from hypersolid_scale.safety.lifeline import EXIT_ORPHANED, die_with_parent
 from hypersolid_scale.safety.preemption import EXIT_PREEMPTED, preemption_handlers, stop_requested
@@ -201,7 +202,7 @@ def _resume_or_start(cfg: Config, info: WorldInfo, device: torch.device) -> int:
         "launcher": info.launcher,
         "method": cfg.method.name,
         "precision": run.precision,
-        **get_method(cfg.method.name).run_tags(cfg.method.section()),
+        **section_tags(cfg.method.section()),
     }
     resume_id = ckpt.get("mlflow_run_id") if ckpt else None
     tracker = on_every_rank(
