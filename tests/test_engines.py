@@ -310,3 +310,41 @@ def test_two_processes_match_one_process_ddp_and_deepspeed(tmp_path: Path) -> No
 
     init = TinyNet().state_dict()
     assert max((start[k] - init[k]).abs().max().item() for k in init) > 1e-2
+
+
+def test_an_engine_registered_at_run_time_is_a_choice_and_trains(tmp_path: Path) -> None:
+    """A new engine is one registered class (docs/design.md §7): `dist.engine=<its name>` validates, and
+    `build_engine` gives it what it needs to train; removing it takes it out of the choices again."""
+    from hypersolid_scale.config.schema import load_config
+    from hypersolid_scale.distributed.engines import engine_names, register_engine, unregister_engine
+    from hypersolid_scale.distributed.engines.ddp import DDPEngine
+
+    class CountingEngine(DDPEngine):
+        kind = "test_counting"
+        steps = 0
+
+        def step(self):
+            type(self).steps += 1
+            return super().step()
+
+    register_engine(CountingEngine)
+    try:
+        assert engine_names()[0] == "ddp" and "test_counting" in engine_names()
+        cfg = load_config(REPO / "configs" / "quickstart.yaml", ["dist.engine=test_counting"])
+        assert cfg.dist.engine == "test_counting"
+        from hypersolid_scale.distributed import build_engine
+        from hypersolid_scale.training.optim import build_optimizer
+
+        engine = build_engine(_bn_net(), lambda p: build_optimizer("sgd", p, lr=0.1, weight_decay=0.0, momentum=0.0,
+                                                                   betas=(0.9, 0.999)),
+                              engine="test_counting", device=torch.device("cpu"), bf16=False, grad_clip=0.0)
+        before = [p.detach().clone() for p in engine.model.parameters()]
+        engine.backward(engine.model(torch.randn(8, 3)).square().mean())
+        engine.step()
+        assert CountingEngine.steps == 1
+        assert any(not torch.equal(a, p) for a, p in zip(before, engine.model.parameters()))
+    finally:
+        unregister_engine("test_counting")
+    assert "test_counting" not in engine_names()
+    with pytest.raises(ConfigError, match="dist.engine.*test_counting.*choose one of: ddp"):
+        load_config(REPO / "configs" / "quickstart.yaml", ["dist.engine=test_counting"])

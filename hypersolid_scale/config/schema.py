@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -73,7 +74,7 @@ class Config:
 
 # Values with a closed set of choices, checked after merging so that the message can list them. Sections
 # owned by other packages may validate more in their own __post_init__ (run by OmegaConf.to_object).
-CHOICES: dict[str, tuple[Any, ...]] = {
+CHOICES: dict[str, tuple[Any, ...] | Callable[[], tuple[Any, ...]]] = {
     "optim.name": ("adamw", "sgd", "lars"),
     "optim.schedule": ("constant", "cosine"),
     "optim.lr_scaling": LR_SCALINGS,
@@ -142,7 +143,8 @@ def validate(cfg: Config) -> None:
         raise
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    for key, choices in CHOICES.items():
+    for key, listed in CHOICES.items():
+        choices = listed() if callable(listed) else listed
         value = _get(cfg, key)
         if isinstance(value, str):
             value = value.lower()

@@ -4,6 +4,7 @@ them with every other section's after merging."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,9 @@ class DistConfig:
         self.sync_bn = str(self.sync_bn).lower()
 
 
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "dist.engine": engine_names(),
+# A registry's names are looked up when a config is validated (an engine registered at run time is a choice).
+CHOICES: dict[str, tuple[Any, ...] | Callable[[], tuple[Any, ...]]] = {
+    "dist.engine": engine_names,
     "dist.transport": TRANSPORTS,
     "dist.zero_stage": ZERO_STAGES,
     "dist.precision": PRECISIONS,

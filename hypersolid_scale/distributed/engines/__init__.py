@@ -174,6 +174,11 @@ def register_engine(cls: E) -> E:
     return cls
 
 
+def unregister_engine(name: str) -> type[Engine] | None:
+    """Remove the engine ``name`` (one registered at run time, by a test or a script); returns it."""
+    return _ENGINES.unregister(name)
+
+
 def engine_names() -> tuple[str, ...]:
     """The registered engines' names, the default (ddp) first."""
     return _ENGINES.names()
