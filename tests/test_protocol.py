@@ -19,7 +19,7 @@ from hypersolid_scale.eval import clustering
 from hypersolid_scale.eval.app import cli, main
 from hypersolid_scale.eval.protocol import PAPER, centred, clusterings, exclusion_zone, get_protocol, scores
 from hypersolid_scale.eval.skips import SkipLog
-from hypersolid_scale.eval.stats import holm, paired_differences, paired_t, t_interval
+from benchmarks.replication.stats import holm, paired_differences, paired_t, t_interval
 from hypersolid_scale.safety.errors import ConfigError, run_cli
 
 # Fewer pairs than the preset's: the test is about the keys and the wiring, not the estimates.

@@ -373,7 +373,7 @@ def test_parity_is_judged_against_its_margin():
 def test_margin_tests_are_tosts_one_sided_t_tests():
     from scipy import stats as sps
 
-    from hypersolid_scale.eval.stats import margin_tests
+    from benchmarks.replication.stats import margin_tests
 
     ref = {"a": {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0}, "b": {0: 0.0, 1: 0.0, 2: 0.0}}
     method = {"a": {0: 1.2, 1: 2.5, 2: 3.1, 3: 4.9}, "b": {0: 3.0, 1: 3.5, 2: 2.0}}

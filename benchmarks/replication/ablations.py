@@ -19,7 +19,7 @@ from benchmarks.replication.formatting import fmt_interval
 from benchmarks.replication.judging import _verdict, by_seed, signs_of
 from benchmarks.replication.plan import BATCH_EPOCHS, BATCH_SIZES, L2_OFF, LONG_EPOCHS
 from benchmarks.replication.sections import _at_epoch
-from hypersolid_scale.eval.stats import paired_differences
+from benchmarks.replication.stats import paired_differences
 
 SCOPE = "Hypersolid's own settings"  # the rows' short scope (their verdict column)
 L2_CLAIM = "The weak L2 term lowers anisotropy and raises sparsity"

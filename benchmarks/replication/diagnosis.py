@@ -15,7 +15,7 @@ from typing import Any
 
 from benchmarks.replication.claims import METHOD_NAMES
 from benchmarks.replication.formatting import fmt_interval
-from hypersolid_scale.eval.stats import t_interval
+from benchmarks.replication.stats import t_interval
 
 PAPER_SETTING = {"per_class": 50, "norm": "raw", "metric": "euclidean", "selection": "eom", "mcs": 5, "ms": 5}
 # The protocol's own setting family (cosine, excess of mass, min_samples = min_cluster_size) on the larger sample.

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from benchmarks import common
 from benchmarks.replication.claims import BB, HDBSCAN_MCS, HEADLINE, METHOD_NAMES, methods_in
 from benchmarks.replication.judging import Comparison
-from hypersolid_scale.eval.stats import t_interval
+from benchmarks.replication.stats import t_interval
 
 COLOURS = {"hypersolid": "tab:red", "simclr": "tab:blue", "swav": "tab:green", "barlowtwins": "tab:purple"}
 

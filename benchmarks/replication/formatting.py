@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypersolid_scale.eval.stats import Interval
+from benchmarks.replication.stats import Interval
 
 
 def fmt(v: float) -> str:

@@ -36,7 +36,7 @@ from benchmarks.replication.claims import (
     methods_in,
 )
 from benchmarks.replication.formatting import fmt_interval
-from hypersolid_scale.eval.stats import MarginTest, PairedDifference, margin_tests, paired_differences
+from benchmarks.replication.stats import MarginTest, PairedDifference, margin_tests, paired_differences
 
 
 def protocol_numbers(final: dict[str, Any]) -> dict[str, float]:

@@ -5,7 +5,7 @@ JSON (benchmarks/results/replication/<group>/<run>.json, written by run.py) and 
     python -m benchmarks.replication.report --check    # exit 1 if the committed section is not what the JSON gives
 
 Everything above the "## Results" heading (the protocol, fixed before the runs) is left as it is. The
-statistics are eval/stats.py's; the verdict rules are stated in the generated text and in judging.py (the
+statistics are stats.py's; the verdict rules are stated in the generated text and in judging.py (the
 claims in claims.py).
 """
 

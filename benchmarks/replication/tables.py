@@ -9,7 +9,7 @@ from typing import Any
 from benchmarks.replication.claims import BB, FAMILY_NAMES, HDBSCAN_MCS, LEVEL, METHOD_NAMES, REFERENCE, methods_in
 from benchmarks.replication.formatting import fmt, fmt_cell, fmt_interval
 from benchmarks.replication.judging import Comparison, protocol_numbers
-from hypersolid_scale.eval.stats import t_interval
+from benchmarks.replication.stats import t_interval
 
 
 def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:
