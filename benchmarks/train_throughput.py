@@ -25,7 +25,7 @@ import json
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,6 +38,7 @@ from hypersolid_scale.config.schema import load_config
 from hypersolid_scale.data.augment.presets import resolve_preset
 from hypersolid_scale.data.augment.tensor_aug import TensorMultiCrop
 from hypersolid_scale.data.batch import plan_batch
+from hypersolid_scale.data.loading.common import ResumableEpochs
 from hypersolid_scale.distributed import WorldInfo, cleanup
 from hypersolid_scale.methods import build_method_model
 from hypersolid_scale.safety import atomic
@@ -62,13 +63,15 @@ def paper_loss(z: torch.Tensor, alpha: float = 0.9, lam: float = 1e-6) -> torch.
     return alignment + repulsion + normalization
 
 
-class DeviceImages:
+class DeviceImages(ResumableEpochs):
     """uint8 images in device memory, augmented a batch at a time with the project's TensorMultiCrop.
 
-    Stands in for the trainer's loader: ``build`` only needs its length.
+    Stands in for the trainer's loader (a ``TrainLoader``): ``build`` needs its length, the timed loops call
+    ``views(step)``; iterating gives one epoch of ``(views, labels)`` as any loader does.
     """
 
     def __init__(self, preset: Any, n: int, size: int, batch: int, device: torch.device, channels_last: bool):
+        super().__init__()
         g = torch.Generator(device=device).manual_seed(0)
         self.images = torch.randint(0, 256, (n, 3, size, size), dtype=torch.uint8, generator=g, device=device)
         self.multicrop = TensorMultiCrop(preset, device, seed=0)
@@ -76,6 +79,11 @@ class DeviceImages:
 
     def __len__(self) -> int:
         return max(1, len(self.images) // self.batch)
+
+    def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor]]:
+        for step in range(self._begin(), len(self)):
+            self._count()
+            yield self.views(self.epoch * len(self) + step), torch.zeros(self.batch, dtype=torch.long)
 
     def views(self, step: int) -> list[torch.Tensor]:
         start = (step * self.batch) % (len(self.images) - self.batch + 1)

@@ -44,8 +44,9 @@ def test_a_format_in_data_dataset_says_to_set_data_format(fmt: str) -> None:
 
 def test_format_and_dataset_are_checked() -> None:
     names = formats.names()
-    modules = {p.stem for p in (Path(formats.__file__).parent).glob("[!_]*.py")}
-    assert names[0] == "builtin" == DataConfig().format and set(names) == modules  # one module per format
+    folder = Path(formats.__file__).parent  # one entry per format: a module, or a folder's __init__.py
+    modules = {p.stem for p in folder.glob("[!_]*.py")} | {p.parent.name for p in folder.glob("[!_]*/__init__.py")}
+    assert names[0] == "builtin" == DataConfig().format and set(names) == modules
     with pytest.raises(ConfigError, match=r"data.format='parquet' is not one of \('builtin', 'ffcv'"):
         DataConfig(format="parquet").validate()
     with pytest.raises(ConfigError, match=r"data.dataset='cifar10' is not a builtin dataset.*data.format to one of .*webdataset"):
