@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+import networkx as nx
 import pytest
 import tomllib
 
@@ -104,61 +105,22 @@ def test_the_layer_check_catches_an_upward_import(tmp_path):
 
 
 def _runtime_imports(path: Path) -> set[str]:
-    """The package modules ``path`` imports when it runs (inside functions too; not under TYPE_CHECKING)."""
+    """The package modules ``path`` imports when it runs: `_imports` (inside functions too) less the imports under
+    ``if TYPE_CHECKING:``."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-                   for stmt in node.body for n in ast.walk(stmt)}
-    known = {_module(f) for f in _package_files()} | {""}
-    out = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only or not isinstance(node, ast.Import | ast.ImportFrom):
-            continue
-        if isinstance(node, ast.ImportFrom) and (node.level or not node.module):
-            continue  # the package uses absolute imports only
-        names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
-            f"{node.module}.{a.name}" for a in node.names]
-        for name in names:
-            if not name.startswith("hypersolid_scale."):
-                continue
-            mod = name.removeprefix("hypersolid_scale.")
-            while mod not in known:  # a name imported from a module: that module
-                mod = mod.rpartition(".")[0]
-            if mod:
-                out.add(mod)
-    return out
+    typing_only = {n.lineno for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in
+                   ast.unparse(node.test) for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
+    return {mod.removeprefix("hypersolid_scale.") for line, mod in _imports(path)
+            if line not in typing_only and mod.startswith("hypersolid_scale.")}
 
 
 def _import_circles(files: list[Path]) -> list[list[str]]:
-    """Groups of modules that import each other, directly or through others (strongly connected components)."""
-    graph = {_module(f): _runtime_imports(f) - {_module(f)} for f in files}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    circles: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                circles.append(sorted(group))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return circles
+    """Groups of modules that import each other, directly or through others (the graph's strongly connected
+    components, as networkx finds them)."""
+    graph = nx.DiGraph()
+    for f in files:
+        graph.add_edges_from((_module(f), dep) for dep in _runtime_imports(f) - {_module(f)})
+    return sorted(sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1)
 
 
 def test_no_import_circle():
@@ -179,8 +141,8 @@ def test_the_circle_check_catches_a_circle(tmp_path, monkeypatch):
     (pkg / "a" / "z.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from hypersolid_scale.a import x\n")
     (pkg / "a" / "w.py").write_text("from hypersolid_scale.a import z\n")
     monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)  # `_imports` tells submodules from names there
     files = sorted(p for p in pkg.rglob("*.py"))
-    monkeypatch.setattr(sys.modules[__name__], "_package_files", lambda: files)
     assert _import_circles(files) == [["a.x", "a.y"]]
 
 
