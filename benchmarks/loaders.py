@@ -20,7 +20,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -28,6 +28,9 @@ from benchmarks import common
 from hypersolid_scale.data import DataConfig, build_train_loader
 from hypersolid_scale.data.convert import main as convert
 from hypersolid_scale.safety import atomic
+
+if TYPE_CHECKING:
+    from hypersolid_scale.data.formats.ffcv.loader import FFCVLoader
 
 SETUPS = {32: "cifar", 224: "default"}
 
@@ -146,7 +149,7 @@ def time_loader(cfg: DataConfig, device: torch.device, epochs: int) -> dict:
         n_raw, t0 = 0, time.perf_counter()
         for epoch in range(1, epochs + 1):
             loader.set_epoch(epoch)
-            for _views, labels, _ in loader.raw_batches():
+            for _views, labels, _ in cast(FFCVLoader, loader).raw_batches():
                 n_raw += len(labels)
         out["decode_crop_flip_images_per_s"] = n_raw / (time.perf_counter() - t0)
     return out

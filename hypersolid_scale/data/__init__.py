@@ -13,7 +13,7 @@ torch nor any format's reader (the converter runs without them).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from hypersolid_scale.safety.errors import ConfigError
 if TYPE_CHECKING:
     import torch
     from torch.utils.data import Dataset
+
+    from hypersolid_scale.data.loading.protocol import TrainLoader
 
 __all__ = [
     "BatchPlan",
@@ -43,7 +45,7 @@ __all__ = [
 
 def build_train_loader(
     cfg: DataConfig, *, rank: int, world_size: int, seed: int, device: torch.device, rank_batch: int | None = None
-) -> Any:
+) -> TrainLoader:
     """Iterable over `(views, labels)` batches; views = [global_0, global_1, local_0, ...] (B, C, H, W).
 
     ``rank_batch``: the images this rank reads per optimizer step (``BatchPlan.rank_batch``: its share of

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.loading.protocol import TrainLoader
 
 SPLITS = ("train", "test")
 
@@ -101,7 +102,7 @@ class Format:
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
-    ) -> Any:
+    ) -> TrainLoader:
         """An iterable of `(views, labels)` batches a `TrainLoader` (data/loading/protocol.py)."""
         raise NotImplementedError
 

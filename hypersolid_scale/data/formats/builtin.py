@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hypersolid_scale.data.formats import Format, register
 from hypersolid_scale.data.loading.builtin_sets import load_builtin
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
     from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.loading.protocol import TrainLoader
 
 
 class BuiltinFormat(Format):
@@ -24,7 +25,7 @@ class BuiltinFormat(Format):
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
-    ) -> Any:
+    ) -> TrainLoader:
         from hypersolid_scale.data.augment.transforms import build_pil_multicrop, pil_mode
         from hypersolid_scale.data.loading.random_access import (
             ArrayPILDataset,

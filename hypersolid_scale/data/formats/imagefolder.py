@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.loading.protocol import TrainLoader
 
 
 def image_folder(root: str, mode: str | None, transform: Callable | None) -> Dataset:
@@ -85,7 +86,7 @@ class ImageFolderFormat(FileFormat):
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
-    ) -> Any:
+    ) -> TrainLoader:
         from hypersolid_scale.data.augment.transforms import build_pil_multicrop, pil_mode
         from hypersolid_scale.data.loading.random_access import MapStyleMultiCropLoader
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.loading.protocol import TrainLoader
 
 
 class BetonTarget(ConversionTarget):
@@ -82,7 +83,7 @@ class FFCVFormat(FileFormat):
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
-    ) -> Any:
+    ) -> TrainLoader:
         from hypersolid_scale.data.formats.ffcv.loader import FFCVLoader
 
         assert cfg.path is not None

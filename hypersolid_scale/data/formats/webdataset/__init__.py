@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from hypersolid_scale.data.augment.presets import MultiCropPreset
     from hypersolid_scale.data.config import DataConfig
+    from hypersolid_scale.data.loading.protocol import TrainLoader
 
 
 @dataclass
@@ -128,7 +129,7 @@ class WebDatasetFormat(FileFormat):
 
     def train_loader(
         self, cfg: DataConfig, preset: MultiCropPreset, *, rank: int, world_size: int, seed: int, device: torch.device
-    ) -> Any:
+    ) -> TrainLoader:
         from hypersolid_scale.data.formats.webdataset.stream import WebDatasetLoader
 
         assert cfg.path is not None
