@@ -228,6 +228,9 @@ def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_a_failing_t
         knn = [json.loads((out / "eval" / f"{method}-seed{s}" / "report.json").read_text())["metrics"]
                ["knn_k20_weighted"] for s in range(seeds)]
         assert row["metrics"]["knn_k20_weighted"]["values"] == knn
+        result = json.loads((out / "results" / f"{method}-seed0.json").read_text())  # the engine's result per run
+        assert result["metrics"]["knn_k20_weighted"] == knn[0] and result["train_s"] == state["runs"][
+            f"{method}-seed0"]["train_s"] and "launch/train.py" in result["command"]
         assert (row["metrics"]["knn_k20_weighted"]["std"] is None) == (seeds == 1)
         for s in range(seeds):
             assert (out / "runs" / f"{method}-seed{s}" / "checkpoints" / f"step_{steps:08d}.pt").exists()
@@ -273,7 +276,7 @@ def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_a_failing_t
     after = json.loads((out / "state.json").read_text())
     assert after["parent_run_id"] == state["parent_run_id"]
     assert after["runs"]["vicreg-seed0"]["train"] == "failed (exit 1)"
-    assert "eval" not in after["runs"]["vicreg-seed0"]  # not evaluated after its training failed
+    assert "evals" not in after["runs"]["vicreg-seed0"]  # not evaluated after its training failed
     for name, rec in state["runs"].items():
         assert after["runs"][name]["train_s"] == rec["train_s"], name  # no training ran again
         assert (after["runs"][name]["eval_s"] != rec["eval_s"]) == (name == "byol-seed0"), name

@@ -70,9 +70,9 @@ def test_cpu_plan_parts_order_and_tuning() -> None:
     # Priority order: the first pass, then the floor, the tuning, 2 views, the extra seeds, the 5-epoch runs;
     # the 20-epoch runs wait for the whole (widened) tuning grid.
     order = [part for part, _ in itertools.groupby(r.part for r in runs)]
-    # Amendment 3's parts that need no tuned value come last: the 20-epoch baselines (diagnosed), the diagnosis
-    # of the random inits, then the batch arms.
-    assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget", "long", "diag", "batch"]
+    # Amendment 3's parts that need no tuned value come last: the diagnosis of the random inits and the batch arms
+    # (short runs first), then the 20-epoch baselines (diagnosed).
+    assert order == ["cpu", "steps", "random", "tune", "views", "cpu", "budget", "diag", "batch", "long"]
     assert all(r.diagnose for r in runs if r.part == "long")
     assert [r.name for r in runs if r.part == "diag"] == [f"cpu-diag-random-s{s}" for s in range(5)]
     # The widened grid's values (amendment 2) run after the first grid's, each seed-major.
@@ -191,7 +191,8 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     # after the other runs: one entry per evaluated epoch, its training time summed over both attempts.
     curve = json.loads((out / f"{staged}.json").read_text())
     assert curve["complete"] and [(e["epoch"], e["step"]) for e in curve["per_epoch"]] == [(1, 4), (2, 8)]
-    assert json.loads((tmp_path / "scratch" / "cpu" / staged / "stage.json").read_text()) == {"trained_to_epoch": 1}
+    state = json.loads((tmp_path / "scratch" / "cpu" / "state.json").read_text())["runs"]
+    assert state[staged]["trained_to_epoch"] == 1 and state[staged]["train"] == "done"
     assert curve["train_s_attempts"] > curve["train_s_total"] and curve["final_step"] == 8
     assert all(0 <= r["noise_fraction"] <= 1 and sum(r["sizes"]) + r["sizes_rest"] <= r["n"] for r in rows)
     budget = json.loads((out / "cpu-budget-hypersolid-alpha0.9-s0.json").read_text())
@@ -224,7 +225,9 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
 
     # A training stopped after its step-2 checkpoint, with no result: it resumes at step 2, not from 0.
     (out / f"{one_epoch}.json").unlink()
-    (home / "train_done.json").unlink()
+    state_file = tmp_path / "scratch" / "cpu" / "state.json"
+    state = json.loads(state_file.read_text())
+    del state["runs"][one_epoch]["train"]
     (home / "run" / "checkpoints" / "step_00000004.pt").unlink()
     for report in home.glob("eval/*/report.json"):
         report.unlink()
@@ -235,7 +238,8 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     assert [(json.loads(line)["epoch"], json.loads(line)["steps"]) for line in kept] == [(1, 2)]
     records.write_text("\n".join(kept) + "\n")
     # The killed attempt had trained 100 s by its driver's last record: the resumed run's total includes them.
-    (home / "attempts.json").write_text(json.dumps({"done_s": 0.0, "current_s": 100.0}))
+    state["runs"][one_epoch]["attempt"] = {"done_s": 0.0, "current_s": 100.0}
+    state_file.write_text(json.dumps(state))
     text = drive()
     assert f"skip {names[0]}: result exists" in text and f"done {one_epoch}" in text
     again = json.loads((out / f"{one_epoch}.json").read_text())
@@ -314,21 +318,21 @@ def test_the_driver_deletes_the_checkpoints_that_nothing_will_read(tmp_path: Pat
     """A 100-epoch run checkpoints every 100 steps and keeps them (checkpoint.keep_last=0); while it trains, the
     driver deletes all but its evaluated epochs' ends (20, 50, 100), its pause's and the newest two. A run evaluated
     every N steps keeps every one."""
-    from benchmarks.replication.commands import Task
-    from benchmarks.replication.run import Driver, parse_args
+    from benchmarks.replication.run import engine, parse_args
+    from hypersolid_scale.study.engine import Task
 
-    driver = Driver(parse_args(["--group", "cpu", "--quick", "--scratch", str(tmp_path), "--out", str(tmp_path)]))
+    eng = engine(parse_args(["--group", "cpu", "--quick", "--scratch", str(tmp_path), "--out", str(tmp_path)]))
     runs = {r.part: r for r in plan("cpu")}
     per_epoch, steps = 10, [*range(100, 601, 100), 200, 500, 610]  # 10 steps an epoch: epoch 20 is step 200
-    for name, run in (("staged", runs["curve100"]), ("steps", runs["steps"])):
-        home = tmp_path / name
-        (home / "run" / "checkpoints").mkdir(parents=True)
-        (home / "train.log").write_text(f"[hypersolid] {per_epoch} steps/epoch, ...\n")
+    for run in (runs["curve100"], runs["steps"]):
+        ckpts = eng.study.run_dir(run) / "checkpoints"
+        ckpts.mkdir(parents=True)
+        eng.study.train_log(run).write_text(f"[hypersolid] {per_epoch} steps/epoch, ...\n")
         for step in steps:
-            (home / "run" / "checkpoints" / f"step_{step:08d}.pt").write_bytes(b"")
-        driver.active[object()] = Task(run, "train", [], home / "train.log")  # type: ignore[index]
+            (ckpts / f"step_{step:08d}.pt").write_bytes(b"")
+        eng.active[object()] = Task(run, "train", [], eng.study.train_log(run))  # type: ignore[index]
     assert runs["curve100"].eval_epochs == (20, 50, 100) and runs["curve100"].pause_epochs == (50,)
-    driver.prune()
-    left = lambda name: sorted(int(p.stem[5:]) for p in (tmp_path / name / "run" / "checkpoints").glob("*.pt"))  # noqa: E731
-    assert left("staged") == [200, 500, 600, 610]  # epochs 20 and 50, the newest two (600, 610)
-    assert runs["steps"].eval_every_steps and left("steps") == sorted(set(steps))
+    eng.every_tick()
+    left = lambda run: sorted(int(p.stem[5:]) for p in (eng.study.run_dir(run) / "checkpoints").glob("*.pt"))  # noqa: E731
+    assert left(runs["curve100"]) == [200, 500, 600, 610]  # epochs 20 and 50, the newest two (600, 610)
+    assert runs["steps"].eval_every_steps and left(runs["steps"]) == sorted(set(steps))

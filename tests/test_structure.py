@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"checkpoint"},
     {"training", "train", "export"},
     {"eval.app", "eval.__main__", "eval.source", "eval.mlflow_log"},
-    {"compare"},
+    {"study", "compare"},
 ]
 MAX_LINES = 400
 

@@ -1,15 +1,15 @@
-"""What the replication driver runs (run.py): the evaluation commands of a checkpoint and the task of one
-training or evaluation."""
+"""What the replication study evaluates (run.py): the evaluation commands of a checkpoint and the evaluations of
+a trained run, as the study engine's Evaluations."""
 
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common import ROOT
-from benchmarks.replication.runfiles import checkpoints
 from benchmarks.replication.runspec import QUICK_EVAL, Run
+from hypersolid_scale.study.files import checkpoints
+from hypersolid_scale.study.plan import Evaluation
 
 # The paper's protocol, once launch/eval.py has it; until then the suites that exist (eval_arguments).
 EVAL_ARGS = ["--protocol", "paper"]
@@ -35,25 +35,9 @@ def eval_command(py: str, checkpoint: Path, out: Path, device: str, args: list[s
     return [py, "launch/eval.py", *where, "--no-mlflow", *args, *(QUICK_EVAL if quick else ())]
 
 
-@dataclass
-class Task:
-    run: Run
-    kind: str  # train | eval
-    cmd: list[str]
-    log: Path
-    step: int = 0
-    epoch: float = 0  # whole for epoch ends, fractional for a step evaluation (Run.eval_every_steps)
-    protocol: str = ""
-    t0: float = 0.0
-    pause_epoch: int = 0  # a staged training stops at this epoch's end (0: runs to the end)
-    pause_step: int = 0  # its step, once the trainer has said its steps per epoch
-    per_epoch: int = 0  # a training's steps per epoch, once the trainer has said it (0: not yet)
-    pausing: bool = False  # SIGTERM sent at the pause
-
-
 def eval_tasks(
     run: Run, home: Path, final: int, upto: int | None, full_args: list[str], py: str, device: str, quick: bool
-) -> tuple[list[Task], list[str]]:
+) -> tuple[list[Evaluation], list[str]]:
     """The evaluations of a training that reached step ``final`` (in ``home``), and why any is missing: the
     steps at epoch ends (steps per epoch = final step / epochs: the plan trains whole epochs), every epoch for a
     curve, else the last; a staged training paused at epoch ``upto``: the eval_epochs up to it. The full
@@ -73,7 +57,8 @@ def eval_tasks(
         points = [(round(s / per_epoch, 3), s) for s in every]
     if run.diagnose_only:
         points = []
-    tasks, missing = [], []
+    tasks: list[Evaluation] = []
+    missing: list[str] = []
     for epoch, step in points:
         if step not in ckpts:
             missing.append(f"no checkpoint for epoch {epoch} (step {step})")
@@ -81,17 +66,8 @@ def eval_tasks(
         args = full_args if (epoch in full or not run.curve) else CURVE_EVAL_ARGS
         protocol = "paper" if args == EVAL_ARGS else args[1]
         out = home / "eval" / f"step_{step:08d}_{protocol.replace(',', '+')}"
-        tasks.append(
-            Task(
-                run,
-                "eval",
-                eval_command(py, ckpts[step], out, device, args, quick),
-                out / "eval.log",
-                step,
-                epoch,
-                protocol,
-            )
-        )
+        cmd = eval_command(py, ckpts[step], out, device, args, quick)
+        tasks.append(Evaluation(out.name, tuple(cmd), out, step, epoch, protocol))
     if (run.diagnose or run.diagnose_only) and upto is None:
         step = 0 if run.random_init else final
         if step not in ckpts:
@@ -99,5 +75,5 @@ def eval_tasks(
         for kind in DIAG_FEATURES if step in ckpts else ():
             out = home / "eval" / f"step_{step:08d}_hdbscan_grid_{kind}"
             cmd = eval_command(py, ckpts[step], out, device, [*DIAG_EVAL_ARGS, "--features", kind], quick)
-            tasks.append(Task(run, "eval", cmd, out / "eval.log", step, 0, f"hdbscan_grid.{kind}"))
+            tasks.append(Evaluation(out.name, tuple(cmd), out, step, 0, f"hdbscan_grid.{kind}"))
     return tasks, missing

@@ -27,6 +27,8 @@ Groups:
   64 / 128 / 256 at equal epochs (2 each) and at equal steps (~936: 1, 2 and 4 epochs), square-root
   learning-rate scaling from 128, seeds 0-2; (k) ``curve100``: Hypersolid and SimCLR at their tuned values,
   100 epochs, the protocol after epochs 20, 50 and 100, seeds 0-2, in two stages: all six to epoch 50 first.
+  Amendment 3's runs go in this order: the random inits' diagnosis and (j) (short enough to finish before the
+  machine restarts and loses /tmp/hs_replication's checkpoints), (h), (i), the 20-epoch runs' diagnosis, (k).
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -172,12 +174,15 @@ def long_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
 
 
 def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
-    """(h)-(k), each part seed-major; the parts that train at the tuned values wait for the tuning."""
+    """(h)-(k), each part seed-major; the parts that train at the tuned values wait for the tuning. The runs short
+    enough to finish before the machine restarts (a restart loses the checkpoints under /tmp/hs_replication, and a
+    20-epoch run beside other work takes longer than the machine stays up) come first: the random inits'
+    diagnosis and the batch arms (1-4 epochs); then the 20-epoch runs, then the 100-epoch curve."""
     alpha, temp = tuned("hypersolid", results), tuned("simclr", results)
-    out: list[Run] = []
+    l2: list[Run] = []
     if alpha is not None:
         knob = CPU_TUNE["hypersolid"][0]
-        out += [
+        l2 += [
             Run(
                 f"cpu-l2-hypersolid-{_knob(knob, alpha)}-lambda0-s{s}",
                 "hypersolid",
@@ -191,8 +196,8 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
             )
             for s in range(LONG_SEEDS)
         ]
-    out = [replace(r, diagnose=True) for r in out]
-    out += [
+    l2 = [replace(r, diagnose=True) for r in l2]
+    baselines = [
         Run(
             f"cpu-long-{m}-default-s{s}",
             m,
@@ -209,7 +214,7 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
         for m in LONG_BASELINES
     ]
     # The diagnosis of what (g) and the floor trained: the same commands again (seeded), the grid only.
-    out += [
+    diag_random = [
         Run(
             f"cpu-diag-random-s{s}",
             "hypersolid",
@@ -224,7 +229,7 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
         )
         for s in range(RANDOM_SEEDS)
     ]
-    out += [
+    diag_long = [
         replace(
             r, name=r.name.replace("cpu-long-", "cpu-diag-long-", 1), part="diag", eval_epochs=(), diagnose_only=True
         )
@@ -233,7 +238,7 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
     # Equal epochs: every size for BATCH_EPOCHS; equal steps: the sizes other than 128 for as many steps as 128's.
     arms = [(b, BATCH_EPOCHS, "epochs") for b in BATCH_SIZES]
     arms += [(b, BATCH_EPOCHS * b // 128, "steps") for b in BATCH_SIZES if b != 128]
-    out += [
+    batch = [
         Run(
             f"cpu-batch-{b}-{arm}-ep{e}-s{s}",
             "hypersolid",
@@ -247,6 +252,7 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
         for s in range(BATCH_SEEDS)
         for b, e, arm in arms
     ]
+    out = [*diag_random, *batch, *l2, *baselines, *diag_long]
     if alpha is not None and temp is not None:
         out += [
             Run(

@@ -9,9 +9,9 @@ Hypersolid, ``configs/baselines/<method>_<setting>.yaml`` where a method has one
 ``launch/eval.py`` on its final checkpoint (kNN, linear probe, clustering, geometry; backbone features). Then
 ``<out>/compare.md`` / ``compare.json`` (mean ± std over seeds), ``dbscan_nmi_vs_eps.png`` and
 ``metrics.png``. MLflow: one parent run (the table's numbers, the files) with one child run per training (the
-training's own run, which its evaluation also logs into). Starting it again on the same ``--out`` resumes (see
-``hypersolid_scale.compare.runner``). Exit 0 when every training and evaluation succeeded, 1 when some failed
-(the table holds the others), 2 for bad input.
+training's own run, which its evaluation also logs into). The study engine (``hypersolid_scale.study``) runs
+the trainings and evaluations; starting it again on the same ``--out`` resumes (``compare.study``). Exit 0 when
+every training and evaluation succeeded, 1 when some failed (the table holds the others), 2 for bad input.
 
 The default evaluation (and ``--quick``) is the quick smoke comparison. ``--protocol paper`` evaluates every
 checkpoint with ``launch/eval.py --protocol paper`` instead (docs/replication.md: backbone and projector, raw
@@ -29,16 +29,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from hypersolid_scale.compare import figures, table
 from hypersolid_scale.compare.plan import Budget, Training, check_budget, parse_methods, plan, roles
-from hypersolid_scale.compare.runner import Paths, Runner, State
+from hypersolid_scale.compare.study import CompareStudy
 from hypersolid_scale.safety.errors import UserError
 from hypersolid_scale.safety.run_lock import RunDirLocked, acquire_run_lock
+from hypersolid_scale.study import Engine, StudyState
 from hypersolid_scale.tracking import TrackingConfig, make_tracker
 
 EXPERIMENT = "compare"
+STOP_GRACE_S = 300  # a stopped comparison waits this long for its child's checkpoint, then kills it
 # --quick: every method, two seeds where several are asked for (so that mean ± std is exercised), a few
 # steps, the evaluation on a subset: minutes, for CI and for trying the command.
 QUICK = {"steps": 6, "seeds": 2, "baseline_seeds": 1, "eval_samples": 1000}
@@ -118,14 +118,15 @@ def _header(args: argparse.Namespace, budget: Budget, trainings: list[Training])
 
 
 def _collect(
-    paths: Paths, state: State, trainings: list[Training], budget: Budget
+    study: CompareStudy, state: StudyState, trainings: list[Training], budget: Budget
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
     reports: dict[str, list[dict[str, Any]]] = {}
     info: dict[str, dict[str, Any]] = {}
     for t in trainings:
-        if state.run(t.name).get("eval") != "done":
+        report = study.eval_dir(t) / "report.json"
+        if not (state.eval_done(t.name, study.eval_key(t)) and report.exists()):
             continue
-        reports.setdefault(t.method, []).append(json.loads(paths.report(t).read_text()))
+        reports.setdefault(t.method, []).append(json.loads(report.read_text()))
         i = info.setdefault(
             t.method,
             {
@@ -174,7 +175,7 @@ def main(argv: Sequence[str], repo: Path) -> int:
             f"--out {out} is in use by another comparison ({err.holder}); wait for it to finish, "
             "stop it (kill that pid; its lock is released), or pass another --out"
         ) from None
-    paths, state = Paths(out), State(out)
+    state = StudyState(out / "state.json")
     tracker = None
     tracking = ["tracking.enabled=false"]
     if not args.no_mlflow:
@@ -199,28 +200,21 @@ def main(argv: Sequence[str], repo: Path) -> int:
     evals = ["eval.batch_size=1000"] if args.protocol else ["eval.knn_k=[20]", "eval.batch_size=1000"]
     if args.eval_samples:
         evals += [f"eval.max_train_samples={args.eval_samples}", f"eval.max_test_samples={args.eval_samples}"]
-    runner = Runner(
-        paths, state, repo, args.steps, args.nproc, tracking, evals, not args.no_mlflow, args.device, args.protocol
+    study = CompareStudy(
+        out, repo, args.steps, args.nproc, tracking, evals, not args.no_mlflow, args.device, args.protocol
     )
     columns = table.PROTOCOL_COLUMNS if args.protocol else table.QUICK_COLUMNS
     header = _header(args, budget, trainings)
     print(header + f"\noutput: {out} (logs in {out / 'logs'})", flush=True)
-    failures: dict[str, str] = {}
     status = "FAILED"
     # SIGTERM (a scheduler's stop): unwind so that the parent run is closed KILLED; the running child gets
-    # SIGTERM and is waited for while it checkpoints (runner._run).
+    # SIGTERM and is waited for while it checkpoints (the engine's stop, STOP_GRACE_S).
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        with tqdm(total=2 * len(trainings), desc="compare", unit="stage", dynamic_ncols=True) as bar:
-            for t in trainings:
-                for stage, work in (("train", runner.train), ("eval", runner.evaluate)):
-                    bar.set_postfix_str(f"{stage} {t.name}")
-                    error = None if t.name in failures else work(t)
-                    if error:
-                        failures[t.name] = error
-                        tqdm.write(f"{t.name}: {error} (log: {paths.log(t, stage)})")
-                    bar.update()
-        reports, info = _collect(paths, state, trainings, budget)
+        engine = Engine(study, state, slots=1, grace_s=STOP_GRACE_S, cwd=repo)
+        engine.run(trainings)
+        failures = engine.failures
+        reports, info = _collect(study, state, trainings, budget)
         summary = table.summarise(reports, columns)
         js, md = table.write(out, summary, info, table.skipped_reasons(reports, columns), header, columns)
         title = f"{args.setting}: {budget.images_seen} images seen per training"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from omegaconf import OmegaConf
 
@@ -30,6 +31,9 @@ class Training:
     seed: int
     config: Path
     overrides: tuple[str, ...] = field(default=())
+    # To the study engine (hypersolid_scale.study.plan.PlannedRun): a budget in steps, not epochs, and no stages.
+    epochs: ClassVar[int] = 0
+    pause_epochs: ClassVar[tuple[int, ...]] = ()
 
     @property
     def name(self) -> str:
