@@ -124,9 +124,10 @@ def test_tuned_values_follow_held_out_knn() -> None:
     ]
     assert len(long) == 12 and {r.method for r in long[6:]} == {"swav", "barlowtwins"}
     assert all(r.overrides == () and r.eval_epochs == (1, 2, 5, 10, 20) for r in long[6:])  # at their defaults
-    # Amendment 3, in order: lambda 0 at the tuned alpha, the 20-epoch baselines, the batch arms, the 100-epoch curve.
+    # Amendment 3, in order after the 20-epoch runs: the short runs (the random inits' diagnosis, the batch arms),
+    # lambda 0 at the tuned alpha, the 20-epoch baselines, the 20-epoch runs' diagnosis, the 100-epoch curve.
     order = [part for part, _ in itertools.groupby(r.part for r in plan("cpu", results=results))]
-    assert order[-5:] == ["l2", "long", "diag", "batch", "curve100"]
+    assert order[-7:] == ["long", "diag", "batch", "l2", "long", "diag", "curve100"]
     diag = [r for r in plan("cpu", results=results) if r.part == "diag"]
     # The 20-epoch runs of part long retrained for the diagnosis: the same settings, no protocol evaluation.
     assert [(r.name, r.overrides, r.epochs, r.diagnose_only) for r in diag[5:7]] == [
