@@ -22,6 +22,7 @@ from hypersolid_scale.compare.plan import Training, check_budget, parse_methods,
 from hypersolid_scale.methods import method_names
 from hypersolid_scale.safety.errors import ConfigError
 from hypersolid_scale.safety.run_lock import acquire_run_lock
+from hypersolid_scale.training.epoch_records import read_epochs
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = method_names()
@@ -215,6 +216,13 @@ def test_quick_comparison_stopped_by_sigterm_resumed_end_to_end_then_a_failing_t
     proc = _compare(*quick)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"resumed from {stopped[-1]}" in log.read_text()
+    # The study engine's record of the resumed training: where it resumed, its seconds over both attempts; the
+    # trainer's epoch statistics are the stopped part's and the resumed part's, one epoch of all the steps.
+    resumed = json.loads((out / "state.json").read_text())["runs"]["hypersolid-seed0"]
+    assert resumed["resumed_from_step"] == int(stopped[-1].stem[5:]) and resumed["final_step"] == steps
+    assert resumed["train_s"] > resumed["last_attempt_s"] > 0
+    epochs = read_epochs(out / "runs" / "hypersolid-seed0" / "epochs.jsonl")
+    assert list(epochs) == [1] and epochs[1]["steps"] == steps and epochs[1]["step"] == steps
     got = json.loads((out / "compare.json").read_text())["methods"]
     assert list(got) == methods
     state = json.loads((out / "state.json").read_text())
