@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,7 +176,7 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     staged = "cpu-curve100-hypersolid-alpha0.9-s0"  # quick: 2 epochs, paused after the first
     runs = f"cpu-random-s0,cpu-budget-hypersolid-alpha0.9-s0,{one_epoch},cpu-diag-random-s0,{staged}"
     drive = lambda: _drive(tmp_path, "--group", "cpu", "--runs", runs, "--parallel", "2")  # noqa: E731
-    drive()
+    said = drive()
     out = tmp_path / "out" / "cpu"
     init = json.loads((out / "cpu-random-s0.json").read_text())
     assert init["part"] == "random" and init["final_step"] == 0
@@ -186,6 +187,11 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     # Amendment 3's diagnosis of the same initial weights: the HDBSCAN grid on both feature kinds, no protocol.
     diag = json.loads((out / "cpu-diag-random-s0.json").read_text())
     assert diag["per_epoch"] == [] and set(diag["hdbscan_grid"]) == {"backbone", "projector"}
+    assert re.search(
+        r"done cpu-diag-random-s0: .*, 0 evaluation\(s\), no kNN metric, the HDBSCAN diagnosis of "
+        r"its (backbone and projector|projector and backbone) features\n",
+        said,
+    ), said
     rows = diag["hdbscan_grid"]["projector"]["rows"]
     assert diag["hdbscan_grid"]["backbone"]["step"] == 0 and {r["norm"] for r in rows} == {"raw", "centred"}
     # The staged run paused after epoch 1 (SIGTERM at its checkpoint), was evaluated there, then trained to the end

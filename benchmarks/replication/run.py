@@ -124,9 +124,11 @@ class Replication:
     def finished(self, progress: RunProgress) -> None:
         result = run_result(progress, self.run_dir(progress.run), self.facts)
         write_json(self.out / f"{progress.run.name}.json", result)
+        grid = result.get("hdbscan_grid")
+        diagnosis = f", the HDBSCAN diagnosis of its {' and '.join(grid)} features" if grid else ""
         self.say(
             f"done {progress.run.name}: train {progress.train_s:.0f}s, eval {progress.eval_s:.0f}s, "
-            f"{len(result['per_epoch'])} evaluation(s), {best_knn(result)}"
+            f"{len(result['per_epoch'])} evaluation(s), {best_knn(result)}{diagnosis}"
         )
 
 
