@@ -317,3 +317,30 @@ def test_the_driver_deletes_the_checkpoints_that_nothing_will_read(tmp_path: Pat
     left = lambda run: sorted(int(p.stem[5:]) for p in (eng.study.run_dir(run) / "checkpoints").glob("*.pt"))  # noqa: E731
     assert left(runs["curve100"]) == [200, 500, 600, 610]  # epochs 20 and 50, the newest two (600, 610)
     assert runs["steps"].eval_every_steps and left(runs["steps"]) == sorted(set(steps))
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
+def test_a_niced_study_runs_in_a_session_whose_autogroup_is_niced_too(tmp_path: Path) -> None:
+    """cpu.sh with HS_NICE=1: nice 19 inside a session of its own whose autogroup has nice 19, so that it yields
+    the CPU to work started in other sessions (with autogroups the scheduler shares the CPU between sessions
+    first: a process niced in its own session took half of the 2 cores from the test suite); the caller's own
+    autogroup is left as it was. The study's python is a script that records where it runs."""
+    record = tmp_path / "where.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\n{{ cat /proc/self/autogroup; ps -o ni= -o sid= -p $$; }} > {record}\n")
+    fake.chmod(0o755)
+    mine = Path("/proc/self/autogroup").read_text()
+    env = {**os.environ, "HS_NICE": "1", "PYTHON": str(fake), "HS_REPLICATION_SCRATCH": str(tmp_path / "scratch")}
+    done = subprocess.run(["bash", "benchmarks/replication/cpu.sh"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0 and "cpu group started" in done.stdout, done.stdout + done.stderr
+    pid = int((tmp_path / "scratch" / "cpu.pid").read_text())
+    for _ in range(100):  # until the fake python has written its record
+        if record.exists() and len(record.read_text().splitlines()) == 2:
+            break
+        __import__("time").sleep(0.05)
+    autogroup, ps = record.read_text().splitlines()
+    nice, sid = ps.split()
+    assert autogroup.endswith(" nice 19") and nice == "19", (autogroup, ps)
+    assert int(sid) == pid != os.getsid(0)  # its own session: the pid file names the session's leader
+    assert Path("/proc/self/autogroup").read_text() == mine and autogroup.split()[0] != mine.split()[0]
