@@ -1,6 +1,7 @@
 """The MLflow client: imported only when a run is really tracked, set up to fail fast; a new SQLite store's
-schema created by one process at a time; and the failures at start told apart: a configuration mistake is one
-message that says what is wrong and how to fix it, anything else is an outage the tracker waits out."""
+schema created by one process at a time (a copy of a cached empty store, ``sqlite_seed.py``); and the failures
+at start told apart: a configuration mistake is one message that says what is wrong and how to fix it,
+anything else is an outage the tracker waits out."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hypersolid_scale.safety.errors import UserError
+from hypersolid_scale.tracking.sqlite_seed import seed_new_store
 
 # The client must not hang training: one attempt per call (the outbox retries with its own backoff), and a
 # short timeout. Set only where the user has not chosen: the environment wins.
@@ -61,6 +63,9 @@ def make_client(uri: str) -> Any:
         for name, value in HTTP_ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
     with _schema_lock(uri):
+        db = _sqlite_file(uri)
+        if db is not None:
+            seed_new_store(db)  # a copy of an empty store at MLflow's schema: no migrations to replay
         try:
             return MlflowClient(tracking_uri=uri)  # opens the store; a new SQLite one gets its schema here
         except Exception:
