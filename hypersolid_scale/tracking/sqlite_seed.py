@@ -23,6 +23,8 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+from hypersolid_scale.safety.atomic import commit
+
 # Where the templates live: $HYPERSOLID_CACHE_DIR, else $XDG_CACHE_HOME/hypersolid_scale, else
 # ~/.cache/hypersolid_scale. Setting HYPERSOLID_MLFLOW_SEED=0 turns the shortcut off.
 CACHE_ENV = "HYPERSOLID_CACHE_DIR"
@@ -49,6 +51,11 @@ def seed_new_store(db: Path) -> bool:
         os.close(fd)
         try:
             shutil.copyfile(template, tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # on disk before it is the store: a power cut leaves no store or a whole one
+            finally:
+                os.close(fd)
             os.link(tmp, db)  # whole or not at all, and never over a store that exists
         finally:
             if os.path.exists(tmp):
@@ -78,7 +85,7 @@ def _template() -> Path:
             con.execute("DELETE FROM experiment_tags WHERE experiment_id = 0")
             con.execute("DELETE FROM experiments WHERE experiment_id = 0")
         con.close()
-        os.replace(made, path)  # two processes making it at once: the last one's file, both complete
+        commit(made, path)  # two processes making it at once: the last one's file, both complete
     return path
 
 
