@@ -29,7 +29,8 @@ def _drive(tmp: Path, *args: str) -> str:
     """run.py --quick on tmp's folders (default: the cpu group, 2 at a time); its stdout."""
     where = ["--out", str(tmp / "out"), "--scratch", str(tmp / "scratch"), "--device", "cpu", "--quick"]
     cmd = [sys.executable, "-m", "benchmarks.replication.run", *where, *(args or ("--group", "cpu", "--parallel", "2"))]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    # A bound for a hang only: one call takes ~60-120 s here, and up to 240 s beside other work on 2 cores.
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
