@@ -74,7 +74,7 @@ def _template() -> Path:
     if path.is_file():
         if _intact(path):
             return path
-        path.unlink()  # damaged (a disk error, a hand edit): made again below
+        path.unlink(missing_ok=True)  # damaged (a disk error, a hand edit): made again below
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder, prefix=".template-") as work:
         made = Path(work) / "empty.db"
