@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -339,7 +340,7 @@ def test_a_niced_study_runs_in_a_session_whose_autogroup_is_niced_too(tmp_path: 
     for _ in range(100):  # until the fake python has written its record
         if record.exists() and len(record.read_text().splitlines()) == 2:
             break
-        __import__("time").sleep(0.05)
+        time.sleep(0.05)
     autogroup, ps = record.read_text().splitlines()
     nice, sid = ps.split()
     assert autogroup.endswith(" nice 19") and nice == "19", (autogroup, ps)

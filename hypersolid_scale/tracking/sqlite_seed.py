@@ -1,7 +1,7 @@
 """A new SQLite store starts as a copy of an empty one at MLflow's current schema, made once per MLflow version.
 
 MLflow creates a new SQLite store's schema by replaying all of its migrations (alembic, about 1.7 s of CPU on
-a 2-core machine, and 5-7 s of wall time waiting on the disk: each migration commits on its own). Every run
+a 2-core machine, and 5-10 s of wall time waiting on the disk: each migration commits on its own). Every run
 has its own store by default (``<run_dir>/mlflow.db``), so every new run paid that at its start. Here the
 first new store of an MLflow version is created by MLflow itself in a cache folder, its default experiment
 removed (MLflow recreates it when it opens a store that has none, with the artifact root of that store); every
