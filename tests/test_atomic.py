@@ -146,3 +146,16 @@ def test_a_write_that_need_not_survive_a_power_cut_skips_the_fsyncs(tmp_path, mo
     atomic.write_json(tmp_path / "mark.json", {"offset": 8}, indent=None, newline=False)
     assert (tmp_path / "mark.json").read_text() == '{"offset": 8}' and len(calls) == 2  # the file and its folder
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_commit_that_must_not_replace_refuses_an_existing_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    """replace=False (a new tracking store): the file appears whole; where one exists, whoever made it, it is
+    kept, the commit raises FileExistsError, and the temporary file is gone either way."""
+    path = tmp_path / "store.db"
+    tmp = atomic.temp_path(path)
+    tmp.write_bytes(b"first")
+    assert atomic.commit(tmp, path, replace=False) == path and path.read_bytes() == b"first"
+    tmp.write_bytes(b"second")
+    with pytest.raises(FileExistsError):
+        atomic.commit(tmp, path, replace=False)
+    assert path.read_bytes() == b"first" and not list(tmp_path.glob("*.tmp"))

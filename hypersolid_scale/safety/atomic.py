@@ -50,18 +50,26 @@ def fsync_dir(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def commit(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: bool = True) -> Path:
+def commit(tmp: str | os.PathLike, path: str | os.PathLike, *, durable: bool = True, replace: bool = True) -> Path:
     """fsync the finished ``tmp``, rename it over ``path``, fsync the directory; returns ``path``.
 
     ``durable=False`` skips both fsyncs: the rename is still atomic for a killed process (a reader sees the old
-    file or the new one), not for a power cut; for small, frequent bookkeeping whose loss costs a redo."""
+    file or the new one), not for a power cut; for small, frequent bookkeeping whose loss costs a redo.
+    ``replace=False`` never replaces a file: ``tmp`` is hard-linked as ``path`` (atomic, and refused where
+    ``path`` exists, whoever made it meanwhile) and then removed; ``FileExistsError`` if ``path`` exists."""
     if durable:
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-    os.replace(tmp, path)
+    if replace:
+        os.replace(tmp, path)
+    else:
+        try:
+            os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
     if durable:
         fsync_dir(Path(path).parent)
     return Path(path)

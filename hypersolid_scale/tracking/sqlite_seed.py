@@ -23,7 +23,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from hypersolid_scale.safety.atomic import commit
+from hypersolid_scale.safety.atomic import commit, temp_path
 
 # Where the templates live: $HYPERSOLID_CACHE_DIR, else $XDG_CACHE_HOME/hypersolid_scale, else
 # ~/.cache/hypersolid_scale. Setting HYPERSOLID_MLFLOW_SEED=0 turns the shortcut off.
@@ -40,26 +40,18 @@ def cache_dir() -> Path:
 
 def seed_new_store(db: Path) -> bool:
     """Copy the template into ``db`` if ``db`` does not exist yet; whether it did. Never replaces a file: the
-    copy is linked into place, which fails if another process made the store meanwhile."""
+    copy is committed with ``replace=False``, which fails if another process made the store meanwhile."""
     if os.environ.get(SWITCH_ENV, "1") == "0":
         return False
     try:
         if db.exists():
             return False
-        template = _template()
-        fd, tmp = tempfile.mkstemp(prefix=f".{db.name}.", suffix=".seed", dir=db.parent)
-        os.close(fd)
+        tmp = temp_path(db)
         try:
-            shutil.copyfile(template, tmp)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)  # on disk before it is the store: a power cut leaves no store or a whole one
-            finally:
-                os.close(fd)
-            os.link(tmp, db)  # whole or not at all, and never over a store that exists
+            shutil.copyfile(_template(), tmp)
+            commit(tmp, db, replace=False)  # whole or not at all, and never over a store that exists
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            tmp.unlink(missing_ok=True)
         return True
     except Exception:  # noqa: BLE001 - only a shortcut: MLflow makes the store itself, as without it
         return False
