@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -219,6 +220,37 @@ def test_scripts_pass_shellcheck() -> None:
     files = [str(SLURM_DIR / s) for s in (*SCRIPTS, "common.sh")] + [str(REPO / "docker" / "install.sh")]
     out = subprocess.run([shellcheck, "-x", "-P", str(SLURM_DIR), *files], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_ranks_exit_code_survives_a_sigterm_that_comes_as_srun_ends(tmp_path: Path) -> None:
+    """Slurm signals the batch script and srun together (a requeue after a node failure, scancel): srun may end
+    with the ranks' own exit code while the script is still in its SIGTERM trap, and bash's ``wait`` loses the
+    status of a child that ends then (it answers -1; asking ``kill -0`` instead gave the interrupted wait's 143).
+    That code must decide (here 69, a lost node). srun is a script that exits 69 on SIGTERM; ``date``, which the
+    trap's log line calls, is slowed so that srun has ended before the trap returns."""
+    ready = tmp_path / "srun-started"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/bash\ntrap 'exit 69' TERM\ntouch {ready}\nsleep 60 & wait\n")
+    (bin_dir / "date").write_text(f"#!/bin/bash\n[[ -e {ready} ]] && sleep 1\nexec {shutil.which('date')} \"$@\"\n")
+    for tool in ("srun", "date"):
+        (bin_dir / tool).chmod(0o755)
+    job = (f"source {SLURM_DIR / 'common.sh'}; SLURM_JOB_ID=7 SLURM_JOB_NODELIST=n[1-2] MASTER_ADDR=n1 "
+           f"MASTER_PORT=20007 HS_RUN_DIR_USED={tmp_path / 'run'} HS_PYTHON=python3; hs_train max_steps=1")
+    proc = subprocess.Popen(["bash", "-c", job], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)  # as slurmstepd does: the script, srun and what they started
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "got SIGTERM" in out and "a node was lost (exit code 69" in out, out
+    assert "exit code 143" not in out and proc.returncode == 69, out
 
 
 def sweep_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:

@@ -82,7 +82,7 @@ hs_args() {
 
 # hs_train [trainer arguments...]: run every rank under srun, handle preemption, maybe requeue.
 hs_train() {
-    local rc restarts=${SLURM_RESTART_COUNT:-0}
+    local rc last restarts=${SLURM_RESTART_COUNT:-0} state
     hs_log "job $SLURM_JOB_ID (restart $restarts) on ${SLURM_JOB_NODELIST}: ${SLURM_NTASKS:-1} ranks," \
            "rendezvous $MASTER_ADDR:$MASTER_PORT, run dir $HS_RUN_DIR_USED"
     hs_log "$HS_PYTHON launch/train.py $*"
@@ -90,16 +90,33 @@ hs_train() {
     HS_SIGNALS="" HS_SRUN_PID=""
     trap 'hs_on_signal USR1' USR1
     trap 'hs_on_signal TERM' TERM
+    state=$(mktemp -d "${TMPDIR:-/tmp}/hs-srun.XXXXXX") || hs_die "cannot make a temporary directory in ${TMPDIR:-/tmp}"
+    # srun's exit status comes back through a file that a subshell writes once srun ends, not through this
+    # shell's `wait`: bash loses the status of a child that ends while a trap runs (its `wait` then says -1), and
+    # Slurm's SIGTERM reaches srun and this script at once (a requeue after a lost node, scancel). The subshell
+    # starts srun first (srun keeps the default actions) and then ignores TERM and USR1, so it is neither killed
+    # nor interrupted; this script passes SIGUSR1 on to srun itself.
     # --kill-on-bad-exit=0: after a preemption signal every rank exits 75 on its own; killing the others
     # as soon as the first one leaves could cut a checkpoint write short. --wait bounds a hung rank.
-    srun --kill-on-bad-exit=0 --wait="${HS_SRUN_WAIT:-600}" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-        "$HS_PYTHON" launch/train.py "$@" &
-    HS_SRUN_PID=$!
+    (
+        srun --kill-on-bad-exit=0 --wait="${HS_SRUN_WAIT:-600}" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
+            "$HS_PYTHON" launch/train.py "$@" &
+        trap '' TERM USR1
+        echo "$!" > "$state/pid"
+        wait "$!"
+        echo "$?" > "$state/rc"
+    ) &
+    local waiter=$!
+    while [[ ! -s $state/pid ]] && kill -0 "$waiter" 2>/dev/null; do sleep 0.05; done
+    HS_SRUN_PID=$(cat "$state/pid" 2>/dev/null)
     # A signal that came while srun was being started is passed on now.
-    [[ $HS_SIGNALS != *USR1* ]] || kill -USR1 "$HS_SRUN_PID" 2>/dev/null
-    # `wait` returns early (status > 128) whenever a trapped signal arrives: keep waiting until srun is gone.
-    wait "$HS_SRUN_PID"; rc=$?
-    while kill -0 "$HS_SRUN_PID" 2>/dev/null; do wait "$HS_SRUN_PID"; rc=$?; done
+    [[ $HS_SIGNALS != *USR1* || -z $HS_SRUN_PID ]] || kill -USR1 "$HS_SRUN_PID" 2>/dev/null
+    # `wait` returns early (status > 128) whenever a trapped signal arrives: keep waiting until the subshell is gone.
+    wait "$waiter"; last=$?
+    while kill -0 "$waiter" 2>/dev/null; do wait "$waiter"; last=$?; done
+    rc=$(cat "$state/rc" 2>/dev/null)
+    [[ -n $rc ]] || rc=$last  # no status written: the subshell was killed (SIGKILL) before srun ended
+    rm -rf "$state"
     trap - USR1
     hs_finish "$rc"
 }
