@@ -348,3 +348,33 @@ def test_a_niced_study_runs_in_a_session_whose_autogroup_is_niced_too(tmp_path: 
     assert autogroup.endswith(" nice 19") and nice == "19", (autogroup, ps)
     assert int(sid) == pid != os.getsid(0)  # its own session: the pid file names the session's leader
     assert Path("/proc/self/autogroup").read_text() == mine and autogroup.split()[:1] != mine.split()[:1]
+
+
+def test_the_study_s_checkpoints_default_to_a_folder_git_ignores_and_a_reboot_keeps(tmp_path: Path) -> None:
+    """The run folders (the checkpoints a 20- or 100-epoch run resumes from, over several sittings) default to
+    runs/replication_scratch in the checkout, for run.py and cpu.sh alike: not under /tmp, which many systems
+    clear at boot, and ignored by git. cpu.sh is run from a copy of the checkout's layout with a stand-in python
+    that records its arguments."""
+    from benchmarks.replication.run import parse_args
+
+    scratch = Path(parse_args(["--group", "cpu"]).scratch)
+    assert scratch == ROOT / "runs" / "replication_scratch"
+    step = scratch / "cpu" / "cpu-long-x-s0" / "run" / "checkpoints" / "step_00000001.pt"
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(step)], cwd=ROOT)
+    assert ignored.returncode == 0, f"{step} is not ignored by git"
+    copy = tmp_path / "checkout" / "benchmarks" / "replication"
+    copy.mkdir(parents=True)
+    (copy / "cpu.sh").write_text((ROOT / "benchmarks" / "replication" / "cpu.sh").read_text())
+    record, fake = tmp_path / "argv.txt", tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("HS_REPLICATION_SCRATCH", "HS_NICE")}
+    done = subprocess.run(["bash", str(copy / "cpu.sh")], env={**env, "PYTHON": str(fake)}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for _ in range(100):  # until the stand-in has written its record
+        if record.exists() and "--scratch" in record.read_text():
+            break
+        time.sleep(0.05)
+    argv = record.read_text().splitlines()
+    assert argv[argv.index("--scratch") + 1] == str(tmp_path / "checkout" / "runs" / "replication_scratch")

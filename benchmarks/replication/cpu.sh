@@ -3,10 +3,11 @@
 # resumable: run it again after a stop or a reboot and it skips the finished runs and resumes the interrupted
 # one from its checkpoint.
 #     bash benchmarks/replication/cpu.sh [benchmarks.replication.run arguments, e.g. --parallel 2]
-# Log: /tmp/hs_replication/cpu.log (the folder: $HS_REPLICATION_SCRATCH if set); results: benchmarks/results/replication/cpu/.
+# Log: runs/replication_scratch/cpu.log (the folder: $HS_REPLICATION_SCRATCH if set; it holds the checkpoints, so
+# keep it on a disk that a reboot does not clear); results: benchmarks/results/replication/cpu/.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
-SCRATCH=${HS_REPLICATION_SCRATCH:-/tmp/hs_replication}
+SCRATCH=${HS_REPLICATION_SCRATCH:-$PWD/runs/replication_scratch}
 PY=${PYTHON:-python3}
 [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
 mkdir -p "$SCRATCH"

@@ -27,8 +27,9 @@ Groups:
   64 / 128 / 256 at equal epochs (2 each) and at equal steps (~936: 1, 2 and 4 epochs), square-root
   learning-rate scaling from 128, seeds 0-2; (k) ``curve100``: Hypersolid and SimCLR at their tuned values,
   100 epochs, the protocol after epochs 20, 50 and 100, seeds 0-2, in two stages: all six to epoch 50 first.
-  Amendment 3's runs go in this order: the random inits' diagnosis and (j) (short enough to finish before the
-  machine restarts and loses /tmp/hs_replication's checkpoints), (h), (i), the 20-epoch runs' diagnosis, (k).
+  Amendment 3's runs go in this order: the random inits' diagnosis and (j) (short enough to finish before a
+  machine restart, which lost the checkpoints while the scratch folder's default was under /tmp), (h), (i), the
+  20-epoch runs' diagnosis, (k).
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -175,9 +176,9 @@ def long_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
 
 def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
     """(h)-(k), each part seed-major; the parts that train at the tuned values wait for the tuning. The runs short
-    enough to finish before the machine restarts (a restart loses the checkpoints under /tmp/hs_replication, and a
-    20-epoch run beside other work takes longer than the machine stays up) come first: the random inits'
-    diagnosis and the batch arms (1-4 epochs); then the 20-epoch runs, then the 100-epoch curve."""
+    enough to finish before the machine restarts (a restart lost the checkpoints while the scratch folder's default
+    was under /tmp, and a 20-epoch run beside other work takes longer than the machine stays up) come first: the
+    random inits' diagnosis and the batch arms (1-4 epochs); then the 20-epoch runs, then the 100-epoch curve."""
     alpha, temp = tuned("hypersolid", results), tuned("simclr", results)
     l2: list[Run] = []
     if alpha is not None:

@@ -47,7 +47,9 @@ from hypersolid_scale.study.protocol import RunProgress
 
 PRIORS = {"cuda": Prior(20.0, 6.0, 30.0), "cpu": Prior(15.0, 600.0, 180.0), "quick": Prior(15.0, 5.0, 20.0)}
 OUT = str(common.run_dir("replication"))  # cpu.sh and gpu.sh name benchmarks/results/replication, the committed one
-SCRATCH = "/tmp/hs_replication"  # checkpoints stay out of the repository
+# The run folders (checkpoints): ignored by git, and kept across a reboot (/tmp is cleared at boot on many systems,
+# and a 100-epoch run resumes from its checkpoint over several sittings).
+SCRATCH = str(ROOT / "runs" / "replication_scratch")
 STOP_GRACE_S = 8.0  # gpu.sh's timeout kills everything 10 s after its SIGTERM
 
 
