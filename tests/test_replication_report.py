@@ -99,6 +99,10 @@ def test_missing_groups_are_not_testable(tmp_path):
     assert "### CPU group: one epoch, each method's defaults\n\nScope: " in text and "\n\nNot run yet." in text
     verdicts = {r["claim"]: r["verdict"] for r in summary["verdicts"]}
     assert set(verdicts.values()) == {"not testable here"}
+    # The claims about Hypersolid's own settings show their evidence and the batch arms' runs, none yet.
+    own = text.split("Evidence, Hypersolid's own settings", 1)[1].split("\n### ", 1)[0]
+    assert "| Batch 128 is the best global batch (equal steps) | **not testable" in own
+    assert own.count("| not run yet |") == 6
 
 
 def test_report_writes_and_checks_a_section(tmp_path):
@@ -536,9 +540,15 @@ def test_the_claims_about_hypersolids_own_settings_are_judged_between_its_arms()
                     "overrides": [f"data.global_batch_size={b}"],
                     "per_epoch": [final],
                     "final": final,
+                    "final_step": e * 59904 // b,
                 }
             )
     l2, epochs, steps = ablations.ablation_rows(runs, 0.9)
+    # The numbers the batch verdicts compare, one line per arm and size (128 in both arms: the same runs).
+    table = ablations.batch_table([r for r in runs if r["part"] == "batch"])
+    assert "| equal epochs | 64 | 2 | 1872 | 3 | 80.17 [79.65, 80.68] (n = 3) |" in table
+    assert "| equal steps | 256 | 4 | 936 | 3 | 81.17 [80.65, 81.68] (n = 3) |" in table
+    assert sum("| 128 | 2 | 936 | 3 | 82.17 [81.65, 82.68] (n = 3) |" in line for line in table) == 2
     # λ 0's anisotropy 0.1 above at every seed, sparsity not significant: holds on anisotropy.
     assert l2["verdict"] == "holds here" and l2["evidence"].startswith("λ 0 − λ 1e-6: anisotropy +0.100")
     assert ablations.ablation_rows(runs, 0.75)[0]["verdict"] == "not testable here"  # another α: no pair

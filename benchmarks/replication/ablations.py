@@ -19,7 +19,7 @@ from benchmarks.replication.formatting import fmt_interval
 from benchmarks.replication.judging import _verdict, by_seed, signs_of
 from benchmarks.replication.plan import BATCH_EPOCHS, BATCH_SIZES, L2_OFF, LONG_EPOCHS
 from benchmarks.replication.sections import _at_epoch
-from benchmarks.replication.stats import paired_differences
+from benchmarks.replication.stats import paired_differences, t_interval
 
 SCOPE = "Hypersolid's own settings"  # the rows' short scope (their verdict column)
 L2_CLAIM = "The weak L2 term lowers anisotropy and raises sparsity"
@@ -103,6 +103,22 @@ def batch_rows(batch_runs: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
         )
         rows.append(_row(claim, f"batch, {arm}", paper, scope, verdict, said))
     return rows
+
+
+def batch_table(batch_runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Each arm's sizes with the numbers its verdict compares: steps, seeds and kNN@5 (mean [95 % interval])."""
+    lines = [
+        "| arm | global batch | epochs | steps | seeds | kNN@5 (majority, backbone raw) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, epochs in ARMS.items():
+        for b, e in epochs.items():
+            runs = [r for r in batch_runs if _batch_of(r) == b and r["epochs"] == e]
+            knn = list(by_seed(runs, "hypersolid").get(BATCH_METRIC, {}).values())
+            steps = sorted({r["final_step"] for r in runs if "final_step" in r})
+            cell = fmt_interval(t_interval(knn)) if knn else "not run yet"
+            lines.append(f"| {arm} | {b} | {e} | {', '.join(map(str, steps)) or '–'} | {len(runs)} | {cell} |")
+    return lines
 
 
 def ablation_rows(runs: Sequence[dict[str, Any]], alpha: float | None) -> list[dict[str, str]]:

@@ -197,10 +197,11 @@ def _cell_verdict(row: dict[str, str]) -> str:
     return f"**{row['verdict']}**" + (f" (family-wise: {fw.removesuffix(' here')})" if fw != row["verdict"] else "")
 
 
-def evidence_table(rows: Sequence[dict[str, str]]) -> list[str]:
-    """The verdicts of one scope with their evidence (the closest call where nothing is significant)."""
+def evidence_table(rows: Sequence[dict[str, str]], difference: str = "method − Hypersolid") -> list[str]:
+    """The verdicts of one scope with their evidence (the closest call where nothing is significant);
+    ``difference`` says what the evidence's paired differences subtract."""
     lines = [
-        "| claim | verdict | family-wise | evidence (method − Hypersolid, mean [95 % interval], Holm p) |",
+        f"| claim | verdict | family-wise | evidence ({difference}, mean [95 % interval], Holm p) |",
         "|---|---|---|---|",
     ]
     lines += [
