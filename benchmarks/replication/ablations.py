@@ -85,7 +85,7 @@ def batch_rows(batch_runs: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     rows = []
     for arm, epochs in ARMS.items():
         claim = f"{BATCH_CLAIM} ({arm})"
-        scope = f"{arm}: " + ", ".join(f"{b} × {e} epoch{'s' * (e > 1)}" for b, e in epochs.items())
+        scope = f"at {arm}: " + ", ".join(f"{b} × {e} epoch{'s' * (e > 1)}" for b, e in epochs.items())
         paper = "global batch 64 / 128 / 256, square-root learning-rate scaling from 128, 3 seeds (part batch)"
         arm_runs = {b: [r for r in batch_runs if _batch_of(r) == b and r["epochs"] == e] for b, e in epochs.items()}
         ref = by_seed(arm_runs[128], "hypersolid").get(BATCH_METRIC, {})
