@@ -80,6 +80,11 @@ def _batch_of(run: dict[str, Any]) -> int | None:
     return int(sizes[0]) if sizes else None
 
 
+def _arm_runs(batch_runs: Sequence[dict[str, Any]], epochs: dict[int, int]) -> dict[int, list[dict[str, Any]]]:
+    """One arm's runs by global batch: those of each size trained for that size's epochs."""
+    return {b: [r for r in batch_runs if _batch_of(r) == b and r["epochs"] == e] for b, e in epochs.items()}
+
+
 def batch_rows(batch_runs: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     """The batch claim in each arm: 128 against the other sizes on kNN@5, paired by seed."""
     rows = []
@@ -87,7 +92,7 @@ def batch_rows(batch_runs: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
         claim = f"{BATCH_CLAIM} ({arm})"
         scope = f"at {arm}: " + ", ".join(f"{b} × {e} epoch{'s' * (e > 1)}" for b, e in epochs.items())
         paper = "global batch 64 / 128 / 256, square-root learning-rate scaling from 128, 3 seeds (part batch)"
-        arm_runs = {b: [r for r in batch_runs if _batch_of(r) == b and r["epochs"] == e] for b, e in epochs.items()}
+        arm_runs = _arm_runs(batch_runs, epochs)
         ref = by_seed(arm_runs[128], "hypersolid").get(BATCH_METRIC, {})
         others = {f"batch {b}": by_seed(arm_runs[b], "hypersolid").get(BATCH_METRIC, {}) for b in epochs if b != 128}
         # One family per arm: the two comparisons with 128, Holm over them (keyed by the other size).
@@ -112,8 +117,8 @@ def batch_table(batch_runs: Sequence[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for arm, epochs in ARMS.items():
-        for b, e in epochs.items():
-            runs = [r for r in batch_runs if _batch_of(r) == b and r["epochs"] == e]
+        for b, runs in _arm_runs(batch_runs, epochs).items():
+            e = epochs[b]
             knn = list(by_seed(runs, "hypersolid").get(BATCH_METRIC, {}).values())
             steps = sorted({r["final_step"] for r in runs if "final_step" in r})
             cell = fmt_interval(t_interval(knn)) if knn else "not run yet"
