@@ -51,8 +51,13 @@ def test_report_writes_and_checks_a_section(tmp_path):
     floor = next(line for line in block.splitlines() if line.startswith("| random init |"))
     assert floor.count("| – ") == len(README_METRICS)
     assert "\n**Replication study, at its scope**: Fashion-MNIST (10 classes)" in summary
+    # The claims about Hypersolid's own settings are on a line of their own, each with its own budget (not the
+    # table's): none of them is said to be judged "here".
     cannot = next(line for line in block.splitlines() if line.startswith("* **Cannot be judged here**"))
-    assert "Batch 128 is the best global batch" in cannot
+    own = next(line for line in block.splitlines() if line.startswith("* **Hypersolid's own settings**"))
+    assert "Batch 128" not in cannot and "L2" not in cannot
+    assert "Batch 128 is the best global batch (equal steps) — not testable at equal steps: 64 × 1 epoch" in own
+    assert "The weak L2 term lowers anisotropy and raises sparsity — not testable after 20 epochs" in own
     familywise = next(line for line in block.splitlines() if line.startswith("* **Family-wise**"))
     assert "K-Means" in familywise.split("holds:")[1]  # 0.05 below on 3 seeds survives the correction
     assert "SimCLR (best by kNN@5 of the baselines run here: SimCLR, SwAV, Barlow Twins)" in block

@@ -1,8 +1,9 @@
 """The README's summary of the replication study (between its markers; report.py writes it): at most 15
 lines, so that a reader takes it in at a glance: the scope in one line, one table at the longest budget that
 has judged a claim (two paired seeds or more; Hypersolid, the best baseline there and the random-init floor),
-and three lines, what holds, what does not and what cannot be judged here, at that budget. Every verdict list
-and every other scope is in docs/replication.md; nothing here repeats it.
+three lines, what holds, what does not and what cannot be judged here, at that budget, one for the claims about
+Hypersolid's own settings (each at its own budget) and one for the family-wise verdicts. Every verdict list and
+every other scope is in docs/replication.md; nothing here repeats it.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ def readme_block(
         ("random init", floor),
     ):
         lines.append(f"| {name} | " + " | ".join(_cell(values.get(k), "–") for k, _ in README_METRICS) + " |")
-    # The scope's claims, and those about Hypersolid's own settings (judged between its own runs, each at its budget).
-    mine = [r for r in rows if r["scope"] == scope.label or r["short"] == OWN_SETTINGS]
+    # The scope's claims; those about Hypersolid's own settings (judged between its own runs, each at its own
+    # budget, not the table's) get a line of their own that names each one's budget.
+    mine = [r for r in rows if r["scope"] == scope.label]
+    own = [r for r in rows if r["short"] == OWN_SETTINGS]
     said = {
         "Holds": [r for r in mine if r["verdict"] == "holds here"],
         "Does not hold": [r for r in mine if r["verdict"] == "does not hold here"],
@@ -99,7 +102,13 @@ def readme_block(
         lines.append(f"* **{head}**{why}: " + ("; ".join(_said(r) for r in rs) or "none") + ".")
     if inconclusive:
         lines[-1] += " Inconclusive at this budget: " + "; ".join(_short(r["claim"]) for r in inconclusive) + "."
-    judged = [r for r in mine if r["verdict"] != "not testable here" and r["short"] != OWN_SETTINGS]
+    if own:
+        lines.append(
+            f"* **{OWN_SETTINGS}** (its runs against each other, each at its own budget): "
+            + "; ".join(f"{_said(r)} — {r['scoped']}" for r in own)
+            + "."
+        )
+    judged = [r for r in mine if r["verdict"] != "not testable here"]
     fw_holds = [_short(r["claim"]) for r in judged if r["familywise"] == "holds here"]
     fw_not = [_short(r["claim"]) for r in judged if r["familywise"] == "does not hold here"]
     families = len({r["family"] for r in judged})
