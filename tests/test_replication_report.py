@@ -242,9 +242,9 @@ def test_the_hdbscan_diagnosis_section_shows_what_hdbscan_did(tmp_path):
                     "min_samples": mcs,
                     "n_clusters": clusters,
                     "noise_fraction": noise,
-                    "largest_fraction": 0.5,
+                    "largest_fraction": 0.8 if clusters == 3 else 0.5,  # Hypersolid: one cluster holds most
                     "nmi": 0.3,
-                    "ami": 0.2,
+                    "ami": 0.3 if clusters == 12 else 0.2,  # SwAV's the highest
                     "ari": 0.1,
                     "sizes": [250, 40],
                     "sizes_rest": 3,
@@ -267,6 +267,15 @@ def test_the_hdbscan_diagnosis_section_shows_what_hdbscan_did(tmp_path):
     assert "| backbone | random init | 6.500 [0.147, 12.85] (n = 2) |" in body and "| projector | SwAV | 12" in body
     assert "| features | method | mcs 10 |" in body  # the sweep's settings only
     assert "| backbone centred | Hypersolid | 3.0 / 0.20 / 0.200 |" in body
+    # What the paper's setting shows, in words, from the table's means.
+    assert (
+        "backbone features: fewer clusters than the 10 classes: Hypersolid, random init (Hypersolid 3.0, random "
+        "init 6.5, SwAV 12.0); one cluster holds more than half of the subsample for Hypersolid; the highest AMI is "
+        "SwAV's (0.300)"
+    ) in body
+    seed0, _ = diagnosis.diagnosis_lines(runs[:3], tmp_path / "d.md", lambda p: p.name)
+    one = "backbone features (one seed so far: Hypersolid, random init, SwAV): fewer clusters than the 10 classes"
+    assert one in "\n".join(seed0)
     assert "[d.md](d.md)" in body and text.count("| cpu-") == 2 * 3 * 2 * 3  # runs x kinds x rows
     assert "| 250, 40 + 3 |" in text
 

@@ -4,7 +4,7 @@ AMI the claims are judged on: the number of clusters, the noise share and the la
 
 The setting closest to the paper's: 50 images per class (ImageNet-1k's validation split), the backbone's raw
 features, Euclidean distance, excess-of-mass selection, min_cluster_size 5 and min_samples 5 (the ``hdbscan``
-package's defaults; the paper states none of them).
+package's defaults; the paper states none of them). The section says in words what its table shows there.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.replication.claims import METHOD_NAMES
+from benchmarks.replication.claims import METHOD_NAMES, N_CLASSES
 from benchmarks.replication.formatting import fmt_interval
 from benchmarks.replication.stats import t_interval
 
@@ -89,8 +89,8 @@ def diagnosis_lines(runs: Sequence[dict[str, Any]], appendix: Path, link: Any) -
         for label, per in values[kind].items():
             vals = per.get(paper, {})
             out.append(f"| {kind} | {label} | " + " | ".join(_cell(vals.get(s)) for s, _ in SHOWN) + " |")
+    out += ["", _reading(values, paper), ""]
     out += [
-        "",
         (
             "Over min_cluster_size (min_samples equal to it), 200 images per class, cosine distance, excess of mass: "
             "clusters / noise share / AMI, mean over seeds."
@@ -119,6 +119,39 @@ def diagnosis_lines(runs: Sequence[dict[str, Any]], appendix: Path, link: Any) -
                 out.append(f"| {kind} {norm} | {label} | " + " | ".join(cells) + " |")
     out += ["", f"Every setting, with the cluster sizes: [{appendix.name}]({link(appendix)}).", ""]
     return out, _appendix(diagnosed)
+
+
+def _mean(vals: list[float]) -> float:
+    return sum(vals) / len(vals)
+
+
+def _reading(
+    values: dict[str, dict[str, dict[tuple[Any, ...], dict[str, list[float]]]]], paper: tuple[Any, ...]
+) -> str:
+    """What the table above shows, in words, from its means: how each method's cluster count stands against the
+    classes, whether one cluster holds most of the subsample (classes merged), and whose AMI is highest."""
+    said = []
+    for kind in KINDS:
+        at = {label: per[paper] for label, per in values[kind].items() if paper in per}
+        if not at:
+            continue
+        counts = ", ".join(f"{label} {_mean(v['n_clusters']):.1f}" for label, v in at.items())
+        fewer = [label for label, v in at.items() if _mean(v["n_clusters"]) < N_CLASSES]
+        if len(fewer) == len(at):
+            against = f"every method finds fewer clusters than the {N_CLASSES} classes ({counts})"
+        else:
+            against = f"fewer clusters than the {N_CLASSES} classes: {', '.join(fewer) or 'none'} ({counts})"
+        merged = [label for label, v in at.items() if _mean(v["largest_fraction"]) > 0.5]
+        ami = {label: round(_mean(v["ami"]), 3) for label, v in at.items()}
+        top = [label for label, a in ami.items() if a == max(ami.values())]  # ties named together
+        one = [label for label, v in at.items() if len(v["ami"]) < 2]
+        seeds = f" (one seed so far: {', '.join(one)})" if one else ""
+        said.append(
+            f"{kind} features{seeds}: {against}; one cluster "
+            f"holds more than half of the subsample for {', '.join(merged) or 'none'}; the highest AMI is "
+            f"{' and '.join(top)}'s ({max(ami.values()):.3f})"
+        )
+    return "What it shows, in means over seeds: " + "; ".join(said) + "."
 
 
 def _appendix(runs: Sequence[dict[str, Any]]) -> str:
