@@ -302,6 +302,19 @@ def test_the_100_epoch_part_judges_each_stage_once_two_seeds_reach_it():
     rows = judging.verdicts([fifty, hundred])
     km = [r["verdict"] for r in rows if r["claim"] == KMEANS]
     assert km == ["holds here", "not testable here"]  # SimCLR 0.05 below at both paired seeds
-    text = "\n".join(curve100.curve100_lines(runs, tuned))
+    # Amendment 4: each run's epoch 20 beside the 20-epoch run of its settings and seed (here seed 0 of Hypersolid,
+    # equal but for one metric).
+    twin = next(r for r in runs if r["method"] == "hypersolid" and r["seed"] == 0)
+    at20 = {**twin["per_epoch"][0], f"{BB}kmeans.ami": -1.0}
+    long = [{**twin, "run": "cpu-long-hypersolid-alpha0.9-s0", "part": "long", "per_epoch": [at20]}]
+    n = sum(k.startswith("protocol.") for k in at20)
+    assert curve100.same_as_long(runs, long) == [
+        f"{twin['run']} equals cpu-long-hypersolid-alpha0.9-s0's epoch 20 on {n - 1} of {n} metrics"
+    ]
+    assert "amendment 4 diagnoses these checkpoints in their stead): no run has reached it yet." in "\n".join(
+        curve100.curve100_lines(runs, tuned)
+    )
+    text = "\n".join(curve100.curve100_lines(runs, tuned, long))
+    assert f"in their stead): {twin['run']} equals cpu-long-hypersolid-alpha0.9-s0's epoch 20 on {n - 1} of" in text
     assert "* Hypersolid α 0.9 (the paper's, also the tuned one): 3 at epoch 20, 2 at epoch 50, 0 at epoch 100" in text
     assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| SimCLR")] == ["20", "50"]

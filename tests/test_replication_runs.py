@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,15 +129,12 @@ def test_tuned_values_follow_held_out_knn() -> None:
     assert len(long) == 12 and {r.method for r in long[6:]} == {"swav", "barlowtwins"}
     assert all(r.overrides == () and r.eval_epochs == (1, 2, 5, 10, 20) for r in long[6:])  # at their defaults
     # Amendment 3, in order after the 20-epoch runs: the short runs (the random inits' diagnosis, the batch arms),
-    # lambda 0 at the tuned alpha, the 20-epoch baselines, the 20-epoch runs' diagnosis, the 100-epoch curve.
+    # lambda 0 at the tuned alpha, the 20-epoch baselines, the 100-epoch curve; amendment 4 diagnoses the 20-epoch
+    # Hypersolid and SimCLR settings at the curve's epoch 20 instead of retraining them (part diag: the floor only).
     order = [part for part, _ in itertools.groupby(r.part for r in plan("cpu", results=results))]
-    assert order[-7:] == ["long", "diag", "batch", "l2", "long", "diag", "curve100"]
+    assert order[-6:] == ["long", "diag", "batch", "l2", "long", "curve100"]
     diag = [r for r in plan("cpu", results=results) if r.part == "diag"]
-    # The 20-epoch runs of part long retrained for the diagnosis: the same settings, no protocol evaluation.
-    assert [(r.name, r.overrides, r.epochs, r.diagnose_only) for r in diag[5:7]] == [
-        ("cpu-diag-long-hypersolid-alpha0.75-s0", ("method.hypersolid.alpha=0.75",), 20, True),
-        ("cpu-diag-long-simclr-temperature0.05-s0", ("method.simclr.temperature=0.05",), 20, True),
-    ]
+    assert [r.name for r in diag] == [f"cpu-diag-random-s{s}" for s in range(5)]
     l2 = [r for r in plan("cpu", results=results) if r.part == "l2"]
     assert [r.overrides for r in l2] == [("method.hypersolid.alpha=0.75", "method.hypersolid.norm_weight=0")] * 3
     batch = [r for r in plan("cpu", results=results) if r.part == "batch"]
@@ -145,9 +143,12 @@ def test_tuned_values_follow_held_out_knn() -> None:
     assert arms == {(f"data.global_batch_size={b}", e) for b, e in ((64, 2), (128, 2), (256, 2), (64, 1), (256, 4))}
     assert len(batch) == 15 and all(r.overrides[1:] == planmod.BATCH_LR for r in batch)
     curve = [r for r in plan("cpu", results=results) if r.part == "curve100"]
-    assert [(r.method, r.epochs, r.eval_epochs) for r in curve[:2]] == [
-        ("hypersolid", 100, (20, 50, 100)),
-        ("simclr", 100, (20, 50, 100)),
+    assert [(r.method, r.epochs, r.eval_epochs, r.diagnose_epochs) for r in curve[:2]] == [
+        ("hypersolid", 100, (20, 50, 100), (20,)),
+        ("simclr", 100, (20, 50, 100), (20,)),
+    ]
+    assert [(r.name, r.overrides) for r in curve[:2]] == [
+        (r.name.replace("long", "curve100"), r.overrides) for r in long[:2]
     ]
     assert len(curve) == 6
     budget = [r for r in plan("cpu", results=results) if r.part == "budget"]
@@ -160,6 +161,46 @@ def test_tuned_values_follow_held_out_knn() -> None:
     # Tuned alpha = the paper's: one Hypersolid setting, not two copies of it.
     knn["method.hypersolid.alpha=0.9"] = 90.0
     assert planmod.budget_settings(_tune_results(knn)) == [("hypersolid", 0.9), ("simclr", 0.2)]
+
+
+@pytest.mark.parametrize("method", ["hypersolid", "simclr"])
+def test_the_100_epoch_runs_first_epochs_are_the_20_epoch_runs(method: str, tmp_path: Path) -> None:
+    """Amendment 4: the HDBSCAN diagnosis of the 20-epoch settings reads the 100-epoch run's epoch-20 checkpoint,
+    because nothing in a run depends on its number of epochs (the learning rate is constant). Quick copies of the
+    planned pair of one seed, one epoch against two: the checkpoints at the end of epoch 1 are bit-identical
+    (weights, optimizer, RNG, loader); the paused longer run's evaluations include the diagnosis of that epoch."""
+    import torch
+    from test_torchrun_restart import _assert_bitwise
+
+    from benchmarks.replication.commands import eval_tasks
+
+    runs = plan("cpu", results=planmod.load_results())
+    short, longer = (
+        next(r for r in runs if r.part == p and r.method == method and r.seed == 0) for p in ("long", "curve100")
+    )
+    assert (short.config, short.overrides, short.epochs) == (longer.config, longer.overrides, longer.diagnose_epochs[0])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    ckpts = {}
+    for name, run, epochs in (("short", short, 1), ("longer", longer, 2)):
+        quick = replace(run, epochs=epochs).train_overrides("cpu", quick=True)
+        train = ["launch/train.py", "--config", run.config, f"run_dir={tmp_path / name / 'run'}", *quick]
+        done = run_python(train, env=env, cwd=ROOT)
+        assert done.returncode == 0, done.stdout + done.stderr
+        ckpts[name] = torch.load(tmp_path / name / "run" / "checkpoints" / "step_00000004.pt", weights_only=False)
+    assert ckpts["short"]["loader"]["batches_done"] == 4  # the end of epoch 1 (4 quick steps)
+    # The configs differ in the number of epochs and the folder only (the config's fingerprint, compared below with
+    # the rest, leaves out both).
+    configs = [ckpts[n].pop("config") for n in ("short", "longer")]
+    differ = {k for k in configs[0] if configs[0][k] != configs[1][k]}
+    assert differ == {"epochs", "run_dir"}, differ
+    _assert_bitwise(ckpts["longer"], ckpts["short"], "checkpoint")
+    staged = replace(longer, epochs=2, eval_epochs=(1, 2), pause_epochs=(1,), diagnose_epochs=(1,))
+    for upto, final in ((1, 4), (None, 8)):  # paused at epoch 1, then finished
+        tasks, missing = eval_tasks(staged, tmp_path / "longer", final, upto, ["--suite", "knn"], "py", "cpu", True)
+        got = [(t.protocol, t.step, t.epoch) for t in tasks]
+        assert got[-2:] == [("hdbscan_grid.backbone", 4, 1), ("hdbscan_grid.projector", 4, 1)], got
+        assert [g for g in got if g[0] == "knn"] == [("knn", 4 * e, e) for e in (1, 2)[: 2 if upto is None else 1]]
+        assert missing == []
 
 
 def test_quick_plan_is_one_run_of_two_methods() -> None:
@@ -204,6 +245,8 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     assert state[staged]["trained_to_epoch"] == 1 and state[staged]["train"] == "done"
     assert curve["train_s_attempts"] > curve["train_s_total"] and curve["final_step"] == 8
     assert curve["resumed_from_step"] >= 4  # the second stage from the checkpoint the pause's SIGTERM left
+    # Amendment 4: its diagnosed epoch (quick: the first, where it paused) has the HDBSCAN grid of both kinds.
+    assert {k: v["step"] for k, v in curve["hdbscan_grid"].items()} == {"backbone": 4, "projector": 4}
     # (A training resumed after a kill, its seconds and epoch statistics summed over the attempts: the study
     # engine's, tested once, by test_compare's stopped comparison.)
     assert all(0 <= r["noise_fraction"] <= 1 and sum(r["sizes"]) + r["sizes_rest"] <= r["n"] for r in rows)

@@ -42,7 +42,8 @@ def eval_tasks(
     steps at epoch ends (steps per epoch = final step / epochs: the plan trains whole epochs), every epoch for a
     curve, else the last; a staged training paused at epoch ``upto``: the eval_epochs up to it. The full
     protocol (``full_args``) at the end and the quarter point of a curve, CURVE_EVAL_ARGS between; the HDBSCAN
-    diagnosis (DIAG_EVAL_ARGS) of the final checkpoint of a run that asks for it."""
+    diagnosis (DIAG_EVAL_ARGS) of the final checkpoint of a run that asks for it, and of the ends of its
+    ``diagnose_epochs`` (those reached, when paused)."""
     per_epoch = final // (upto or run.epochs)
     ckpts = checkpoints(home / "run")
     epochs = range(1, run.epochs + 1) if run.curve else run.eval_epochs or [run.epochs]
@@ -68,12 +69,14 @@ def eval_tasks(
         out = home / "eval" / f"step_{step:08d}_{protocol.replace(',', '+')}"
         cmd = eval_command(py, ckpts[step], out, device, args, quick)
         tasks.append(Evaluation(out.name, tuple(cmd), out, step, epoch, protocol))
+    diagnosed = [(e, e * per_epoch) for e in run.diagnose_epochs if upto is None or e <= upto]
     if (run.diagnose or run.diagnose_only) and upto is None:
-        step = 0 if run.random_init else final
+        diagnosed.append((0, 0 if run.random_init else final))
+    for epoch, step in diagnosed:
         if step not in ckpts:
             missing.append(f"no checkpoint for the diagnosis (step {step})")
         for kind in DIAG_FEATURES if step in ckpts else ():
             out = home / "eval" / f"step_{step:08d}_hdbscan_grid_{kind}"
             cmd = eval_command(py, ckpts[step], out, device, [*DIAG_EVAL_ARGS, "--features", kind], quick)
-            tasks.append(Evaluation(out.name, tuple(cmd), out, step, 0, f"hdbscan_grid.{kind}"))
+            tasks.append(Evaluation(out.name, tuple(cmd), out, step, epoch, f"hdbscan_grid.{kind}"))
     return tasks, missing

@@ -1,7 +1,8 @@
 """The report's 100-epoch part (plan part ``curve100``, amendment 3 of docs/replication.md): Hypersolid and SimCLR
 at their tuned values, 3 seeds, the protocol after epochs 20, 50 and 100, trained in two stages (every run to 50
 first). Its rows and the scopes at which the claims are judged from it (after 50 and after 100 epochs), each as
-soon as both methods have two seeds evaluated there.
+soon as both methods have two seeds evaluated there; and its epoch 20 against the 20-epoch runs of part ``long``
+(the same settings and seeds: amendment 4 diagnoses these weights in their stead).
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.replication.judging import Scope, compare
+from benchmarks.replication.judging import Scope, compare, protocol_numbers
 from benchmarks.replication.long_run import LONG_METHODS, LONG_METRICS, _mine
-from benchmarks.replication.plan import CURVE100_EPOCHS, CURVE100_EVAL_EPOCHS, CURVE100_SEEDS
+from benchmarks.replication.plan import CURVE100_EPOCHS, CURVE100_EVAL_EPOCHS, CURVE100_SEEDS, LONG_EPOCHS
 from benchmarks.replication.sections import DATASET, IMAGES_PER_EPOCH, _at_epoch, budget_label, epoch_row, views_of
 
 JUDGED_AT = (50, CURVE100_EPOCHS)
@@ -40,8 +41,28 @@ def curve100_scopes(runs: Sequence[dict[str, Any]], tuned_values: dict[str, floa
     return out
 
 
-def curve100_lines(runs: Sequence[dict[str, Any]], tuned_values: dict[str, float | None]) -> list[str]:
-    """The part's section: what has run (seeds at each evaluated epoch) and one row per method and epoch."""
+def same_as_long(runs: Sequence[dict[str, Any]], long: Sequence[dict[str, Any]]) -> list[str]:
+    """Each 100-epoch run's epoch-20 evaluation against the 20-epoch run of its method, settings and seed (part
+    ``long``): "<run> equals <long run>'s epoch 20 on N of M metrics" (M: the 20-epoch run's protocol metrics)."""
+    said = []
+    at = _at_epoch(LONG_EPOCHS)
+    for r in runs:
+        key = (r["method"], r["seed"], r["overrides"])
+        for twin in (t for t in long if (t["method"], t["seed"], t["overrides"]) == key):
+            ours, theirs = at(r), at(twin)
+            if ours is None or theirs is None:
+                continue
+            mine, other = protocol_numbers(ours), protocol_numbers(theirs)
+            same = sum(mine.get(k) == v for k, v in other.items())
+            said.append(f"{r['run']} equals {twin['run']}'s epoch {LONG_EPOCHS} on {same} of {len(other)} metrics")
+    return said
+
+
+def curve100_lines(
+    runs: Sequence[dict[str, Any]], tuned_values: dict[str, float | None], long: Sequence[dict[str, Any]] = ()
+) -> list[str]:
+    """The part's section: what has run (seeds at each evaluated epoch), each run's epoch 20 against part ``long``'s
+    run of its settings and seed, and one row per method and epoch."""
     out = [
         f"### CPU group: {CURVE100_EPOCHS} epochs",
         "",
@@ -66,6 +87,15 @@ def curve100_lines(runs: Sequence[dict[str, Any]], tuned_values: dict[str, float
             for e in CURVE100_EVAL_EPOCHS
             if v is not None and reached[e]
         ]
+    same = same_as_long(runs, long)
+    out += [
+        "",
+        (
+            f"Epoch {LONG_EPOCHS} against the {LONG_EPOCHS}-epoch runs of the same settings and seeds (the learning "
+            f"rate is constant: the first {LONG_EPOCHS} epochs are those runs, step for step; amendment 4 diagnoses "
+            f"these checkpoints in their stead): " + ("; ".join(same) if same else "no run has reached it yet") + "."
+        ),
+    ]
     if rows:
         out += ["", "| setting | epoch | " + " | ".join(lb for _, lb in LONG_METRICS) + " |"]
         out += ["|---|---|" + "---|" * len(LONG_METRICS), *rows]

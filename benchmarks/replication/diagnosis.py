@@ -1,6 +1,7 @@
-"""The report's HDBSCAN diagnosis (amendment 3 of docs/replication.md): what HDBSCAN did at each setting on the
-20-epoch checkpoints and the random inits (the runs' ``hdbscan_grid`` rows, eval/hdbscan_grid.py), beside the
-AMI the claims are judged on: the number of clusters, the noise share and the largest cluster's share.
+"""The report's HDBSCAN diagnosis (amendments 3 and 4 of docs/replication.md): what HDBSCAN did at each setting on
+the 20-epoch checkpoints (Hypersolid's and SimCLR's: the 100-epoch runs' epoch 20) and the random inits (the runs'
+``hdbscan_grid`` rows, eval/hdbscan_grid.py), beside the AMI the claims are judged on: the number of clusters, the
+noise share and the largest cluster's share.
 
 The setting closest to the paper's: 50 images per class (ImageNet-1k's validation split), the backbone's raw
 features, Euclidean distance, excess-of-mass selection, min_cluster_size 5 and min_samples 5 (the ``hdbscan``
@@ -65,8 +66,8 @@ def diagnosis_lines(runs: Sequence[dict[str, Any]], appendix: Path, link: Any) -
     if not diagnosed:
         out += [
             (
-                "Not run yet: part `diag` of the plan (the random inits and the 20-epoch runs retrained) and the "
-                "final checkpoints of parts `l2` and `long`'s baselines get the hdbscan_grid suite."
+                "Not run yet: part `diag` of the plan (the random inits), the final checkpoints of parts `l2` and "
+                "`long`'s baselines and the epoch-20 checkpoints of part `curve100` get the hdbscan_grid suite."
             ),
             "",
         ]

@@ -22,14 +22,15 @@ Groups:
   run that a moved tuned value adds to (f). Amendment 3 adds, in this order: (h) ``l2``: Hypersolid at the
   tuned alpha with lambda 0, 20 epochs, seeds 0-2 (the L2 claim's other arm); (i) ``long`` grows SwAV and
   Barlow Twins at their defaults, 20 epochs, seeds 0-2 ((h) and (i) with the HDBSCAN diagnosis of their final
-  checkpoint); ``diag``: the diagnosis of the random inits (seeds 0-4) and of the 20-epoch Hypersolid and SimCLR
-  runs of (g), retrained (their checkpoints are not kept; the runs are seeded); (j) ``batch``: global batch
+  checkpoint); ``diag``: the diagnosis of the random inits (seeds 0-4); (j) ``batch``: global batch
   64 / 128 / 256 at equal epochs (2 each) and at equal steps (~936: 1, 2 and 4 epochs), square-root
   learning-rate scaling from 128, seeds 0-2; (k) ``curve100``: Hypersolid and SimCLR at their tuned values,
-  100 epochs, the protocol after epochs 20, 50 and 100, seeds 0-2, in two stages: all six to epoch 50 first.
-  Amendment 3's runs go in this order: the random inits' diagnosis and (j) (short enough to finish before a
-  machine restart, which lost the checkpoints while the scratch folder's default was under /tmp), (h), (i), the
-  20-epoch runs' diagnosis, (k).
+  100 epochs, the protocol after epochs 20, 50 and 100, seeds 0-2, in two stages: all six to epoch 50 first;
+  the HDBSCAN diagnosis of (g)'s settings at their epoch 20 (amendment 4: (g)'s checkpoints were not kept, and
+  at a constant learning rate the first 20 of 100 epochs are the 20-epoch run, step for step; amendment 3
+  planned them retrained as six 20-epoch ``diag`` runs). Amendment 3's runs go in this order: the random inits'
+  diagnosis and (j) (short enough to finish before a machine restart, which lost the checkpoints while the
+  scratch folder's default was under /tmp), (h), (i), (k).
 * ``gpu``: (a) ``curve``: 20-epoch learning curves of the 4 methods, every epoch evaluated (the 5-epoch
   numbers are read off these curves); (b) ``tune``: equal tuning budgets, 3 values of each method's main
   knob, judged on a held-out slice of the training split, never on the test split; (c) ``alpha``: the
@@ -178,7 +179,8 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
     """(h)-(k), each part seed-major; the parts that train at the tuned values wait for the tuning. The runs short
     enough to finish before the machine restarts (a restart lost the checkpoints while the scratch folder's default
     was under /tmp, and a 20-epoch run beside other work takes longer than the machine stays up) come first: the
-    random inits' diagnosis and the batch arms (1-4 epochs); then the 20-epoch runs, then the 100-epoch curve."""
+    random inits' diagnosis and the batch arms (1-4 epochs); then the 20-epoch runs, then the 100-epoch curve, whose
+    epoch-20 checkpoints get the diagnosis of (g)'s settings (amendment 4)."""
     alpha, temp = tuned("hypersolid", results), tuned("simclr", results)
     l2: list[Run] = []
     if alpha is not None:
@@ -214,7 +216,9 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
         for s in range(LONG_SEEDS)
         for m in LONG_BASELINES
     ]
-    # The diagnosis of what (g) and the floor trained: the same commands again (seeded), the grid only.
+    # The diagnosis of the floor: the same commands again (seeded), the grid only. What (g) trained is diagnosed at
+    # the 100-epoch curve's epoch 20 (amendment 4: the same weights; the constant learning rate does not depend on
+    # the number of epochs).
     diag_random = [
         Run(
             f"cpu-diag-random-s{s}",
@@ -229,12 +233,6 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
             diagnose_only=True,
         )
         for s in range(RANDOM_SEEDS)
-    ]
-    diag_long = [
-        replace(
-            r, name=r.name.replace("cpu-long-", "cpu-diag-long-", 1), part="diag", eval_epochs=(), diagnose_only=True
-        )
-        for r in long_runs(results)
     ]
     # Equal epochs: every size for BATCH_EPOCHS; equal steps: the sizes other than 128 for as many steps as 128's.
     arms = [(b, BATCH_EPOCHS, "epochs") for b in BATCH_SIZES]
@@ -253,7 +251,7 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
         for s in range(BATCH_SEEDS)
         for b, e, arm in arms
     ]
-    out = [*diag_random, *batch, *l2, *baselines, *diag_long]
+    out = [*diag_random, *batch, *l2, *baselines]
     if alpha is not None and temp is not None:
         out += [
             Run(
@@ -267,6 +265,7 @@ def amendment3_runs(results: dict[str, dict[str, Any]]) -> list[Run]:
                 CURVE100_EPOCHS,
                 eval_epochs=CURVE100_EVAL_EPOCHS,
                 pause_epochs=CURVE100_PAUSE,
+                diagnose_epochs=(LONG_EPOCHS,),
             )
             for s in range(CURVE100_SEEDS)
             for m, v in (("hypersolid", alpha), ("simclr", temp))
@@ -365,9 +364,16 @@ def plan(
 
 def quick_run(run: Run) -> Run:
     """One epoch of QUICK's 4 steps, a step evaluation (if any) at its checkpoint every 2 steps; a run with
-    epoch evaluations keeps two epochs (both evaluated)."""
-    if run.eval_epochs:  # a staged run pauses after its first epoch
-        return replace(run, epochs=2, eval_epochs=(1, 2), pause_epochs=(1,) if run.pause_epochs else ())
+    epoch evaluations keeps two epochs (both evaluated), a staged one pauses after the first, and a diagnosed
+    epoch becomes the first."""
+    if run.eval_epochs:
+        return replace(
+            run,
+            epochs=2,
+            eval_epochs=(1, 2),
+            pause_epochs=(1,) if run.pause_epochs else (),
+            diagnose_epochs=(1,) if run.diagnose_epochs else (),
+        )
     return replace(run, epochs=1, eval_every_steps=2 if run.eval_every_steps else 0)
 
 

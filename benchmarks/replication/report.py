@@ -178,7 +178,7 @@ def render(
     rows = [*verdicts(scopes), *ablation_rows(cpu_all, tuned_values["hypersolid"])]
     diag_appendix = fig_dir / "hdbscan_diagnosis.md"
     diag_lines, diag_text = diagnosis_lines(
-        [*part["diag"], *part["long"], *part["l2"]], diag_appendix, lambda path: _rel(path, doc_dir)
+        [*part["diag"], *part["long"], *part["l2"], *part["curve100"]], diag_appendix, lambda path: _rel(path, doc_dir)
     )
     skipped_file = results / "gpu" / "_skipped.json"
     if skipped_file.exists():
@@ -204,7 +204,7 @@ def render(
             *budget_lines(part["budget"], settings, first_tuned, floor),
             *long_lines(part["long"], tuned_values, figs_long, lambda path: _rel(path, doc_dir)),
             *diag_lines,
-            *curve100_lines(part["curve100"], tuned_values),
+            *curve100_lines(part["curve100"], tuned_values, part["long"]),
             *steps_lines(steps, cpu),
             *gpu_lines,
             *sweep_lines(gpu_rest),

@@ -117,11 +117,11 @@ class Replication:
         return None
 
     def keep_checkpoints(self, run: Run, steps_per_epoch: int) -> set[int] | None:
-        """A run evaluated at chosen epochs (Run.eval_epochs) keeps those epochs' ends and its pauses' (and the
-        engine keeps the newest two); the trainer keeps them all (checkpoint.keep_last=0)."""
+        """A run evaluated at chosen epochs (Run.eval_epochs) keeps those epochs' ends, its diagnosed epochs' and its
+        pauses' (and the engine keeps the newest two); the trainer keeps them all (checkpoint.keep_last=0)."""
         if not run.eval_epochs or run.curve or run.eval_every_steps:
             return None
-        return {e * steps_per_epoch for e in (*run.eval_epochs, *run.pause_epochs, run.epochs)}
+        return {e * steps_per_epoch for e in (*run.eval_epochs, *run.diagnose_epochs, *run.pause_epochs, run.epochs)}
 
     def finished(self, progress: RunProgress) -> None:
         result = run_result(progress, self.run_dir(progress.run), self.facts)

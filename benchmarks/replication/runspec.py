@@ -53,10 +53,12 @@ class Run:
     # a checkpoint with the run's config, then replaced by the initial weights (random_init.py).
     random_init: bool = False
     # Amendment 3's HDBSCAN diagnosis: the final checkpoint also gets the hdbscan_grid suite on the backbone and
-    # the projector features (DIAG_EVAL_ARGS); ``diagnose_only``: that and nothing else (a retraining of a run
-    # whose protocol results are committed under its own name, or a random init).
+    # the projector features (DIAG_EVAL_ARGS); ``diagnose_only``: that and nothing else (the random inits).
     diagnose: bool = False
     diagnose_only: bool = False
+    # The HDBSCAN diagnosis of the checkpoints at the end of these epochs too (amendment 4: the 100-epoch curve's
+    # epoch 20, the same weights as a 20-epoch run of its settings and seed under the constant learning rate).
+    diagnose_epochs: tuple[int, ...] = ()
     # Train in stages: stop (SIGTERM, a checkpoint) at the end of each of these epochs, evaluate the eval_epochs
     # reached, write the result so far ("complete": false), and resume after every other run has reached the same
     # stage (the 100-epoch curve: every seed at 50 epochs before any goes on to 100).
