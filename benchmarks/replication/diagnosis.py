@@ -139,7 +139,7 @@ def _reading(
         counts = ", ".join(f"{label} {_mean(v['n_clusters']):.1f}" for label, v in at.items())
         fewer = [label for label, v in at.items() if _mean(v["n_clusters"]) < N_CLASSES]
         if len(fewer) == len(at):
-            against = f"every method finds fewer clusters than the {N_CLASSES} classes ({counts})"
+            against = f"all find fewer clusters than the {N_CLASSES} classes ({counts})"
         else:
             against = f"fewer clusters than the {N_CLASSES} classes: {', '.join(fewer) or 'none'} ({counts})"
         merged = [label for label, v in at.items() if _mean(v["largest_fraction"]) > 0.5]
