@@ -7,8 +7,9 @@ evaluating or writing a checkpoint to a slow disk, a first compiled step), and a
 bound on every step. What is to be known is whether the peers are alive, so that is what is measured: a
 heartbeat through the store the group met through (torchrun's agent store on node 0, or rank 0's under srun, at
 MASTER_ADDR:MASTER_PORT). Each rank's daemon thread writes its own counter there every ``peer_timeout_s / 5``
-and reads everybody's in the same round trip; a rank whose counter has not moved for ``peer_timeout_s`` is lost,
-and so is the store when it has not answered for that long (node 0 down, or this node cut off). A second thread
+and reads everybody's in the same round trip; a rank whose counter has not moved for ``peer_timeout_s`` (as of
+the store's last answer) is lost, and so is the store when it has not answered for that long (node 0 down, or this
+node cut off): :func:`verdict`. A second thread
 judges from what the first has seen, since the store's calls can block past their own timeout on a cut link.
 Both run while the main thread waits in a collective (which releases the GIL), and a slow rank keeps beating.
 
@@ -61,6 +62,24 @@ def _ranges(ranks: list[int]) -> str:
         else:
             parts.append(str(r))
     return ", ".join(parts)
+
+
+def verdict(
+    now: float, answered: float, changed: list[float], left: list[bool], timeout: float
+) -> tuple[float, list[int]] | None:
+    """What a rank concludes at ``now`` (None: nothing lost): ``(silence, [])`` when the store has not answered for
+    over ``timeout`` s since ``answered``, else ``(silence, ranks)`` when some rank's counter (last ``changed`` at
+    those times; a rank that ``left`` on purpose is never silent) has not moved for over ``timeout``. A counter's
+    silence is known only up to the store's last answer: measured to ``now``, a store that stopped answering (this
+    node cut off) would make every peer look lost, this rank's own counter included, before the store itself did."""
+    if now - answered > timeout:
+        return now - answered, []
+    silent = [0.0 if gone else answered - t for t, gone in zip(changed, left)]
+    if max(silent) <= timeout:
+        return None
+    # The ranks of a node that died together beat at different moments: name every rank silent for over half the
+    # timeout (a live one is at most two intervals behind, 0.4 of it).
+    return max(silent), [r for r, quiet in enumerate(silent) if quiet > timeout / 2]
 
 
 class Heartbeat:
@@ -120,18 +139,15 @@ class Heartbeat:
 
     def _judge(self) -> None:
         while not self.stopped.wait(self.interval / 2):
-            now = time.monotonic()
-            if now - self.answered > self.timeout:
+            left = [value == LEFT.encode() for value in self.seen]
+            found = verdict(time.monotonic(), self.answered, self.changed, left, self.timeout)
+            if found is not None and not found[1]:
                 self._leave(
                     f"lost the rendezvous store at {self.master} (on node 0: node 0 is down, or this node is cut "
-                    f"off): no answer for {now - self.answered:.0f} s"
+                    f"off): no answer for {found[0]:.0f} s"
                 )
-            silent = [now - self.changed[r] if self.seen[r] != LEFT.encode() else 0.0 for r in range(self.world)]
-            if max(silent) > self.timeout:
-                # The ranks of a node that died together beat at different moments: name every rank silent for
-                # over half the timeout (a live one is at most two intervals behind, 0.4 of it).
-                lost = [r for r in range(self.world) if silent[r] > self.timeout / 2]
-                self._leave(f"lost {self._name(lost)}: no heartbeat for {max(silent):.0f} s")
+            elif found is not None:
+                self._leave(f"lost {self._name(found[1])}: no heartbeat for {found[0]:.0f} s")
 
     def _name(self, lost: list[int]) -> str:
         """'node 1 (host, 10.0.0.2; ranks 2-3)', or 'rank 3 of node 1 (...)' when the rest of that node is alive."""
