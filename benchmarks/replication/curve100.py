@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.replication.judging import Scope, compare, protocol_numbers
+from benchmarks.replication.judging import Scope, compare, equal_metrics
 from benchmarks.replication.long_run import LONG_METHODS, LONG_METRICS, _mine
 from benchmarks.replication.plan import CURVE100_EPOCHS, CURVE100_EVAL_EPOCHS, CURVE100_SEEDS, LONG_EPOCHS
 from benchmarks.replication.sections import DATASET, IMAGES_PER_EPOCH, _at_epoch, budget_label, epoch_row, views_of
@@ -52,9 +52,7 @@ def same_as_long(runs: Sequence[dict[str, Any]], long: Sequence[dict[str, Any]])
             ours, theirs = at(r), at(twin)
             if ours is None or theirs is None:
                 continue
-            mine, other = protocol_numbers(ours), protocol_numbers(theirs)
-            same = sum(mine.get(k) == v for k, v in other.items())
-            said.append(f"{r['run']} equals {twin['run']}'s epoch {LONG_EPOCHS} on {same} of {len(other)} metrics")
+            said.append(f"{r['run']} equals {twin['run']}'s epoch {LONG_EPOCHS} {equal_metrics(ours, theirs)}")
     return said
 
 

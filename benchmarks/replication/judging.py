@@ -48,6 +48,13 @@ def protocol_numbers(final: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def equal_metrics(ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """ "on N of M metrics": how many of evaluation ``theirs``'s protocol metrics evaluation ``ours`` equals exactly
+    (a rerun, or the same weights reached by another run)."""
+    mine, other = protocol_numbers(ours), protocol_numbers(theirs)
+    return f"on {sum(mine.get(k) == v for k, v in other.items())} of {len(other)} metrics"
+
+
 def derived(values: dict[str, float]) -> dict[str, float]:
     """``values`` with the metrics the report derives: the best DBSCAN NMI over the eps grid (of the eps
     values evaluated; a radius whose graph exceeds the edge budget is skipped by the protocol)."""

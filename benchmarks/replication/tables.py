@@ -8,7 +8,7 @@ from typing import Any
 
 from benchmarks.replication.claims import BB, FAMILY_NAMES, HDBSCAN_MCS, LEVEL, METHOD_NAMES, REFERENCE, methods_in
 from benchmarks.replication.formatting import fmt, fmt_cell, fmt_interval
-from benchmarks.replication.judging import Comparison, protocol_numbers
+from benchmarks.replication.judging import Comparison, equal_metrics
 from benchmarks.replication.stats import t_interval
 
 
@@ -218,6 +218,5 @@ def rerun(run: dict[str, Any], plain: Sequence[dict[str, Any]]) -> str | None:
     twin = next((p for p in plain if (p["method"], p["seed"]) == (run["method"], run["seed"])), None)
     if twin is None:
         return None
-    ours, theirs = protocol_numbers(run["final"]), protocol_numbers(twin["final"])
-    same = sum(ours.get(k) == v for k, v in theirs.items())
-    return f"{twin['run']}'s (the same seed, trained and evaluated separately) on {same} of {len(theirs)} metrics"
+    same = equal_metrics(run["final"], twin["final"])
+    return f"{twin['run']}'s (the same seed, trained and evaluated separately) {same}"
