@@ -318,3 +318,26 @@ def test_the_100_epoch_part_judges_each_stage_once_two_seeds_reach_it():
     assert f"in their stead): {twin['run']} equals cpu-long-hypersolid-alpha0.9-s0's epoch 20 on {n - 1} of" in text
     assert "* Hypersolid α 0.9 (the paper's, also the tuned one): 3 at epoch 20, 2 at epoch 50, 0 at epoch 100" in text
     assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| SimCLR")] == ["20", "50"]
+
+
+def test_the_readme_picks_its_best_baseline_among_those_with_two_seeds():
+    """A baseline whose first seed has just landed is not "best" on that one number against another's mean of
+    three: the README names it with its seeds, and shows the best of those compared on two seeds or more."""
+    from benchmarks.replication import readme
+
+    knn = README_METRICS[0][0]
+    runs = [r for r in fake_study({}, seeds=3) if r["method"] in ("hypersolid", "simclr", "swav")]
+    runs = [r for r in runs if r["method"] != "swav" or r["seed"] == 0]
+    for r in runs:
+        r["final"][knn] = 90.0 if r["method"] == "swav" else 80.0
+    scope = judging.Scope("20 of 20 epochs", "after 20 epochs", judging.compare(runs))
+    table = [line for line in readme.readme_block(scope, {}, [], []).splitlines() if line.startswith("| ")]
+    assert table[2].startswith(
+        "| SimCLR (the only baseline with two seeds or more at this budget; not compared yet, fewer than two "
+        "seeds: SwAV (1)) | 80 ["
+    ), table[2]
+    # With its second seed it is compared, and the best of the two.
+    runs.append({**runs[-1], "seed": 1, "run": "cpu-swav-s1"})
+    scope = judging.Scope("20 of 20 epochs", "after 20 epochs", judging.compare(runs))
+    table = [line for line in readme.readme_block(scope, {}, [], []).splitlines() if line.startswith("| ")]
+    assert table[2].startswith("| SwAV (best by kNN@5 of the baselines run here: SimCLR, SwAV) | 90 ["), table[2]
