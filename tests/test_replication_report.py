@@ -322,7 +322,8 @@ def test_the_100_epoch_part_judges_each_stage_once_two_seeds_reach_it():
 
 def test_the_readme_picks_its_best_baseline_among_those_with_two_seeds():
     """A baseline whose first seed has just landed is not "best" on that one number against another's mean of
-    three: the README names it with its seeds, and shows the best of those compared on two seeds or more."""
+    three: the README names it with its seeds, shows the best of those compared on two seeds or more, and says
+    that no claim can hold before it is compared (a claim holds against every baseline)."""
     from benchmarks.replication import readme
 
     knn = README_METRICS[0][0]
@@ -331,7 +332,9 @@ def test_the_readme_picks_its_best_baseline_among_those_with_two_seeds():
     for r in runs:
         r["final"][knn] = 90.0 if r["method"] == "swav" else 80.0
     scope = judging.Scope("20 of 20 epochs", "after 20 epochs", judging.compare(runs))
-    table = [line for line in readme.readme_block(scope, {}, [], []).splitlines() if line.startswith("| ")]
+    block = readme.readme_block(scope, {}, [], [])
+    table = [line for line in block.splitlines() if line.startswith("| ")]
+    assert "\n* **Holds**: none. None can until SwAV has two seeds.\n" in block  # a claim needs every baseline
     assert table[2].startswith(
         "| SimCLR (the only baseline with two seeds or more at this budget; not compared yet, fewer than two "
         "seeds: SwAV (1)) | 80 ["
@@ -339,5 +342,7 @@ def test_the_readme_picks_its_best_baseline_among_those_with_two_seeds():
     # With its second seed it is compared, and the best of the two.
     runs.append({**runs[-1], "seed": 1, "run": "cpu-swav-s1"})
     scope = judging.Scope("20 of 20 epochs", "after 20 epochs", judging.compare(runs))
-    table = [line for line in readme.readme_block(scope, {}, [], []).splitlines() if line.startswith("| ")]
+    block = readme.readme_block(scope, {}, [], [])
+    table = [line for line in block.splitlines() if line.startswith("| ")]
+    assert "\n* **Holds**: none.\n" in block
     assert table[2].startswith("| SwAV (best by kNN@5 of the baselines run here: SimCLR, SwAV) | 90 ["), table[2]

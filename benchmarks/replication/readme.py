@@ -110,6 +110,9 @@ def readme_block(
     for head, rs in said.items():
         why = " (not measured, or their runs not finished)" if head.startswith("Cannot") else ""
         lines.append(f"* **{head}**{why}: " + ("; ".join(_said(r) for r in rs) or "none") + ".")
+        if head == "Holds" and running:  # a claim holds against every baseline: none can before these are paired
+            names = " and ".join(METHOD_NAMES[m] for m in running)
+            lines[-1] += f" None can until {names} {'has' if len(running) == 1 else 'each have'} two seeds."
     if inconclusive:
         lines[-1] += " Inconclusive at this budget: " + "; ".join(_short(r["claim"]) for r in inconclusive) + "."
     if own:
