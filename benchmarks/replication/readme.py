@@ -70,18 +70,18 @@ def readme_block(
     # that pair two seeds or more with Hypersolid there: a baseline whose first seed has just landed would be
     # picked on one seed's number against the others' means; it is named, with its number of seeds.
     compared = [m for m in others if _paired_seeds(cmp, m, knn) >= 2] or others
-    running = [m for m in others if m not in compared]
+    unpaired = [m for m in others if m not in compared]
     best = max(compared, key=lambda m: _cell_mean(cmp.values[m].get(knn)))
     if len(compared) == 1:
         best_label = (
-            f"{METHOD_NAMES[best]} (the only baseline {'with two seeds or more' if running else 'run'} at this budget"
+            f"{METHOD_NAMES[best]} (the only baseline {'with two seeds or more' if unpaired else 'run'} at this budget"
         )
     else:
         best_label = f"{METHOD_NAMES[best]} (best by kNN@5 of the baselines run here: "
         best_label += ", ".join(METHOD_NAMES[m] for m in compared)
-    if running:
+    if unpaired:
         best_label += "; not compared yet, fewer than two seeds: " + ", ".join(
-            f"{METHOD_NAMES[m]} ({_paired_seeds(cmp, m, knn)})" for m in running
+            f"{METHOD_NAMES[m]} ({_paired_seeds(cmp, m, knn)})" for m in unpaired
         )
     best_label += ")"
     lines = [
@@ -110,9 +110,9 @@ def readme_block(
     for head, rs in said.items():
         why = " (not measured, or their runs not finished)" if head.startswith("Cannot") else ""
         lines.append(f"* **{head}**{why}: " + ("; ".join(_said(r) for r in rs) or "none") + ".")
-        if head == "Holds" and running:  # a claim holds against every baseline: none can before these are paired
-            names = " and ".join(METHOD_NAMES[m] for m in running)
-            lines[-1] += f" None can until {names} {'has' if len(running) == 1 else 'each have'} two seeds."
+        if head == "Holds" and unpaired:  # a claim holds against every baseline: none can before these are paired
+            names = " and ".join(METHOD_NAMES[m] for m in unpaired)
+            lines[-1] += f" None can until {names} {'has' if len(unpaired) == 1 else 'each have'} two seeds."
     if inconclusive:
         lines[-1] += " Inconclusive at this budget: " + "; ".join(_short(r["claim"]) for r in inconclusive) + "."
     if own:
