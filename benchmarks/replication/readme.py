@@ -68,8 +68,9 @@ def readme_block(
     knn = README_METRICS[0][0]
     # "Best" only among the baselines that ran at this budget (amendment 3; the README says which those are) and
     # that pair two seeds or more with Hypersolid there: a baseline whose first seed has just landed would be
-    # picked on one seed's number against the others' means; it is named, with its number of seeds.
-    compared = [m for m in others if _paired_seeds(cmp, m, knn) >= 2] or others
+    # picked on one seed's number against the others' means; it is named, with its number of seeds. Paired as the
+    # verdicts pair it: a paired difference to Hypersolid exists (two paired seeds or more).
+    compared = [m for m in others if cmp.diff(m, knn) is not None] or others
     unpaired = [m for m in others if m not in compared]
     best = max(compared, key=lambda m: _cell_mean(cmp.values[m].get(knn)))
     if len(compared) == 1:
@@ -81,7 +82,7 @@ def readme_block(
         best_label += ", ".join(METHOD_NAMES[m] for m in compared)
     if unpaired:
         best_label += "; not compared yet, fewer than two seeds: " + ", ".join(
-            f"{METHOD_NAMES[m]} ({_paired_seeds(cmp, m, knn)})" for m in unpaired
+            f"{METHOD_NAMES[m]} ({len(cmp.values[m].get(knn) or {})})" for m in unpaired
         )
     best_label += ")"
     lines = [
@@ -132,11 +133,6 @@ def readme_block(
     rerun = f" Reruns: {'; '.join(reruns)}." if reruns else ""
     lines += ["", f"{link}.{rerun}"]
     return "\n".join(lines) + "\n"
-
-
-def _paired_seeds(cmp: Comparison, method: str, key: str) -> int:
-    """How many seeds ``method`` and Hypersolid both have a value of ``key`` for."""
-    return len(set(cmp.values[method].get(key) or {}) & set(cmp.values[REFERENCE].get(key) or {}))
 
 
 def _cell_mean(vals: dict[int, float] | None) -> float:
