@@ -122,7 +122,7 @@ def pil_records(preset, images: np.ndarray) -> list[dict]:
     return sink
 
 
-def check_pil_against(records: list[dict], other: dict[str, dict[str, np.ndarray]], preset) -> None:
+def assert_pil_statistics_match(records: list[dict], other: dict[str, dict[str, np.ndarray]], preset) -> None:
     """Compare the PIL path's per-view-type rates/areas with another path's, and with the preset."""
     probs = {"global_0": (preset.blur_probs[0], 0.0), "global_1": (preset.blur_probs[1], preset.solarize_prob),
              "local": (preset.blur_probs[2], 0.0)}

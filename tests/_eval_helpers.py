@@ -48,16 +48,3 @@ def run_launch_eval(*args: str, debug: bool = False, timeout: float = 300) -> su
 # A published backbone on digits, kept quick: kNN only, on a few hundred images.
 EXTERNAL_FAST = ["--suite", "knn", "data.dataset=digits", "eval.knn_k=[5]", "eval.max_train_samples=300",
                  "eval.max_test_samples=120", "eval.num_workers=0"]
-
-
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    """The single ``error:`` line of a run that exited 2, holding every needle; no traceback, no advice to
-    load with ``weights_only=False``."""
-    everything = proc.stdout + proc.stderr
-    assert proc.returncode == 2, f"exit {proc.returncode}:\n{everything[-3000:]}"
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1, proc.stderr[-3000:]
-    assert "Traceback" not in everything and "weights_only=False" not in everything, everything[-3000:]
-    for needle in needles:
-        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-    return lines[0]

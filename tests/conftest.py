@@ -6,6 +6,9 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The helper modules' assertions report their operands as a test's own do (pytest rewrites only test modules and
+# conftest.py by itself); registered before any test imports them.
+pytest.register_assert_rewrite("_data_helpers", "_errors", "_update")
 
 # The MLflow client settings the tracker sets when the user has not: tests that create trackers restore them.
 HTTP_ENV = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _eval_helpers import one_error_line
+from _errors import assert_one_error_line
 from _warm_python import run_python
 
 from hypersolid_scale.compare import figures, table
@@ -157,14 +157,14 @@ def test_bad_input_is_one_error_line(tmp_path):
         return run_python([REPO / "launch" / "compare.py", *args], env={**os.environ, "OMP_NUM_THREADS": "1"},
                           cwd=REPO)
 
-    one_error_line(_compare("--methods", "simclr,moco", "--out", str(tmp_path / "a")), "moco", "choose from")
-    one_error_line(_compare("--setting", "mnist", "--methods", "simclr", "--out", str(tmp_path / "b")),
-                   "no setting 'mnist' for simclr", "quickstart")
-    one_error_line(_compare("--methods", "simclr", "--out", str(tmp_path / "c"), "optim.lr=fast"), "optim.lr")
+    assert_one_error_line(_compare("--methods", "simclr,moco", "--out", str(tmp_path / "a")), "moco", "choose from")
+    assert_one_error_line(_compare("--setting", "mnist", "--methods", "simclr", "--out", str(tmp_path / "b")),
+                          "no setting 'mnist' for simclr", "quickstart")
+    assert_one_error_line(_compare("--methods", "simclr", "--out", str(tmp_path / "c"), "optim.lr=fast"), "optim.lr")
     lock = acquire_run_lock(tmp_path / "held")
     try:
-        one_error_line(_compare("--quick", "--methods", "simclr", "--out", str(tmp_path / "held")),
-                       "in use by another comparison", "pid=")
+        assert_one_error_line(_compare("--quick", "--methods", "simclr", "--out", str(tmp_path / "held")),
+                              "in use by another comparison", "pid=")
     finally:
         lock.release()
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 from _data_helpers import (
+    assert_pil_statistics_match,
     assert_same_mean,
-    check_pil_against,
     fashion_mnist_or_skip,
     limit_batches,
     pil_records,
@@ -155,7 +155,7 @@ def test_tensor_path_has_the_statistics_of_the_pil_path() -> None:
                      ("blur", "blur"), ("solarize", "solarize")):
         for name in other:
             other[name][key] = np.concatenate([rec[src][i].numpy() for i, v in enumerate(views) if v == name])
-    check_pil_against(records, other, preset)
+    assert_pil_statistics_match(records, other, preset)
 
 
 # ---------------------------------------------------------------- in-memory loader ---------------

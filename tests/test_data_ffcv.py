@@ -13,7 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _data_helpers import check_pil_against, crop_geometry, limit_batches, pil_records, png_bytes, probe_images
+from _data_helpers import (
+    assert_pil_statistics_match,
+    crop_geometry,
+    limit_batches,
+    pil_records,
+    png_bytes,
+    probe_images,
+)
 from PIL import Image
 
 from hypersolid_scale.data import DataConfig, build_eval_datasets, build_train_loader, num_classes, resolve_preset
@@ -85,7 +92,7 @@ def test_ffcv_views_have_the_statistics_of_the_pil_path(probe_dataset: Path) -> 
     merged = {v: {k: np.concatenate([np.atleast_1d(np.asarray(x)) for x in vals]) for k, vals in d.items()}
               for v, d in other.items()}
     merged["local"] = merged["local"]  # both local views share one entry
-    check_pil_against(pil_records(preset, probe_images(N, SIZE, seed=1)), merged, preset)
+    assert_pil_statistics_match(pil_records(preset, probe_images(N, SIZE, seed=1)), merged, preset)
 
 
 def test_ffcv_full_batches_and_eval_dataset(probe_dataset: Path) -> None:

@@ -146,7 +146,7 @@ def test_ddp_engine_load_model_state() -> None:
                           engine="ddp", device=torch.device("cpu"), bf16=False, grad_clip=0.0)
     loaded = {k: v + 1.0 for k, v in engine.model.state_dict().items()}
     engine.load_model_state(loaded)
-    _assert_params_equal(engine.model.state_dict(), loaded, "DDP engine after load_model_state")
+    assert_params_equal(engine.model.state_dict(), loaded, "DDP engine after load_model_state")
 
 
 def _sgd_engine(model: torch.nn.Module, **kwargs):
@@ -284,7 +284,7 @@ def _run_torchrun(tmp_path: Path, specs: list[str]) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
 
 
-def _assert_params_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
+def assert_params_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) -> None:
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=2e-5, msg=lambda m: f"{what}, {k}: {m}")
@@ -303,7 +303,7 @@ def test_two_processes_match_one_process_ddp_and_deepspeed(tmp_path: Path) -> No
     start = {k: v.clone() for k, v in reference.items()}
     for spec in specs:
         got = torch.load(tmp_path / f"{spec.replace(':', '_')}.pt", weights_only=True)
-        _assert_params_equal(got, reference, f"2-process {spec} vs 1 process")
+        assert_params_equal(got, reference, f"2-process {spec} vs 1 process")
     # The test can fail: parameters moved away from the initial ones by far more than the tolerance.
     torch.manual_seed(0)
     from _trainer_helpers import TinyNet

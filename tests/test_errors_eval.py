@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 import torch
-from _eval_helpers import TINY_MODEL, make_checkpoint, one_error_line, run_launch_eval
+from _errors import assert_one_error_line
+from _eval_helpers import TINY_MODEL, make_checkpoint, run_launch_eval
 
 from hypersolid_scale.checkpoint import initial_weights
 from hypersolid_scale.config.schema import load_config
@@ -18,9 +19,9 @@ from hypersolid_scale.config.schema import load_config
 FIX = re.compile(r"\b(use|pass|point|choose|write|evaluate|copy|list|set|upgrade|correct|drop|remove)\b", re.IGNORECASE)
 
 
-def one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+def assert_error_with_fix(proc: subprocess.CompletedProcess, *needles: str) -> str:
     """The single ``error:`` line of a run that exited 2; it holds every needle and an instruction."""
-    line = one_error_line(proc, *needles)
+    line = assert_one_error_line(proc, *needles)
     assert FIX.search(line), f"no instruction in {line!r}"
     return line
 
@@ -31,7 +32,7 @@ def evaluate(checkpoint: Path, *args: str, debug: bool = False) -> subprocess.Co
 
 def test_missing_checkpoint(tmp_path: Path) -> None:
     missing = tmp_path / "run" / "checkpoints" / "step_00000001.pt"
-    line = one_line_error(evaluate(missing), str(missing))
+    line = assert_error_with_fix(evaluate(missing), str(missing))
     assert "does not exist" in line
     assert not (tmp_path / "run" / "eval").exists()  # no output folder, no errors.log for a mistyped path
 
@@ -40,18 +41,18 @@ def test_truncated_checkpoint(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    one_line_error(evaluate(path), str(path))
+    assert_error_with_fix(evaluate(path), str(path))
 
 
 def test_random_bytes_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "step_00000001.pt"
     path.write_bytes(random.Random(0).randbytes(4096))
-    one_line_error(evaluate(path), str(path))
+    assert_error_with_fix(evaluate(path), str(path))
 
 
 def test_model_override_is_refused(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")
-    line = one_line_error(evaluate(path, "model.arch=resnet18"), "'model.arch=resnet18'", str(path))
+    line = assert_error_with_fix(evaluate(path, "model.arch=resnet18"), "'model.arch=resnet18'", str(path))
     assert "not allowed" in line
 
 
@@ -60,7 +61,7 @@ def test_weights_of_another_architecture(tmp_path: Path) -> None:
     ckpt = torch.load(path, weights_only=True)
     ckpt["model"] = initial_weights(load_config(None, TINY_MODEL))[0]  # small_cnn weights
     torch.save(ckpt, path)
-    line = one_line_error(evaluate(path), str(path), "resnet18")
+    line = assert_error_with_fix(evaluate(path), str(path), "resnet18")
     assert "architecture" in line
 
 
@@ -69,33 +70,34 @@ def test_projector_features_of_a_checkpoint_without_its_head(tmp_path: Path) -> 
     ckpt = torch.load(path, weights_only=True)
     ckpt["method"] = None  # a backbone alone: no projection head to read
     torch.save(ckpt, path)
-    line = one_line_error(evaluate(path, "--features", "projector"), "--features projector", "no projection head")
+    line = assert_error_with_fix(evaluate(path, "--features", "projector"), "--features projector",
+                                 "no projection head")
     assert "--features backbone" in line
 
 
 def test_unknown_override_key(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")
-    line = one_line_error(evaluate(path, "eval.no_such_key=1"), "eval.no_such_key", str(path))
+    line = assert_error_with_fix(evaluate(path, "eval.no_such_key=1"), "eval.no_such_key", str(path))
     assert "knn_k" in line  # the keys that section does accept
 
 
 def test_unknown_suite(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")
-    one_line_error(run_launch_eval("--checkpoint", str(path), "--no-mlflow", "--suite", "knn,tsne"),
-                   "eval.suites", "'tsne'")
+    assert_error_with_fix(run_launch_eval("--checkpoint", str(path), "--no-mlflow", "--suite", "knn,tsne"),
+                          "eval.suites", "'tsne'")
 
 
 def test_missing_evaluation_data(tmp_path: Path) -> None:
     # A checkpoint trained elsewhere: its config records a data folder that this machine does not have.
     elsewhere = tmp_path / "other_machine" / "fashion_mnist"
     path = make_checkpoint(tmp_path / "run", ["data.dataset=fashion_mnist", f"data.path={elsewhere}"])
-    one_line_error(evaluate(path), str(elsewhere), "data.path=")
+    assert_error_with_fix(evaluate(path), str(elsewhere), "data.path=")
 
 
 def test_traceback_in_the_log_and_with_hs_debug(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")
     out = tmp_path / "out"
-    one_line_error(evaluate(path, "--output-dir", str(out), "eval.no_such_key=1"), "eval.no_such_key")
+    assert_error_with_fix(evaluate(path, "--output-dir", str(out), "eval.no_such_key=1"), "eval.no_such_key")
     log = (out / "errors.log").read_text()
     assert "Traceback" in log and "ConfigError" in log and "eval.no_such_key" in log
     debug = evaluate(path, "eval.no_such_key=1", debug=True)
@@ -104,14 +106,15 @@ def test_traceback_in_the_log_and_with_hs_debug(tmp_path: Path) -> None:
 
 def test_unparsable_override(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")
-    line = one_line_error(evaluate(path, "eval.knn_k=[5"), "'eval.knn_k=[5'", "not valid YAML", "eval.knn_k=[a,b]")
+    line = assert_error_with_fix(evaluate(path, "eval.knn_k=[5"), "'eval.knn_k=[5'", "not valid YAML",
+                                 "eval.knn_k=[a,b]")
     assert "ParserError" not in line
 
 
 def test_a_directory_as_checkpoint_names_the_file_in_it(tmp_path: Path) -> None:
     path = make_checkpoint(tmp_path / "run")
     for given in (tmp_path / "run", path.parent):
-        line = one_line_error(evaluate(given), f"{str(given)!r} is a directory", str(path))
+        line = assert_error_with_fix(evaluate(given), f"{str(given)!r} is a directory", str(path))
         assert "does not exist" not in line
     (tmp_path / "empty").mkdir()
-    one_line_error(evaluate(tmp_path / "empty"), "is a directory", "holds no step_*.pt")
+    assert_error_with_fix(evaluate(tmp_path / "empty"), "is a directory", "holds no step_*.pt")

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from _data_helpers import convert_shards, truncate_before_sample
-from _eval_helpers import make_checkpoint, one_error_line, run_launch_eval
+from _errors import assert_one_error_line
+from _eval_helpers import make_checkpoint, run_launch_eval
 from _net import free_port
-from test_errors_train import LAUNCH, REPO, TINY, _error_line, _train
+from test_errors_train import LAUNCH, REPO, TINY, _train
 
 # TINY's trainer on WebDataset shards of Fashion-MNIST (28 px, one channel: TINY's model fits them).
 SHARDS = [*TINY, "data.format=webdataset", "data.dataset=fashion_mnist", "epochs=1", "checkpoint.every_n_steps=0"]
@@ -40,7 +41,7 @@ def test_a_garbage_shard_found_while_counting_is_one_line_and_exit_2(tmp_path: P
     (tmp_path / "shards").mkdir()
     shard = garbage(tmp_path / "shards" / "shard-000000.tar")
     proc = _train([*SHARDS, f"data.path={shard.parent}", f"run_dir={tmp_path / 'run'}"])
-    _error_line(proc, str(shard), "not a tar archive", FIX)
+    assert_one_error_line(proc, str(shard), "not a tar archive", FIX)
 
 
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
@@ -50,14 +51,14 @@ def test_a_garbage_shard_found_while_training_is_one_line_and_exit_2(converted: 
     crosses a process boundary and must still come out as its own one line."""
     shard = garbage(converted / "train" / "shard-000002.tar")
     proc = _train([*SHARDS, f"data.path={converted}", f"data.num_workers={workers}", f"run_dir={tmp_path / 'run'}"])
-    line = _error_line(proc, str(shard), "not a tar archive", FIX)
+    line = assert_one_error_line(proc, str(shard), "not a tar archive", FIX)
     assert "DataLoader worker" not in line
 
 
 def test_losing_more_than_max_lost_fraction_is_one_line_and_exit_2(converted: Path, tmp_path: Path) -> None:
     truncate_before_sample(converted / "train" / "shard-000001.tar", 5)  # 15 of its 20 samples lost
     args = [*SHARDS, f"data.path={converted}", f"run_dir={tmp_path / 'run'}"]
-    _error_line(_train(args), "data.webdataset.max_lost_fraction=0.01", "shard-000001.tar: 15 lost", FIX)
+    assert_one_error_line(_train(args), "data.webdataset.max_lost_fraction=0.01", "shard-000001.tar: 15 lost", FIX)
     # The reference: allowed to lose that much, the same data trains to the end.
     proc = _train([*args, "data.webdataset.max_lost_fraction=0.5"])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -68,7 +69,7 @@ def test_a_damaged_manifest_is_one_line_and_exit_2(converted: Path, tmp_path: Pa
     manifest = converted / "manifest.json"
     manifest.write_text(manifest.read_text()[:40])  # cut short, as by a full disk or an interrupted copy
     proc = _train([*SHARDS, f"data.path={converted}", f"run_dir={tmp_path / 'run'}"])
-    _error_line(proc, str(manifest), "JSONDecodeError", FIX)
+    assert_one_error_line(proc, str(manifest), "JSONDecodeError", FIX)
 
 
 def test_evaluating_on_a_garbage_shard_is_one_line_and_exit_2(converted: Path, tmp_path: Path) -> None:
@@ -76,7 +77,7 @@ def test_evaluating_on_a_garbage_shard_is_one_line_and_exit_2(converted: Path, t
     ckpt = make_checkpoint(tmp_path / "run", ["data.format=webdataset", "data.dataset=fashion_mnist",
                                               f"data.path={converted}"])
     proc = run_launch_eval("--checkpoint", str(ckpt), "--no-mlflow", "--suite", "knn")
-    one_error_line(proc, str(shard), "not a tar archive", FIX, "data.path=")
+    assert_one_error_line(proc, str(shard), "not a tar archive", FIX, "data.path=")
 
 
 @pytest.mark.slow

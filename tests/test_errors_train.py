@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _errors import assert_one_error_line
 from _net import free_port
 from _warm_python import run_python
 
@@ -66,20 +67,7 @@ def _train(args: list[str], *, debug: bool = False, wrapper: str | None = None,
     return run_python([*prefix, str(LAUNCH), *args], env=env, timeout=timeout)  # python [-c WRAPPER] LAUNCH ARGS
 
 
-def _error_line(proc: subprocess.CompletedProcess, *must: str) -> str:
-    """Exit 2, exactly one ``error:`` line holding every ``must``, no traceback, no torch-internal advice."""
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out[-3000:]
-    errors = [line for line in out.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, out[-3000:]
-    for word in must:
-        assert word in errors[0], (word, errors[0])
-    assert "Traceback" not in out, out[-3000:]
-    assert "weights_only" not in out, out[-3000:]
-    return errors[0]
-
-
-def _shows_traceback(args: list[str], **kw) -> None:
+def assert_shows_traceback(args: list[str], **kw) -> None:
     proc = _train(args, debug=True, **kw)
     assert proc.returncode != 0 and "Traceback (most recent call last)" in proc.stderr, proc.stderr[-3000:]
 
@@ -111,7 +99,7 @@ def _bad_configs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
                                   "unparsable_override"])
 def test_a_bad_config_is_one_line_and_exit_2(tmp_path: Path, case: str) -> None:
     args, must = _bad_configs(tmp_path)[case]
-    _error_line(_train([*args, f"run_dir={tmp_path / 'run'}"]), *must)
+    assert_one_error_line(_train([*args, f"run_dir={tmp_path / 'run'}"]), *must)
     assert not (tmp_path / "run").exists()  # nothing was started
 
 
@@ -119,12 +107,12 @@ def test_an_unknown_key_is_blamed_on_the_override_or_the_file_that_gave_it(tmp_p
     config = tmp_path / "c.yaml"
     config.write_text("optim:\n  lr: 0.1\n")
     run_dir = f"run_dir={tmp_path / 'run'}"
-    line = _error_line(_train(["--config", str(config), "foo.bar=", run_dir]), "unknown config key 'foo'",
-                       "from the command-line override 'foo.bar='", "optim, progress, run_dir")
+    line = assert_one_error_line(_train(["--config", str(config), "foo.bar=", run_dir]), "unknown config key 'foo'",
+                                 "from the command-line override 'foo.bar='", "optim, progress, run_dir")
     assert str(config) not in line
     config.write_text("foo:\n  bar: 1\n")
-    line = _error_line(_train(["--config", str(config), "optim.lr=0.1", run_dir]), "unknown config key 'foo'",
-                       f"(in {config})", "optim, progress, run_dir")
+    line = assert_one_error_line(_train(["--config", str(config), "optim.lr=0.1", run_dir]), "unknown config key 'foo'",
+                                 f"(in {config})", "optim, progress, run_dir")
     assert "override" not in line
     assert not (tmp_path / "run").exists()
 
@@ -134,9 +122,9 @@ def test_a_run_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path, inside:
     file = tmp_path / "notes.txt"
     file.write_text("not a run directory\n")
     run_dir = file / "run" if inside else file
-    line = _error_line(_train([*TINY, f"run_dir={run_dir}", "max_steps=1"]), f"'run_dir' = '{run_dir}'",
-                       f"{file} is a file, not a directory" if inside else "is a file, not a directory",
-                       "choose another run_dir")
+    line = assert_one_error_line(_train([*TINY, f"run_dir={run_dir}", "max_steps=1"]), f"'run_dir' = '{run_dir}'",
+                                 f"{file} is a file, not a directory" if inside else "is a file, not a directory",
+                                 "choose another run_dir")
     assert "flock" not in line
     assert file.read_text() == "not a run directory\n"
 
@@ -145,7 +133,7 @@ def test_a_run_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path, inside:
 @pytest.mark.parametrize("case", ["yaml_syntax", "renamed_key"])
 def test_a_bad_config_shows_its_traceback_with_hs_debug(tmp_path: Path, case: str) -> None:
     args, _ = _bad_configs(tmp_path)[case]
-    _shows_traceback([*args, f"run_dir={tmp_path / 'run'}"])
+    assert_shows_traceback([*args, f"run_dir={tmp_path / 'run'}"])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -165,13 +153,13 @@ def _missing_data_args(tmp_path: Path, kind: str) -> list[str]:
 
 @pytest.mark.parametrize("kind", list(MISSING_DATA))
 def test_missing_data_path_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
-    _error_line(_train(_missing_data_args(tmp_path, kind)), "data.path", str(tmp_path / "no-such-data"))
+    assert_one_error_line(_train(_missing_data_args(tmp_path, kind)), "data.path", str(tmp_path / "no-such-data"))
     assert not ck.list_checkpoints(tmp_path / "run") and not (tmp_path / "run" / "config.yaml").exists()
 
 
 @pytest.mark.slow
 def test_missing_data_path_shows_its_traceback_with_hs_debug(tmp_path: Path) -> None:
-    _shows_traceback(_missing_data_args(tmp_path, "webdataset"))
+    assert_shows_traceback(_missing_data_args(tmp_path, "webdataset"))
 
 
 @pytest.mark.slow
@@ -240,14 +228,14 @@ CHECKPOINT_CASES = {
 def test_an_unusable_checkpoint_path_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
     path = _make_checkpoint(tmp_path, kind)
     proc = _train([*TINY, f"run_dir={tmp_path / 'run'}", f"checkpoint.path={path}", "max_steps=4"])
-    _error_line(proc, str(path), *CHECKPOINT_CASES[kind])
+    assert_one_error_line(proc, str(path), *CHECKPOINT_CASES[kind])
     assert not ck.list_checkpoints(tmp_path / "run")
 
 
 @pytest.mark.slow
 def test_an_unusable_checkpoint_shows_its_traceback_with_hs_debug(tmp_path: Path) -> None:
     path = _make_checkpoint(tmp_path, "random")
-    _shows_traceback([*TINY, f"run_dir={tmp_path / 'run'}", f"checkpoint.path={path}", "max_steps=4"])
+    assert_shows_traceback([*TINY, f"run_dir={tmp_path / 'run'}", f"checkpoint.path={path}", "max_steps=4"])
 
 
 def test_a_good_checkpoint_path_still_starts_the_run(tmp_path: Path) -> None:
@@ -272,14 +260,14 @@ def _full_disk_args(tmp_path: Path) -> list[str]:
 def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path: Path, failure: str) -> None:
     run_dir = tmp_path / "run"
     proc = _train(_full_disk_args(tmp_path), wrapper=FULL_DISK_WRAPPERS[failure])
-    _error_line(proc, str(ck.checkpoint_path(run_dir, 4)), "No space left on device", "MiB free", "keep_last")
+    assert_one_error_line(proc, str(ck.checkpoint_path(run_dir, 4)), "No space left on device", "MiB free", "keep_last")
     assert [ck.load_checkpoint(p)["step"] for p in ck.list_checkpoints(run_dir)] == [2]  # intact, readable
     assert not list(ck.checkpoint_dir(run_dir).glob("*.tmp"))
 
 
 @pytest.mark.slow
 def test_a_full_disk_shows_its_traceback_with_hs_debug(tmp_path: Path) -> None:
-    _shows_traceback(_full_disk_args(tmp_path), wrapper=_FULL_DISK)
+    assert_shows_traceback(_full_disk_args(tmp_path), wrapper=_FULL_DISK)
 
 
 @pytest.mark.slow
@@ -305,7 +293,7 @@ def test_a_really_full_tmpfs_gives_the_same_line(tmp_path: Path, tensors: str) -
         run_dir = disk / "run"
         proc = _train([*TINY, *model, f"run_dir={run_dir}", "max_steps=4", "checkpoint.every_n_steps=2",
                        "checkpoint.keep_last=0"])
-        _error_line(proc, str(ck.checkpoint_path(run_dir, 4)), "No space left on device", "MiB free")
+        assert_one_error_line(proc, str(ck.checkpoint_path(run_dir, 4)), "No space left on device", "MiB free")
         assert [ck.load_checkpoint(p)["step"] for p in ck.list_checkpoints(run_dir)] == [2]
         assert not list(ck.checkpoint_dir(run_dir).glob("*.tmp"))
     finally:
@@ -340,7 +328,7 @@ def _tracking_args(tmp_path: Path, uri: str) -> list[str]:
 
 def test_a_tracking_uri_that_cannot_work_stops_before_anything_is_written(tmp_path: Path) -> None:
     proc = _train(_tracking_args(tmp_path, "foo://bar"))
-    _error_line(proc, "foo://bar", "tracking.tracking_uri")
+    assert_one_error_line(proc, "foo://bar", "tracking.tracking_uri")
     run_dir = tmp_path / "run"
     assert not (run_dir / "config.yaml").exists()
     assert not ck.list_checkpoints(run_dir) and not (run_dir / "tracking").exists()
@@ -368,4 +356,4 @@ def test_a_tracking_server_down_at_start_does_not_stop_training(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_a_tracking_uri_that_cannot_work_shows_its_traceback_with_hs_debug(tmp_path: Path) -> None:
-    _shows_traceback(_tracking_args(tmp_path, "foo://bar"))
+    assert_shows_traceback(_tracking_args(tmp_path, "foo://bar"))

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 import torchvision
-from _eval_helpers import EXTERNAL_FAST, make_checkpoint, one_error_line, run_launch_eval
+from _errors import assert_one_error_line
+from _eval_helpers import EXTERNAL_FAST, make_checkpoint, run_launch_eval
 from torch import nn
 
 from hypersolid_scale.config.schema import load_config
@@ -182,8 +183,8 @@ def test_resnet50_weights_given_as_resnet18(tmp_path: Path) -> None:
     torch.save(torchvision.models.resnet50(weights=None).state_dict(), path)
     proc = run_launch_eval("--backbone", "torchvision:resnet18", "--weights", str(path), "--no-mlflow",
                            *EXTERNAL_FAST)
-    line = one_error_line(proc, str(path), "torchvision:resnet18", "layer1.0.conv3.weight",
-                          "--backbone torchvision:resnet50")
+    line = assert_one_error_line(proc, str(path), "torchvision:resnet18", "layer1.0.conv3.weight",
+                                 "--backbone torchvision:resnet50")
     assert "of another shape (layer1.0.conv1.weight (64, 64, 1, 1) in the file" in line
     assert not (tmp_path / "eval" / "r50" / "report.json").exists()
 
@@ -197,8 +198,8 @@ def test_small_cnn_weights_given_as_resnet18_name_the_small_cnn(tmp_path: Path) 
     path = tmp_path / "small.pt"
     backbone, dim = build_backbone(cfg.model)  # evaluation's model of a Hypersolid run, its projector included
     torch.save(BackboneWithProjector(backbone, dim, Projector(dim, 64, 32, 2)).state_dict(), path)
-    line = one_error_line(run_launch_eval("--backbone", "native:resnet18", "--weights", str(path), "--no-mlflow",
-                                          *EXTERNAL_FAST), str(path))
+    line = assert_one_error_line(run_launch_eval("--backbone", "native:resnet18", "--weights", str(path), "--no-mlflow",
+                                                 *EXTERNAL_FAST), str(path))
     assert "--backbone native:small_cnn model.small_cnn.width=8 model.in_channels=1 (what the file looks like)" \
         in line, line
 
@@ -206,8 +207,8 @@ def test_small_cnn_weights_given_as_resnet18_name_the_small_cnn(tmp_path: Path) 
 def test_random_bytes_weights(tmp_path: Path) -> None:
     path = tmp_path / "weights.pth"
     path.write_bytes(random.Random(0).randbytes(4096))
-    line = one_error_line(run_launch_eval("--backbone", "torchvision:resnet18", "--weights", str(path),
-                                          "--no-mlflow", *EXTERNAL_FAST), str(path))
+    line = assert_one_error_line(run_launch_eval("--backbone", "torchvision:resnet18", "--weights", str(path),
+                                                 "--no-mlflow", *EXTERNAL_FAST), str(path))
     assert "not a PyTorch file" in line and "torch.save" in line
     assert "Traceback" in (tmp_path / "eval" / "weights" / "errors.log").read_text()
 
