@@ -10,6 +10,10 @@ store, float64 as logged) and a SHA-256 of every tensor of the final checkpoint:
 method's state and the optimizer's moments. Tensor names are compared without the ``method.`` prefix, so a
 checkpoint whose heads moved from ``model`` to ``method`` still compares tensor by tensor. ``--compare``
 exits 1 and names what differs unless both files hold bit-identical losses and tensors.
+
+The trainings inherit OMP_NUM_THREADS, and the record keeps it (``threads``; null: unset, torch's default):
+on the CPU the float reductions depend on the thread count, so compare records made at one count (``--compare``
+notes when they were not).
 """
 
 from __future__ import annotations
@@ -94,7 +98,14 @@ def record(repo: Path, steps: int) -> dict[str, Any]:
             ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
         ).stdout.strip()
     )
-    out: dict[str, Any] = {"commit": commit, "dirty": dirty, "torch": torch.__version__, "steps": steps, "cases": {}}
+    out: dict[str, Any] = {
+        "commit": commit,
+        "dirty": dirty,
+        "torch": torch.__version__,
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+        "steps": steps,
+        "cases": {},
+    }
     for name, config, extra in CASES:
         with tempfile.TemporaryDirectory() as tmp:
             out["cases"][name] = run_case(repo, config, steps, extra, Path(tmp))
@@ -141,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
         problems = compare(a, b)
+        if a.get("threads") != b.get("threads"):  # records older than the field hold none: not flagged
+            print(
+                f"note: recorded at OMP_NUM_THREADS {a.get('threads')} and {b.get('threads')}; the CPU's float "
+                "reductions depend on it"
+            )
         for line in problems:
             print(line)
         n = sum(len(c["tensors"]) for c in b["cases"].values())

@@ -311,11 +311,11 @@ def test_the_100_epoch_part_judges_each_stage_once_two_seeds_reach_it():
     assert curve100.same_as_long(runs, long) == [
         f"{twin['run']} equals cpu-long-hypersolid-alpha0.9-s0's epoch 20 on {n - 1} of {n} metrics"
     ]
-    assert "amendment 4 diagnoses these checkpoints in their stead): no run has reached it yet." in "\n".join(
+    assert "why a pair differs is under it): no run has reached it yet." in "\n".join(
         curve100.curve100_lines(runs, tuned)
     )
     text = "\n".join(curve100.curve100_lines(runs, tuned, long))
-    assert f"in their stead): {twin['run']} equals cpu-long-hypersolid-alpha0.9-s0's epoch 20 on {n - 1} of" in text
+    assert f"is under it): {twin['run']} equals cpu-long-hypersolid-alpha0.9-s0's epoch 20 on {n - 1} of" in text
     assert "* Hypersolid α 0.9 (the paper's, also the tuned one): 3 at epoch 20, 2 at epoch 50, 0 at epoch 100" in text
     assert [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| SimCLR")] == ["20", "50"]
 

@@ -204,6 +204,8 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     assert state[staged]["trained_to_epoch"] == 1 and state[staged]["train"] == "done"
     assert curve["train_s_attempts"] > curve["train_s_total"] and curve["final_step"] == 8
     assert curve["resumed_from_step"] >= 4  # the second stage from the checkpoint the pause's SIGTERM left
+    # Both attempts at the driver's thread count, recorded once (a CPU run's weights depend on it).
+    assert curve["threads"] == [os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // 2))]
     # Amendment 4: its diagnosed epoch (quick: the first, where it paused) has the HDBSCAN grid of both kinds.
     assert {k: v["step"] for k, v in curve["hdbscan_grid"].items()} == {"backbone": 4, "projector": 4}
     # (A training resumed after a kill, its seconds and epoch statistics summed over the attempts: the study

@@ -68,7 +68,8 @@ def curve100_lines(
             f"Scope: {DATASET}; budget: {CURVE100_EPOCHS} epochs ({CURVE100_EPOCHS * IMAGES_PER_EPOCH:,} images "
             f"seen), the protocol after epochs {', '.join(map(str, CURVE100_EVAL_EPOCHS))}; {CURVE100_SEEDS} seeds "
             f"per method; views: {views_of(list(LONG_METHODS))}; trained in two stages (every run to epoch 50, "
-            "then on to 100; a run paused at 50 is resumed from its checkpoint, bit-identically). "
+            "then on to 100; a run paused at 50 is resumed from its checkpoint, bit-identically at the thread "
+            "count it trained at: each result's `threads`). "
             "Mean [95 % t-interval] (n seeds)."
         ),
         "",
@@ -90,8 +91,9 @@ def curve100_lines(
         "",
         (
             f"Epoch {LONG_EPOCHS} against the {LONG_EPOCHS}-epoch runs of the same settings and seeds (the learning "
-            f"rate is constant: the first {LONG_EPOCHS} epochs are those runs, step for step; amendment 4 diagnoses "
-            f"these checkpoints in their stead): " + ("; ".join(same) if same else "no run has reached it yet") + "."
+            f"rate is constant: on one code path and thread count the first {LONG_EPOCHS} epochs are those runs, "
+            f"step for step; amendment 4 diagnoses these checkpoints in their stead, and why a pair differs is under "
+            f"it): " + ("; ".join(same) if same else "no run has reached it yet") + "."
         ),
     ]
     if rows:

@@ -68,6 +68,9 @@ def run_result(st: RunProgress, run_dir: Path, facts: tuple[str, str, str]) -> d
         "eval_s": round(st.eval_s, 2),
         "train_s_total": done.get("last_attempt_s"),
         "train_s_attempts": done.get("train_s"),
+        # Threads per process over the attempts (OMP_NUM_THREADS; absent from older runs): a CPU run's weights
+        # depend on it, so two runs are comparable bit for bit only at one count.
+        "threads": done.get("threads"),
         **{k: done.get(k) for k in ("final_step", "resumed_from_step")},
         "per_epoch": per_epoch,
         "final": per_epoch[-1] if per_epoch else {},

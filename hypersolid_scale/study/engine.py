@@ -156,8 +156,9 @@ class Engine:
         task.log.parent.mkdir(parents=True, exist_ok=True)
         task.t0 = time.monotonic()
         processes = self.study.processes(task.run) if task.kind == "train" else 1
+        env = self._env(processes)
         if task.kind == "train":
-            self.state.start_attempt(task.run.name)
+            self.state.start_attempt(task.run.name, env.get("OMP_NUM_THREADS"))
         with task.log.open("a") as log:
             log.write(f"$ {' '.join(task.cmd)}\n")
             log.flush()
@@ -165,7 +166,7 @@ class Engine:
             proc = subprocess.Popen(
                 task.cmd,
                 cwd=self.cwd,
-                env=self._env(processes),
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_end_with(os.getpid()),

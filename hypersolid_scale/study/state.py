@@ -4,6 +4,7 @@ which evaluations are done; beside the runs, what the study itself keeps (the co
     {"runs": {"<name>": {"train": "done" | "failed (exit N)", "final_step": S, "resumed_from_step": S | null,
                          "train_s": seconds over every attempt, "last_attempt_s": the last attempt's,
                          "attempt": {"done_s": ..., "current_s": ...}, "trained_to_epoch": E,
+                         "threads": [each attempt's OMP_NUM_THREADS, distinct, in the order first used],
                          "evals": {"<key>": {"status": "done" | "failed (exit N)", "eval_s": ...}},
                          "eval_s": the evaluations' seconds}},
      ...}
@@ -34,11 +35,15 @@ class StudyState:
         atomic.write_json(self.path, self.data, indent=1, sort_keys=True, newline=False)
 
     # ---- a training's seconds over its attempts -----------------------------------------------------------
-    def start_attempt(self, name: str) -> None:
-        """A new attempt: the last one's seconds join the finished ones."""
+    def start_attempt(self, name: str, threads: str | None = None) -> None:
+        """A new attempt, with ``threads`` per process (OMP_NUM_THREADS): the last one's seconds join the finished
+        ones. The thread counts are kept because a CPU training's float reductions depend on them: a run resumed at
+        another count is not bit-identical to one that was not (docs/design.md §5)."""
         rec = self.run(name)
         got = rec.get("attempt", {})
         rec["attempt"] = {"done_s": round(got.get("done_s", 0.0) + got.get("current_s", 0.0), 2), "current_s": 0.0}
+        if threads is not None and threads not in rec.setdefault("threads", []):
+            rec["threads"].append(threads)
         self.save()
 
     def tick_attempt(self, name: str, current_s: float) -> None:
