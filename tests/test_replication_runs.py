@@ -325,6 +325,20 @@ def test_the_driver_deletes_the_checkpoints_that_nothing_will_read(tmp_path: Pat
     assert runs["steps"].eval_every_steps and left(runs["steps"]) == sorted(set(steps))
 
 
+def test_a_restarted_study_takes_every_run_to_a_stage_before_any_goes_on(tmp_path: Path) -> None:
+    """The 100-epoch runs pause at 50: started again with one of them paused there (its state's trained_to_epoch),
+    the driver queues the runs that have not reached 50 first, in plan order, and that one's second stage last."""
+    from benchmarks.replication.run import engine, parse_args
+
+    eng = engine(parse_args(["--group", "cpu", "--scratch", str(tmp_path), "--out", str(tmp_path / "out")]))
+    curve = [r for r in plan("cpu") if r.part == "curve100"]
+    assert [r.pause_epochs for r in curve] == [(50,)] * 6
+    eng.state.run(curve[1].name)["trained_to_epoch"] = 50  # SimCLR seed 0, second in the plan, paused at 50
+    eng.queue_plan(curve)
+    assert [t.run.name for t in eng.trains] == [r.name for r in (curve[0], *curve[2:], curve[1])]
+    assert [t.pause_epoch for t in eng.trains] == [50] * 5 + [0]  # the last goes on to 100
+
+
 @pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="no autogroup scheduling on this kernel")
 def test_a_niced_study_runs_in_a_session_whose_autogroup_is_niced_too(tmp_path: Path) -> None:
     """cpu.sh with HS_NICE=1: nice 19 inside a session of its own whose autogroup has nice 19, so that it yields

@@ -306,8 +306,17 @@ class Engine:
         self.queue_evals(prog, final)
 
     # ---- the loop ----------------------------------------------------------------------------------------
-    def run(self, runs: list[Any]) -> int:
-        """Run the plan; 0 when everything ran, 1 when a training or an evaluation failed."""
+    def stages_done(self, run: PlannedRun) -> int:
+        """How many of the run's pauses it has passed (the state file's ``trained_to_epoch``)."""
+        trained_to = int(self.state.run(run.name).get("trained_to_epoch", 0))
+        return sum(e <= trained_to for e in run.pause_epochs)
+
+    def queue_plan(self, runs: list[Any]) -> None:
+        """Queue what is left of ``runs``: the evaluations of the trained ones, and the trainings in plan order
+        within each stage, the earlier stages first. A restarted study thus keeps the stages' promise (every run
+        reaches a stage before any goes on), as one that never stopped does by queueing a paused run's next stage
+        last."""
+        trains = []
         for run in runs:
             if self.study.is_finished(run):
                 self.say(f"skip {run.name}: result exists")
@@ -318,7 +327,13 @@ class Engine:
                 final = rec.get("final_step", max(checkpoints(self.study.run_dir(run)), default=0))
                 self.queue_evals(self.progress[run.name], int(final))
             else:
-                self._queue(self._train_task(run))
+                trains.append(run)
+        for run in sorted(trains, key=self.stages_done):  # a stable sort: plan order within a stage
+            self._queue(self._train_task(run))
+
+    def run(self, runs: list[Any]) -> int:
+        """Run the plan; 0 when everything ran, 1 when a training or an evaluation failed."""
+        self.queue_plan(runs)
         try:
             while self.trains or self.evals or self.active:
                 for proc, task in list(self.active.items()):
