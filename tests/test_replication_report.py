@@ -346,3 +346,14 @@ def test_the_readme_picks_its_best_baseline_among_those_with_two_seeds():
     table = [line for line in block.splitlines() if line.startswith("| ")]
     assert "\n* **Holds**: none.\n" in block
     assert table[2].startswith("| SwAV (best by kNN@5 of the baselines run here: SimCLR, SwAV) | 90 ["), table[2]
+
+
+def test_the_run_table_counts_a_resumed_runs_training_over_its_attempts() -> None:
+    """A run trained in two attempts: its training seconds are both attempts' (train_s_attempts), not the last
+    one's (train_s_total); a result without the field (older runs) falls back to the last attempt's."""
+    from benchmarks.replication.tables import run_table
+
+    resumed = {**fake_run("hypersolid", 0, {}), "train_s_total": 10.0, "train_s_attempts": 30.0}
+    older = {**fake_run("simclr", 0, {}), "train_s_total": 7.0}
+    rows = {line.split(" | ")[0]: line.split(" | ")[3] for line in run_table([resumed, older])[2:]}
+    assert rows == {"| Hypersolid": "30", "| SimCLR": "7"}

@@ -20,7 +20,8 @@ def run_table(runs: Sequence[dict[str, Any]]) -> list[str]:
     for m in methods_in(runs):
         rs = [r for r in runs if r["method"] == m]
         seeds = ", ".join(str(r["seed"]) for r in sorted(rs, key=lambda r: r["seed"]))
-        train = sum(r["train_s_total"] or r["train_s"] for r in rs) / len(rs)
+        # Over every attempt where the result has it (a resumed run's last attempt is only its last part).
+        train = sum(r.get("train_s_attempts") or r["train_s_total"] or r["train_s"] for r in rs) / len(rs)
         ev = sum(r["eval_s"] for r in rs) / len(rs)
         commits = ", ".join(sorted({r["git_commit"][:7] for r in rs}))
         machines = ", ".join(sorted({f"{r['card']}, torch {r['torch']}" for r in rs}))
