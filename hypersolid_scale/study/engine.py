@@ -11,11 +11,13 @@ A training is the user's own command (``launch/train.py``, or torchrun around it
   does not fit is reported as skipped, and runs on the next start.
 - **Stages** (a run's ``pause_epochs``): the training is stopped (SIGTERM: it checkpoints and exits 75) once
   its checkpoint at the end of that epoch exists, the epochs reached are evaluated and the result so far written,
-  and the run goes on after every run queued now has had its turn.
+  and the run goes on after every run queued now has had its turn; started again, the engine queues the runs that
+  have passed fewer pauses first.
 - **Resuming.** Started again on the same state file, the engine skips what the study says is finished, does not
   train again what is trained, reuses every evaluation recorded as done whose report exists, and resumes an
   interrupted training from its newest checkpoint (the trainer's ``checkpoint.resume=auto``). A run's training
-  seconds are summed over its attempts.
+  seconds are summed over its attempts, and each attempt's ``OMP_NUM_THREADS`` is recorded (a CPU run resumed at
+  another thread count is not bit-identical).
 - **Stopping.** SIGTERM or Ctrl-C of the study (raised in its main thread) passes SIGTERM to the children and waits
   ``grace_s`` for them (a training finishes its step and checkpoints); a study killed outright leaves the kernel
   to send its children SIGTERM (``die_with_parent``).
