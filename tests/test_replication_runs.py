@@ -244,6 +244,11 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     ]
     with pytest.raises(SystemExit, match="single-process trainings"):
         retrace.retrace_command(init["command"], tmp_path)
+    # A retraining whose epoch ends at another step than the run's (here: a result that says 3) is an error.
+    (tmp_path / "off").mkdir()
+    off = {**budget, "train_per_epoch": [{**ep1, "step": 3}]}
+    with pytest.raises(SystemExit, match="epoch 1 ended at step 4, the run's at 3"):
+        retrace.retrace(off, ROOT, int(curve["threads"][0]), 1, tmp_path / "off")
     assert json.loads((out / "_skipped.json").read_text())["skipped"] == []
 
     # Second invocation: every result exists, nothing runs again.

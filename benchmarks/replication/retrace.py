@@ -65,6 +65,11 @@ def compare_epochs(
     return out
 
 
+def _past(epochs_so_far: dict[int, dict[str, float]], epochs: int, stop_step: int) -> bool:
+    """Whether a retraining has recorded its epoch ``epochs`` at ``stop_step`` or has gone beyond that epoch."""
+    return epochs_so_far.get(epochs, {}).get("step") == stop_step or max(epochs_so_far, default=0) > epochs
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
 
@@ -81,16 +86,21 @@ def retrace(result: dict[str, Any], repo: Path, threads: int, epochs: int, work:
     with open(work / "train.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
         # Stopped once its epoch ``epochs`` is recorded (SIGTERM: it checkpoints and exits), not shortened by
-        # max_steps, which would change a schedule's length.
-        while proc.poll() is None and read_epochs(run_dir / EPOCHS_FILE).get(epochs, {}).get("step") != stop_step:
+        # max_steps, which would change a schedule's length; or once it is past that epoch at another step (a
+        # checkout whose epochs are not the run's: the error below).
+        while proc.poll() is None and not _past(read_epochs(run_dir / EPOCHS_FILE), epochs, stop_step):
             time.sleep(0.5)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
         proc.wait()
     retraced = read_epochs(run_dir / EPOCHS_FILE)
-    if retraced.get(epochs, {}).get("step") != stop_step:
+    reached = retraced.get(epochs, {}).get("step")
+    if reached != stop_step:
         tail = (work / "train.log").read_text()[-3000:]
-        raise SystemExit(f"the training stopped before step {stop_step} (exit {proc.returncode}):\n{tail}")
+        raise SystemExit(
+            f"the retraining's epoch {epochs} ended at step {reached}, the run's at {stop_step} (exit "
+            f"{proc.returncode}): a training that failed, or a checkout whose data or batch are not the run's:\n{tail}"
+        )
     per_epoch = compare_epochs(recorded, retraced, epochs)
     return {
         "run": result["run"],
