@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import re
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 from _warm_python import run_python
 
 from benchmarks.replication import plan as planmod
-from benchmarks.replication import retrace, runspec
+from benchmarks.replication import runspec
 from benchmarks.replication.commands import EVAL_ARGS, eval_command
 from benchmarks.replication.plan import plan
 from hypersolid_scale.config.schema import load_config
@@ -225,30 +224,6 @@ def test_runs_train_evaluate_skip_and_resume(tmp_path: Path) -> None:
     assert first["final_step"] == 4 and first["resumed_from_step"] is None  # 128 images / 32 = 4 steps
     assert first["final"] == first["per_epoch"][-1] and first["card"] == "cpu" and first["wall_s"] > 0
     assert first["train_s_attempts"] == first["train_s_total"]  # one attempt
-    # retrace.py: the budget run's first epoch, retrained from its own command at the driver's thread count,
-    # comes back bit for bit, stopped after that epoch (the run has 2).
-    traced = tmp_path / "retrace.json"
-    cmd = [sys.executable, "-m", "benchmarks.replication.retrace", str(out / "cpu-budget-hypersolid-alpha0.9-s0.json")]
-    done = subprocess.run(
-        [*cmd, "--threads", curve["threads"][0], "--out", str(traced)], cwd=ROOT, capture_output=True, text=True
-    )
-    assert done.returncode == 0 and done.stdout.rstrip().endswith("(bit for bit)"), done.stdout + done.stderr
-    rec = json.loads(traced.read_text())
-    assert rec["identical"] and [e["epoch"] for e in rec["per_epoch"]] == [1]
-    assert {"loss", "alignment", "repulsion", "lr"} <= set(rec["per_epoch"][0]["equal"])
-    # One ulp off is a difference; the timings are not compared; a command it cannot rerun is refused.
-    ep1 = budget["train_per_epoch"][0]
-    tampered = {**ep1, "loss": math.nextafter(ep1["loss"], 1.0), "images_per_s": 1.0}
-    assert [e["differ"] for e in retrace.compare_epochs([tampered], {1: ep1}, 1)] == [
-        {"loss": [tampered["loss"], ep1["loss"]]}
-    ]
-    with pytest.raises(SystemExit, match="single-process trainings"):
-        retrace.retrace_command(init["command"], tmp_path)
-    # A retraining whose epoch ends at another step than the run's (here: a result that says 3) is an error.
-    (tmp_path / "off").mkdir()
-    off = {**budget, "train_per_epoch": [{**ep1, "step": 3}]}
-    with pytest.raises(SystemExit, match="epoch 1 ended at step 4, the run's at 3"):
-        retrace.retrace(off, ROOT, int(curve["threads"][0]), 1, tmp_path / "off")
     assert json.loads((out / "_skipped.json").read_text())["skipped"] == []
 
     # Second invocation: every result exists, nothing runs again.
