@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from hypersolid_scale.safety import atomic
+from hypersolid_scale.tracking.metadata import git_commit
 from hypersolid_scale.training.epoch_records import EPOCHS_FILE, read_epochs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,10 +71,6 @@ def _past(epochs_so_far: dict[int, dict[str, float]], epochs: int, stop_step: in
     return epochs_so_far.get(epochs, {}).get("step") == stop_step or max(epochs_so_far, default=0) > epochs
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True).stdout.strip()
-
-
 def retrace(result: dict[str, Any], repo: Path, threads: int, epochs: int, work: Path) -> dict[str, Any]:
     """Retrain ``result``'s first ``epochs`` epochs from ``repo`` at ``threads`` threads in ``work``; the record."""
     recorded = result.get("train_per_epoch") or []
@@ -106,8 +103,12 @@ def retrace(result: dict[str, Any], repo: Path, threads: int, epochs: int, work:
         "run": result["run"],
         "result_git_commit": result.get("git_commit"),
         "result_threads": result.get("threads"),  # absent (None) from results made before threads were recorded
-        "git_commit": _git(repo, "rev-parse", "HEAD"),
-        "dirty": bool(_git(repo, "status", "--porcelain", "--untracked-files=no")),
+        "git_commit": git_commit(repo),  # None outside git
+        "dirty": bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+            ).stdout.strip()
+        ),
         "torch": torch.__version__,
         "threads": str(threads),
         "epochs": epochs,
@@ -123,7 +124,8 @@ def summary(rec: dict[str, Any]) -> str:
         f"epoch {e['epoch']} equal on {len(e['equal'])} of {len(e['equal']) + len(e['differ'])} statistics"
         for e in rec["per_epoch"]
     )
-    return f"{rec['run']} retrained at {rec['threads']} thread(s) on {rec['git_commit'][:7]}: {epochs}"
+    where = rec["git_commit"][:7] if rec["git_commit"] else "a tree outside git"
+    return f"{rec['run']} retrained at {rec['threads']} thread(s) on {where}: {epochs}"
 
 
 def main(argv: list[str] | None = None) -> None:
