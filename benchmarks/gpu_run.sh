@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command for the GPU machine (no network): `bash benchmarks/gpu_run.sh`, with .whl/ carried along
 # (fill it first, here: bash benchmarks/gpu_wheels.sh). Installs the wheels into /tmp/site, runs the suite
-# under `timeout 480` into $OUT/gpu, then leaves at most 8 files in $OUT: gpu_suite.log, summary.json
+# under `timeout $SUITE_TIMEOUT_S` (default 480: a 10-minute device call with room for the install) into $OUT/gpu, then leaves at most 8 files in $OUT: gpu_suite.log, summary.json
 # (every part's numbers), gpu_results.tar.gz (the whole results folder) and the PNGs.
 #     OUT=/tmp/out GPU_SUITE_ARGS="--device cpu --quick" bash benchmarks/gpu_run.sh     # a dry run on a CPU
 set -u
@@ -11,6 +11,7 @@ SITE=${SITE:-/tmp/site}
 ARGS=${GPU_SUITE_ARGS:---device cuda}
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-.whl}
+SUITE_TIMEOUT_S=${SUITE_TIMEOUT_S:-480}
 mkdir -p "$OUT"
 {
   echo "== $(date -u +%FT%TZ) $(hostname); python: $(command -v "$PY")"
@@ -32,7 +33,7 @@ for name in ("torch", "omegaconf", "kornia", "lightly", "webdataset", "faiss", "
         print(f"import {name:10s} skipped: {type(err).__name__}: {err}")
 PY
   # shellcheck disable=SC2086  # ARGS is a list of words
-  PYTHON="$PY" timeout --kill-after=15 480 bash benchmarks/gpu_suite.sh $ARGS --out "$OUT/gpu"
+  PYTHON="$PY" timeout --kill-after=15 "$SUITE_TIMEOUT_S" bash benchmarks/gpu_suite.sh $ARGS --out "$OUT/gpu"
   echo "== suite exit code $? at $(date -u +%FT%TZ)"
 } 2>&1 | tee "$OUT/gpu_suite.log"
 tar -czf "$OUT/gpu_results.tar.gz" -C "$OUT" gpu 2>/dev/null || echo "no results folder to pack" | tee -a "$OUT/gpu_suite.log"
