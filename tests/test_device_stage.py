@@ -213,16 +213,19 @@ def test_the_device_stage_never_synchronises_with_the_host() -> None:
         assert float((a - b).abs().max()) <= 1e-4
 
 
-def test_the_eager_chain_makes_no_tensor_from_host_data_after_its_first_batch(monkeypatch) -> None:
+def test_the_eager_chain_makes_no_tensor_from_host_data_even_on_its_first_batch(monkeypatch) -> None:
     """``torch.tensor(..., device=cuda)`` waits for the device (a host synchronisation per call; the CUDA test
-    above sees it): after the first batch, the device stage's calls make no tensor from Python data."""
+    above sees it): the device stage's calls make no tensor from Python data, from its first batch on (its
+    colour constants are filled on the device: color.channel_constant, here with an empty cache)."""
     import sys
+
+    from hypersolid_scale.data.augment import color
 
     preset = PRESETS["default"]
     stage = DeviceStage(preset, "cpu")
     assert stage.photometric._compiled is None  # the eager chain (the CPU's: row subsets by host indices)
     images, params = stage.decode(host_batch(preset, photos(8, seed=16)))
-    stage.views_of(images, params)
+    monkeypatch.setattr(color, "_CONSTANTS", {})
     made: list[str] = []
     original = torch.tensor
 
@@ -233,8 +236,12 @@ def test_the_eager_chain_makes_no_tensor_from_host_data_after_its_first_batch(mo
         return original(*args, **kwargs)
 
     monkeypatch.setattr(torch, "tensor", counting)
-    stage.views_of(images, params)
+    for _ in range(2):
+        stage.views_of(images, params)
     assert made == [], made
+    assert color._CONSTANTS, "the chain made no colour constant: this test no longer covers one"
+    for (values, _, dtype), t in color._CONSTANTS.items():  # what torch.tensor would have made, bit for bit
+        assert torch.equal(t, original(values, dtype=dtype).view(1, -1, 1, 1)), values
 
 
 def decoder_overwrites(stage: DeviceStage, batch: HostBatch, rounds: int = 20) -> int:

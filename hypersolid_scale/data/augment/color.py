@@ -18,15 +18,18 @@ _CONSTANTS: dict[tuple[tuple[float, ...], torch.device, torch.dtype], torch.Tens
 def channel_constant(values: tuple[float, ...], like: torch.Tensor) -> torch.Tensor:
     """`values` as a (1, C, 1, 1) tensor on the device and in the dtype of `like`.
 
-    Eager, each is made once per device and dtype and kept: ``torch.tensor(..., device=cuda)`` copies from
-    the host and waits for the kernels queued before it, a host synchronisation per call (the device stage
-    must make none). Under ``torch.compile`` it is made in the graph, where it is a constant.
+    Eager, each is made once per device and dtype and kept, from one fill per value on the device:
+    ``torch.tensor(..., device=cuda)`` copies from pageable host memory and waits for the kernels queued before
+    it, a host synchronisation (the device stage must make none, not even on the eager chain's first batch: the
+    CUDA test of tests/test_device_stage.py). The fills round each value to the dtype as ``torch.tensor`` does.
+    Under ``torch.compile`` it is made in the graph, where it is a constant.
     """
     if torch.compiler.is_compiling():
         return torch.tensor(values, device=like.device, dtype=like.dtype).view(1, -1, 1, 1)
     key = (values, like.device, like.dtype)
     if (t := _CONSTANTS.get(key)) is None:
-        t = _CONSTANTS[key] = torch.tensor(values, device=like.device, dtype=like.dtype).view(1, -1, 1, 1)
+        filled = [torch.full((), v, device=like.device, dtype=like.dtype) for v in values]
+        t = _CONSTANTS[key] = torch.stack(filled).view(1, -1, 1, 1)
     return t
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -98,7 +100,11 @@ class BatchPhotometric:
         # thread-safe: `prepare` compiles it on the main thread before training starts (the model's compile, if
         # any, comes later on that same thread); the thread's batches of the same shapes only check the graph's
         # guards.
-        self._compiled = torch.compile(self._chain, fullgraph=True, dynamic=False) if compile else None
+        self._compiled = (
+            torch.compile(self._chain, fullgraph=True, dynamic=False, options=batch_invariant_options())
+            if compile
+            else None
+        )
         self.chain = "compiled" if compile else "eager (compile off)"
 
     @property
@@ -280,6 +286,19 @@ class BatchPhotometric:
         """views[i]: (B, C, H, W) of view i; indices: (B,) the samples' dataset indices (on the CPU)."""
         idx = check_indices(indices, views[0].shape[0]).cpu()
         return [self.view(v, i, keyed_uniforms(self.seed, epoch, idx, i), record) for i, v in enumerate(views)]
+
+
+def batch_invariant_options() -> dict[str, str | int | bool | Callable[..., Any]]:
+    """Inductor's batch-invariant mode, where this torch has it (``torch._inductor.config.batch_invariant``).
+
+    The chain's one reduction (the contrast jitter's per-image mean) is otherwise compiled with a kernel
+    configuration chosen from the batch size, so a batch split across ranks sums each image in another order:
+    the H200 run of tests/test_data_invariance.py's CUDA test saw 1.9e-6 between a batch of 16 and its halves
+    (docs/benchmarks.md, "GPU runs of 2026-12-04"). Without the option (an older torch) the chain compiles as
+    before."""
+    from torch._inductor import config
+
+    return {"batch_invariant": True} if hasattr(config, "batch_invariant") else {}
 
 
 def compile_failure(err: BaseException) -> bool:
