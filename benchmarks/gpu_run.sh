@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one command for the GPU machine (no network): `bash benchmarks/gpu_run.sh`, with .whl/ carried along
 # (fill it first, here: bash benchmarks/gpu_wheels.sh). Installs the wheels into /tmp/site, runs the suite
-# under `timeout $SUITE_TIMEOUT_S` (default 480: a 10-minute device call with room for the install) into $OUT/gpu, then leaves at most 8 files in $OUT: gpu_suite.log, summary.json
-# (every part's numbers), gpu_results.tar.gz (the whole results folder) and the PNGs.
+# under `timeout $SUITE_TIMEOUT_S` (default 480: a 10-minute device call with room for the install) into
+# $OUT/gpu, then leaves at most 8 files in $OUT: gpu_suite.log, summary.json (every part's numbers),
+# gpu_results.tar.gz (the whole results folder) and the PNGs.
 #     OUT=/tmp/out GPU_SUITE_ARGS="--device cpu --quick" bash benchmarks/gpu_run.sh     # a dry run on a CPU
 set -u
 cd "$(dirname "$0")/.." || exit 1

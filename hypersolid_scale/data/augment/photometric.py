@@ -291,11 +291,11 @@ class BatchPhotometric:
 def batch_invariant_options() -> dict[str, str | int | bool | Callable[..., Any]]:
     """Inductor's batch-invariant mode, where this torch has it (``torch._inductor.config.batch_invariant``).
 
-    The chain's one reduction (the contrast jitter's per-image mean) is otherwise compiled with a kernel
-    configuration chosen from the batch size, so a batch split across ranks sums each image in another order:
-    the H200 run of tests/test_data_invariance.py's CUDA test saw 1.9e-6 between a batch of 16 and its halves
-    (docs/benchmarks.md, "GPU runs of 2026-12-04"). Without the option (an older torch) the chain compiles as
-    before."""
+    Without it, inductor may choose a reduction's kernel configuration from the batch size (the chain's largest
+    reduction is the contrast jitter's per-image mean), so a batch split across ranks can sum an image in
+    another order: the H200 run of tests/test_data_invariance.py's CUDA test saw views 1.9e-6 apart between a
+    batch of 16 and its halves (docs/benchmarks.md, "GPU runs of 2026-12-04"). Where torch lacks the option the
+    chain compiles as before."""
     from torch._inductor import config
 
     return {"batch_invariant": True} if hasattr(config, "batch_invariant") else {}
