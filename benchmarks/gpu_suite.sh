@@ -7,7 +7,8 @@
 #
 # Budget: each part has its own time limit (23 minutes together on a GPU; a 10-minute device call holds a few
 # parts: the CUDA tests, the photo part and the speed part each take a call of their own, --parts NAME); a part
-# that cannot run records `skipped: <reason>` and the suite goes on. `--device cpu --quick` runs the same code on tiny sizes.
+# that cannot run records `skipped: <reason>` and the suite goes on. `--device cpu --quick` runs the same code on
+# tiny sizes.
 # The committed results (benchmarks/results/gpu) are written only with --out naming them.
 # Results: DIR/summary.json (card, torch, date, command, every part's status and numbers, failure tails),
 # DIR/<part>.json, DIR/<part>.png, DIR/<part>.log. The photo part rebuilds its photo set from the source
