@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from hypersolid_scale.safety import atomic
+from hypersolid_scale.tracking.metadata import git_dirty
 
 ROOT = Path(__file__).resolve().parents[1]
 # (case, config file, extra overrides). The config files hold the same settings in every version of the
@@ -93,11 +94,7 @@ def run_case(repo: Path, config: str, steps: int, extra: tuple[str, ...], work: 
 
 def record(repo: Path, steps: int) -> dict[str, Any]:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True).stdout.strip()
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
-        ).stdout.strip()
-    )
+    dirty = git_dirty(repo)
     out: dict[str, Any] = {
         "commit": commit,
         "dirty": dirty,

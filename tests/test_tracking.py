@@ -27,6 +27,7 @@ from hypersolid_scale.tracking import (  # noqa: E402
     make_tracker,
     sync_spool,
 )
+from hypersolid_scale.tracking.metadata import git_dirty  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 from _warm_python import run_python  # noqa: E402
@@ -251,13 +252,22 @@ def test_noop_tracker(tmp_path, rank, enabled):
     assert not run_dir.exists()
 
 
-def test_git_commit(tmp_path):
+def test_git_commit_and_dirty(tmp_path):
     assert git_commit(tmp_path) is None
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], cwd=tmp_path, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout
     assert git_commit(tmp_path) == head.strip()
+    # git_dirty: tracked changes only (an untracked file leaves the checkout clean).
+    (tmp_path / "f").write_text("a")
+    assert not git_dirty(tmp_path)
+    subprocess.run([*git, "add", "f"], cwd=tmp_path, check=True)
+    assert git_dirty(tmp_path)
+    subprocess.run([*git, "commit", "-q", "-m", "f"], cwd=tmp_path, check=True)
+    assert not git_dirty(tmp_path)
+    (tmp_path / "f").write_text("b")
+    assert git_dirty(tmp_path)
 
 
 def test_git_commit_named_by_the_environment(tmp_path, monkeypatch):

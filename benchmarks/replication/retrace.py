@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from hypersolid_scale.safety import atomic
-from hypersolid_scale.tracking.metadata import git_commit
+from hypersolid_scale.tracking.metadata import git_commit, git_dirty
 from hypersolid_scale.training.epoch_records import EPOCHS_FILE, read_epochs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,11 +104,7 @@ def retrace(result: dict[str, Any], repo: Path, threads: int, epochs: int, work:
         "result_git_commit": result.get("git_commit"),
         "result_threads": result.get("threads"),  # absent (None) from results made before threads were recorded
         "git_commit": git_commit(repo),  # None outside git
-        "dirty": bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
-            ).stdout.strip()
-        ),
+        "dirty": git_dirty(repo),
         "torch": torch.__version__,
         "threads": str(threads),
         "epochs": epochs,

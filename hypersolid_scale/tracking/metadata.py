@@ -36,6 +36,12 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
     return sha if re.fullmatch(r"[0-9a-f]{40,64}", sha) else None
 
 
+def git_dirty(path: str | os.PathLike) -> bool:
+    """Whether the checkout at ``path`` has uncommitted changes to tracked files (False outside git)."""
+    status = ["git", "status", "--porcelain", "--untracked-files=no"]
+    return bool(subprocess.run(status, cwd=path, capture_output=True, text=True).stdout.strip())
+
+
 def default_run_name(run_dir: Path) -> str:
     """``<run_dir name>-<UTC yyyymmdd-hhmmss>-<4 hex>``: readable, and distinct for every run.
 
